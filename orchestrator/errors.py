@@ -1,0 +1,119 @@
+"""One exception tree. Only the CLI turns these into exit codes.
+
+Every error carries a message that says what went wrong and what to do next;
+errors about a host carry the host, errors about a file carry where in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where in an input file a problem is: file, 1-based line, dotted field path."""
+
+    file: str
+    line: int | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        out = self.file
+        if self.line is not None:
+            out += f":{self.line}"
+        if self.field:
+            out += f": {self.field}"
+        return out
+
+
+class OrchError(Exception):
+    """Base of every error orch reports to a user. exit_code is what the CLI returns."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  hint: {self.hint}"
+        return self.message
+
+
+class UsageError(OrchError):
+    exit_code = 2
+
+
+class SpecError(OrchError):
+    """Bad cluster.yaml / inventory. Carries every problem found, each with a location."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[tuple[Location, str]], *, hint: str | None = None):
+        self.problems = list(problems)
+        lines = [f"{loc}: {msg}" for loc, msg in self.problems]
+        head = "invalid cluster file" if len(lines) != 1 else lines[0]
+        body = head if len(lines) == 1 else head + ":\n" + "\n".join(f"  {ln}" for ln in lines)
+        super().__init__(body, hint=hint)
+
+    @property
+    def locations(self) -> list[Location]:
+        return [loc for loc, _ in self.problems]
+
+
+class PlanError(OrchError):
+    """The job cannot be laid out on these hosts (a device rule, too many ranks...)."""
+
+    exit_code = 2
+
+
+class HostError(OrchError):
+    """Something failed on (or on the way to) one host."""
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None, result: Any = None):
+        super().__init__(f"{host}: {message}", hint=hint)
+        self.host = host
+        self.result = result
+
+
+class ConnectError(HostError):
+    """Could not reach or log in to a host."""
+
+
+class TransientNetworkError(ConnectError):
+    """Refused, reset, timed out: worth retrying."""
+
+
+class AuthError(ConnectError):
+    """Key refused. Never retried."""
+
+
+class HostKeyError(ConnectError):
+    """Host key unknown (under strict) or CHANGED. Never retried."""
+
+
+class RemoteTimeout(HostError):
+    """A remote command did not finish within its timeout."""
+
+
+class RemoteCommandError(HostError):
+    """A remote command exited non-zero where success was required. Carries the Result."""
+
+
+class LabError(OrchError):
+    """The simulated cluster could not be made or torn down."""
+
+
+class PreflightFailed(OrchError):
+    exit_code = 3
+
+
+class JobFailed(OrchError):
+    exit_code = 1
+
+
+class Interrupted(OrchError):
+    exit_code = 130

@@ -1,0 +1,102 @@
+"""Run a function on many hosts: at most `limit` at once, each within a timeout.
+
+Failures stay values: the result maps every host name to an Outcome holding a
+value or an OrchError, and fan_out never raises midway (except KeyboardInterrupt,
+after which no new host is started). A host that overruns its timeout is
+reported as timed out and no longer waited for; its slot is handed to a new
+worker so a stuck host never slows the others down.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, TypeVar
+
+from .errors import HostError, OrchError, RemoteTimeout
+from .spec import Host
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    host: Host
+    value: T | None = None
+    error: OrchError | None = None
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
+            timeout: float | None = None,
+            on_done: Callable[[Outcome[T]], None] | None = None) -> dict[str, Outcome[T]]:
+    """Call fn(host) for every host, `limit` at a time. Returns {host.name: Outcome},
+    in the order of `hosts`."""
+    hosts = list(hosts)
+    todo: queue.SimpleQueue[Host | None] = queue.SimpleQueue()
+    done: queue.SimpleQueue[tuple[Outcome[T], int]] = queue.SimpleQueue()
+    cancel = threading.Event()
+    started: dict[str, float] = {}
+    lock = threading.Lock()
+    for h in hosts:
+        todo.put(h)
+
+    def worker() -> None:
+        while not cancel.is_set():
+            try:
+                h = todo.get_nowait()
+            except queue.Empty:
+                return
+            t0 = time.monotonic()
+            with lock:
+                started[h.name] = t0
+            try:
+                out: Outcome[T] = Outcome(h, value=fn(h), duration=time.monotonic() - t0)
+            except OrchError as exc:
+                out = Outcome(h, error=exc, duration=time.monotonic() - t0)
+            except Exception as exc:  # noqa: BLE001 - a bug on one host must not hide the others
+                out = Outcome(h, error=HostError(h.name, f"{type(exc).__name__}: {exc}"),
+                              duration=time.monotonic() - t0)
+            done.put((out, threading.get_ident()))
+
+    def start_worker() -> None:
+        threading.Thread(target=worker, daemon=True, name="orch-fanout").start()
+
+    for _ in range(min(max(1, limit), len(hosts))):
+        start_worker()
+
+    results: dict[str, Outcome[T]] = {}
+    try:
+        while len(results) < len(hosts):
+            try:
+                out, _ = done.get(timeout=0.05 if timeout is not None else 0.5)
+            except queue.Empty:
+                out = None
+            if out is not None:
+                if out.host.name not in results:  # a late answer from a timed-out host is dropped
+                    results[out.host.name] = out
+                    if on_done:
+                        on_done(out)
+            if timeout is None:
+                continue
+            now = time.monotonic()
+            with lock:
+                overdue = [n for n, t0 in started.items() if n not in results and now - t0 > timeout]
+            for name in overdue:
+                h = next(x for x in hosts if x.name == name)
+                late: Outcome[T] = Outcome(h, error=RemoteTimeout(name, f"no answer within {timeout:g}s"),
+                                           duration=now - started[name])
+                results[name] = late
+                if on_done:
+                    on_done(late)
+                start_worker()  # the stuck thread keeps its slot busy: replace it
+    except BaseException:
+        cancel.set()
+        raise
+    return {h.name: results[h.name] for h in hosts}

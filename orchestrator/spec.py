@@ -1,0 +1,536 @@
+"""cluster.yaml and inventories -> frozen, validated types.
+
+Two passes: pydantic checks the shape of the raw data (unknown keys, types),
+then semantic rules (duplicates, devices vs slots, paths) are checked on the
+expanded hosts. Every problem in both passes is collected and reported at once,
+each with its file, line and field path.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Mapping
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
+
+from .errors import Location, SpecError, UsageError
+from .yamlsrc import Source, load_yaml
+
+KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
+KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
+                "workdir", "disk", "files", "ports", "stale", "clock")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
+
+# --------------------------------------------------------------------------- raw shapes
+
+
+class _Raw(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+EnvValue = str | StrictInt | float
+
+
+def _env_check(value: Mapping[str, Any] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not ENV_NAME.match(k):
+            raise ValueError(f"environment variable name {k!r} is not valid (letters, digits, _; not starting with a digit)")
+        if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+            raise ValueError(f"value of {k} must be a string or a number (quote it: {k}: \"{v}\")")
+        out[k] = str(v)
+    return out
+
+
+class RawHostKeys(_Raw):
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    connection: Literal["ssh", "local"] | None = None
+    slots: int | None = None
+    devices: list[int] | None = None
+    device_ips: dict[int, str] | None = None
+    env: dict[str, EnvValue] | None = None
+
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v):
+        if v is not None and not 0 < v < 65536:
+            raise ValueError("port must be between 1 and 65535")
+        return v
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, v):
+        if v is not None and v < 1:
+            raise ValueError("slots must be at least 1")
+        return v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v):
+        if v is not None and any(d < 0 for d in v):
+            raise ValueError("device ids are non-negative integers")
+        return v
+
+
+class RawHost(RawHostKeys):
+    address: str
+    name: str | None = None
+
+
+class RawInventory(_Raw):
+    defaults: RawHostKeys = RawHostKeys()
+    hosts: list[RawHost]
+    groups: dict[str, list[str]] = {}
+
+    @field_validator("hosts")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("the inventory lists no hosts")
+        return v
+
+
+class RawSsh(_Raw):
+    connect_timeout: float = 10
+    command_timeout: float = 120
+    fanout: int = 64
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    retries: int = 3
+
+    @field_validator("connect_timeout", "command_timeout")
+    @classmethod
+    def _pos(cls, v):
+        if v <= 0:
+            raise ValueError("must be > 0 seconds")
+        return v
+
+    @field_validator("fanout", "retries")
+    @classmethod
+    def _atleast1(cls, v):
+        if v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+
+class RawRankTable(_Raw):
+    version: Literal["1.0", "legacy"] = "1.0"
+
+
+class RawJob(_Raw):
+    launcher: Literal["mpirun", "ranktable", "msrun"] = "mpirun"
+    platform: Literal["ascend", "gpu", "cpu"] = "cpu"
+    workdir: str
+    command: str | list[str]
+    env: dict[str, EnvValue] = {}
+    secret_env: list[str] = []
+    sync: list[str] = []
+    log_dir: str = "log_output"
+    timeout: float | None = None
+    on_failure: Literal["stop", "continue"] = "stop"
+    mpirun_args: list[str] = []
+    rank_table: RawRankTable = RawRankTable()
+    master_port: int = 8118
+
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v):
+        if v is not None and v <= 0:
+            raise ValueError("timeout must be > 0 seconds")
+        return v
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, v):
+        if not 0 < v < 65536:
+            raise ValueError("master_port must be between 1 and 65535")
+        return v
+
+
+class RawChecks(_Raw):
+    versions: list[Literal[KNOWN_TOOLS]] | None = None  # type: ignore[valid-type]
+    skip: list[Literal[KNOWN_CHECKS]] = []  # type: ignore[valid-type]
+    min_free_gib: float = 1.0
+    clock_skew: float = 5.0
+
+
+class RawCluster(_Raw):
+    name: str | None = None
+    inventory: str | dict[str, Any]
+    ssh: RawSsh = RawSsh()
+    job: RawJob
+    checks: RawChecks = RawChecks()
+
+
+# --------------------------------------------------------------------------- resolved types
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    user: str
+    port: int = 22
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    connection: Literal["ssh", "local"] = "ssh"
+    slots: int = 1
+    devices: tuple[int, ...] = (0,)
+    device_ips: Mapping[int, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.address}" + (f":{self.port}" if self.port != 22 else "")
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    connect_timeout: float = 10
+    command_timeout: float = 120
+    fanout: int = 64
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    retries: int = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    workdir: str
+    command: tuple[str, ...]
+    launcher: Literal["mpirun", "ranktable", "msrun"] = "mpirun"
+    platform: Literal["ascend", "gpu", "cpu"] = "cpu"
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()
+    sync: tuple[str, ...] = ()
+    log_dir: str = "log_output"
+    timeout: float | None = None
+    on_failure: Literal["stop", "continue"] = "stop"
+    mpirun_args: tuple[str, ...] = ()
+    rank_table_version: Literal["1.0", "legacy"] = "1.0"
+    master_port: int = 8118
+
+    def is_secret(self, name: str) -> bool:
+        return name in self.secret_env or bool(SECRET_NAME.search(name))
+
+
+@dataclass(frozen=True)
+class Checks:
+    versions: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    min_free_gib: float = 1.0
+    clock_skew: float = 5.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    path: Path  # the cluster file (absolute)
+    hosts: tuple[Host, ...]
+    job: Job
+    ssh: SshSettings = SshSettings()
+    checks: Checks = Checks()
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def launch_host(self) -> Host:
+        return self.hosts[0]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def select(self, pattern: str | None) -> "Cluster":
+        """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
+        if not pattern:
+            return self
+        wanted: set[str] = set()
+        try:
+            for part in NodeSet(pattern, resolver=_NO_GROUPS):
+                if part in self.groups:
+                    wanted.update(self.groups[part])
+                else:
+                    wanted.add(part)
+        except NodeSetParseError as exc:
+            raise UsageError(f"--hosts {pattern!r}: {exc}") from None
+        chosen = tuple(h for h in self.hosts if h.name in wanted or h.address in wanted)
+        known = {h.name for h in chosen} | {h.address for h in chosen}
+        for g in self.groups:
+            if g in wanted:
+                known.update(self.groups[g])
+                known.add(g)
+        unknown = sorted(w for w in wanted if w not in known and w not in self.groups)
+        if unknown:
+            raise UsageError(f"--hosts {pattern!r}: no host or group named {', '.join(unknown)}",
+                             hint=f"hosts are: {fold(h.name for h in self.hosts)}")
+        return replace(self, hosts=chosen)
+
+
+_NO_GROUPS = None  # NodeSet's group resolver: orch resolves its own groups
+
+
+def fold(names) -> str:
+    """node01,node02,node03 -> node[01-03] (ClusterShell's folding)."""
+    names = [str(n) for n in names]
+    try:
+        return str(NodeSet.fromlist(names, resolver=_NO_GROUPS))
+    except NodeSetParseError:
+        return ",".join(names)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[tuple[Location, str]] = []
+
+    def add(self, loc: Location, msg: str) -> None:
+        self.items.append((loc, msg))
+
+    def pydantic(self, exc: ValidationError, src: Source, offset: tuple = ()) -> None:
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+            path = offset + loc
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {path[-1]!r}" + _suggest(path)
+            elif err["type"] == "missing":
+                msg = f"missing required key {path[-1]!r}"
+            elif msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            self.add(src.loc(path), msg)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise SpecError(self.items)
+
+
+def _is_union_tag(p: str) -> bool:
+    return p in {"str", "int", "float", "list[str]", "dict[str,any]", "constrained-int"} or p.startswith(
+        ("list[", "dict[", "literal[", "function-"))
+
+
+_KNOWN_KEYS = {
+    (): RawCluster, ("ssh",): RawSsh, ("job",): RawJob, ("checks",): RawChecks,
+    ("job", "rank_table"): RawRankTable,
+}
+
+
+def _suggest(path: tuple) -> str:
+    import difflib
+
+    key = str(path[-1])
+    parent = tuple(p for p in path[:-1] if not isinstance(p, int))
+    model = _KNOWN_KEYS.get(parent)
+    if model is None:
+        model = RawHost if parent and parent[-1] in ("hosts", "defaults") else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(model.model_fields)}"
+
+
+def _read(path: Path, what: str, loc: Location | None) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([(loc or Location(str(path)), f"{what} {path} does not exist")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([(loc or Location(str(path)), f"cannot read {what} {path}: {exc}")]) from None
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Parse and validate a cluster file. Raises SpecError listing every problem."""
+    path = Path(path).expanduser().absolute()
+    text = _read(path, "cluster file", None)
+    data, src = load_yaml(text, str(path))
+    return parse_cluster(data, src, path)
+
+
+def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
+    problems = _Problems()
+    if not isinstance(data, dict):
+        raise SpecError([(Location(src.file, src.line_of(())), "the cluster file must be a mapping with "
+                          "at least 'inventory:' and 'job:'")])
+    try:
+        raw = RawCluster.model_validate(data)
+    except ValidationError as exc:
+        problems.pydantic(exc, src)
+        raw = None
+
+    # The inventory: inline (same file) or a path relative to the cluster file.
+    inv_data, inv_src, inv_base = data.get("inventory"), src, path.parent
+    inv_prefix: tuple = ("inventory",)
+    if isinstance(inv_data, str):
+        inv_path = (path.parent / Path(inv_data).expanduser()).absolute()
+        inv_text = _read(inv_path, "inventory file", src.loc(("inventory",)))
+        inv_data, inv_src = load_yaml(inv_text, str(inv_path))
+        inv_base, inv_prefix = inv_path.parent, ()
+    hosts: tuple[Host, ...] = ()
+    groups: dict[str, tuple[str, ...]] = {}
+    if isinstance(inv_data, dict):
+        hosts, groups = _parse_inventory(inv_data, inv_src, inv_prefix, inv_base, problems)
+    elif inv_data is not None and not (raw is None and isinstance(inv_data, (str, dict))):
+        problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:'")
+
+    job = None
+    if raw is not None:
+        job = _resolve_job(raw.job, src, problems)
+    problems.raise_if_any()
+    assert raw is not None and job is not None
+    ssh = SshSettings(**raw.ssh.model_dump())
+    checks = Checks(versions=tuple(raw.checks.versions) if raw.checks.versions is not None else None,
+                    skip=tuple(raw.checks.skip), min_free_gib=raw.checks.min_free_gib,
+                    clock_skew=raw.checks.clock_skew)
+    return Cluster(name=raw.name or path.stem, path=path, hosts=hosts, job=job, ssh=ssh,
+                   checks=checks, groups=groups)
+
+
+def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
+    if not PurePosixPath(rj.workdir).is_absolute():
+        problems.add(src.loc(("job", "workdir")), f"workdir {rj.workdir!r} must be an absolute path (e.g. /data/job)")
+    if "\0" in rj.workdir or "\n" in rj.workdir:
+        problems.add(src.loc(("job", "workdir")), "workdir must not contain NUL or newline characters")
+    ld = PurePosixPath(rj.log_dir)
+    if ld.is_absolute() or ".." in ld.parts or not rj.log_dir.strip():
+        problems.add(src.loc(("job", "log_dir")), f"log_dir {rj.log_dir!r} must be a relative path inside workdir")
+    if isinstance(rj.command, str):
+        try:
+            command = tuple(shlex.split(rj.command))
+        except ValueError as exc:
+            problems.add(src.loc(("job", "command")), f"cannot split command: {exc}; "
+                         "check the quotes, or give the command as a list")
+            command = ()
+    else:
+        command = tuple(rj.command)
+    if not command and isinstance(rj.command, (str, list)) and not any(
+            loc.field == "job.command" for loc, _ in problems.items):
+        problems.add(src.loc(("job", "command")), "command is empty")
+    for i, s in enumerate(rj.sync):
+        if not s.strip():
+            problems.add(src.loc(("job", "sync", i)), "empty sync path")
+    return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
+               env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync),
+               log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
+               mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
+               master_port=rj.master_port)
+
+
+def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
+                     problems: _Problems) -> tuple[tuple[Host, ...], dict[str, tuple[str, ...]]]:
+    sub = Source(src.file, {k[len(prefix):]: v for k, v in src.lines.items() if k[:len(prefix)] == prefix},
+                 prefix)
+    try:
+        inv = RawInventory.model_validate(data)
+    except ValidationError as exc:
+        problems.pydantic(exc, sub)
+        return (), {}
+    defaults = inv.defaults.model_dump(exclude_none=True)
+    hosts: list[Host] = []
+    origin: dict[str, tuple] = {}
+    seen_addr: dict[tuple, tuple] = {}
+    for i, rh in enumerate(inv.hosts):
+        merged = {**defaults, **rh.model_dump(exclude_none=True)}
+        if "env" in defaults and rh.env is not None:
+            merged["env"] = {**defaults["env"], **rh.env}
+        try:
+            addresses = list(NodeSet(rh.address, resolver=_NO_GROUPS))
+        except NodeSetParseError as exc:
+            problems.add(sub.loc(("hosts", i, "address")), f"bad address range {rh.address!r}: {exc}")
+            continue
+        if rh.name is None:
+            names = addresses
+        else:
+            try:
+                names = list(NodeSet(rh.name, resolver=_NO_GROUPS))
+            except NodeSetParseError as exc:
+                problems.add(sub.loc(("hosts", i, "name")), f"bad name {rh.name!r}: {exc}")
+                continue
+            if len(names) != len(addresses):
+                problems.add(sub.loc(("hosts", i, "name")),
+                             f"name {rh.name!r} gives {len(names)} names but address {rh.address!r} gives "
+                             f"{len(addresses)} hosts; use a range of the same length, or drop name")
+                continue
+        slots = merged.get("slots", 1)
+        devices = merged.get("devices")
+        if devices is None:
+            devices = list(range(slots))
+        elif "slots" not in merged:
+            slots = len(devices)
+        if len(devices) != slots:
+            problems.add(sub.loc(("hosts", i, "devices") if rh.devices is not None else ("hosts", i)),
+                         f"devices {devices} lists {len(devices)} ids but slots is {slots}: they must match")
+        if len(set(devices)) != len(devices):
+            problems.add(sub.loc(("hosts", i, "devices")), f"devices {devices} repeats an id")
+        dips = merged.get("device_ips", {})
+        for d in dips:
+            if d not in devices:
+                problems.add(sub.loc(("hosts", i, "device_ips")),
+                             f"device_ips names device {d}, which is not in devices {devices}")
+        ident = merged.get("identity_file")
+        if ident:
+            ident = str((base / Path(ident).expanduser()).absolute()) if not ident.startswith("~") else \
+                str(Path(ident).expanduser())
+        kh = merged.get("known_hosts", "~/.ssh/known_hosts")
+        kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
+        for name, addr in zip(names, addresses):
+            if not name.strip() or "\n" in name or "\0" in name:
+                problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
+            h = Host(name=name, address=addr, user=merged.get("user") or _local_user(),
+                     port=merged.get("port", 22), identity_file=ident, known_hosts=kh,
+                     connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
+                     device_ips=dict(dips), env=dict(merged.get("env", {})))
+            if name in origin:
+                problems.add(sub.loc(("hosts", i)), f"duplicate host {name!r} (also from hosts[{origin[name][1]}]"
+                             f", line {sub.line_of(origin[name])}); each host may appear once")
+                continue
+            key = (addr, h.port, h.connection)
+            if h.connection == "ssh" and key in seen_addr:
+                problems.add(sub.loc(("hosts", i)), f"duplicate host address {addr}:{h.port} (also "
+                             f"hosts[{seen_addr[key][1]}], line {sub.line_of(seen_addr[key])})")
+                continue
+            origin[name] = ("hosts", i)
+            seen_addr[key] = ("hosts", i)
+            hosts.append(h)
+    groups: dict[str, tuple[str, ...]] = {}
+    names = {h.name for h in hosts} | {h.address for h in hosts}
+    for g, members in inv.groups.items():
+        expanded: list[str] = []
+        for m in members:
+            try:
+                expanded.extend(NodeSet(m, resolver=_NO_GROUPS))
+            except NodeSetParseError as exc:
+                problems.add(sub.loc(("groups", g)), f"bad member {m!r}: {exc}")
+        missing = [m for m in expanded if m not in names]
+        if missing:
+            problems.add(sub.loc(("groups", g)), f"group {g!r} names unknown hosts: {', '.join(missing)}")
+        by_addr = {h.address: h.name for h in hosts}
+        groups[g] = tuple(by_addr.get(m, m) for m in expanded)
+    return tuple(hosts), groups
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        return "root"

@@ -1,0 +1,56 @@
+"""Transports: how orch reaches a host. `Pool` keeps ONE per host per invocation."""
+
+from __future__ import annotations
+
+import threading
+
+from ..spec import Cluster, Host, SshSettings
+from .base import Result, Spawned, Transport, build_script, quote_argv
+
+__all__ = ["Pool", "Result", "Spawned", "Transport", "build_script", "make_transport", "quote_argv"]
+
+
+def make_transport(host: Host, ssh: SshSettings) -> Transport:
+    if host.connection == "local":
+        from .local import LocalTransport
+
+        return LocalTransport(host, ssh.command_timeout)
+    from .ssh import SshTransport
+
+    return SshTransport(host, connect_timeout=ssh.connect_timeout, command_timeout=ssh.command_timeout,
+                        retries=ssh.retries, host_key_policy=ssh.host_key_policy)
+
+
+class Pool:
+    """One transport (so one SSH connection) per host, shared by every step of a command.
+
+    Use as a context manager; everything is closed on exit."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, host: Host | str) -> Transport:
+        if isinstance(host, str):
+            host = self.cluster.host(host)
+        with self._lock:
+            t = self._transports.get(host.name)
+            if t is None:
+                t = self._transports[host.name] = make_transport(host, self.cluster.ssh)
+            return t
+
+    def close(self) -> None:
+        with self._lock:
+            transports, self._transports = list(self._transports.values()), {}
+        for t in transports:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing must never mask the real outcome
+                pass
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

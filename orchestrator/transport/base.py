@@ -1,0 +1,218 @@
+"""The Transport protocol and everything local and SSH transports share.
+
+A transport knows ONE primitive, `_exec(script, stdin, sink, timeout)`: run a
+POSIX sh script on the host, feeding it stdin and collecting its output.
+run/put/get/spawn/kill are built on that primitive here, once, so both
+transports behave identically (quoting, atomic writes, detached processes).
+Scripts are data: built by the pure functions at the bottom of this module.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable, Mapping, Sequence
+
+from ..errors import HostError, RemoteCommandError
+from ..spec import Host
+
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one remote command did. Bytes, not text: logs must stay byte-exact."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def check(self, what: str | None = None) -> "Result":
+        if self.exit_code != 0:
+            tail = (self.err.strip() or self.out.strip())[-500:]
+            raise RemoteCommandError(
+                self.host, f"{what or 'command'} failed with exit code {self.exit_code}"
+                + (f": {tail}" if tail else ""), result=self)
+        return self
+
+
+@dataclass(frozen=True)
+class Spawned:
+    host: str
+    pid: int  # also the process group id and session id (setsid)
+    log: str
+    rc_file: str | None
+
+
+class Transport(ABC):
+    """One host. Every method is safe to call from one thread at a time per host."""
+
+    def __init__(self, host: Host, command_timeout: float = 120):
+        self.host = host
+        self.command_timeout = command_timeout
+
+    # ---- the one primitive a transport implements
+    @abstractmethod
+    def _exec(self, script: str, *, stdin: bytes | BinaryIO | None, sink: BinaryIO | None,
+              timeout: float) -> tuple[int, bytes, bytes]:
+        """Run `script` with sh; return (exit code, stdout, stderr). If `sink` is given,
+        stdout is streamed into it (and the returned stdout is b"")."""
+
+    def connect(self) -> None:
+        """Open the connection now (SSH); a no-op locally."""
+
+    def close(self) -> None:
+        """Release the connection."""
+
+    # ---- shared operations
+    def run(self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+            cwd: str | None = None, timeout: float | None = None, stdin: bytes | BinaryIO | None = None,
+            sink: BinaryIO | None = None) -> Result:
+        """Run a command. A sequence is an argv (every item quoted); a string is a sh snippet."""
+        script = build_script(command, env=env, cwd=cwd)
+        start = time.monotonic()
+        rc, out, err = self._exec(script, stdin=stdin, sink=sink,
+                                  timeout=timeout if timeout is not None else self.command_timeout)
+        return Result(self.host.name, script, rc, out, err, time.monotonic() - start)
+
+    def put(self, data: bytes | str | os.PathLike, remote: str, *, mode: int | None = None,
+            timeout: float | None = None) -> None:
+        """Write bytes or a local file to `remote` atomically (temp file + rename).
+        A local file's permission bits are kept unless `mode` is given."""
+        if isinstance(data, (bytes, bytearray)):
+            self.run(put_script(remote, mode if mode is not None else 0o644), stdin=bytes(data),
+                     timeout=timeout).check(f"writing {remote}")
+            return
+        path = Path(data)
+        if mode is None:
+            mode = path.stat().st_mode & 0o7777
+        with open(path, "rb") as fh:
+            self.run(put_script(remote, mode), stdin=fh, timeout=timeout).check(f"writing {remote}")
+
+    def get(self, remote: str, local: str | os.PathLike, *, offset: int = 0,
+            timeout: float | None = None) -> int:
+        """Copy `remote` to `local`, streaming. With offset > 0, append only the bytes from
+        `offset` on (incremental log gathering). Returns the number of bytes copied."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if offset:
+            if not local.exists() or local.stat().st_size < offset:
+                raise ValueError(f"{local} holds fewer than {offset} bytes: cannot resume there")
+            with open(local, "ab") as fh:
+                fh.truncate(offset)
+                res = self.run(get_script(remote, offset), sink=fh, timeout=timeout)
+                n = fh.tell() - offset
+        else:
+            fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    res = self.run(get_script(remote, 0), sink=fh, timeout=timeout)
+                    n = fh.tell()
+                if res.ok:
+                    os.replace(tmp, local)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        res.check(f"reading {remote}")
+        return n
+
+    def spawn(self, command: str | Sequence[str], *, log: str, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, rc_file: str | None = None, marker: tuple[str, str] | None = None,
+              timeout: float | None = None) -> Spawned:
+        """Start a detached process (own session and process group, survives the
+        connection closing). stdout+stderr go to `log`; its exit code to `rc_file`.
+        `marker` (NAME, VALUE) is set in the group leader's environment for `kill`."""
+        inner = build_script(command, env=env, cwd=cwd)
+        res = self.run(spawn_script(inner, log, rc_file, marker), timeout=timeout).check("starting a process")
+        try:
+            pid = int(res.out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise HostError(self.host.name, f"could not start process: unexpected reply {res.out!r}") from None
+        return Spawned(self.host.name, pid, log, rc_file)
+
+    def kill(self, pgid: int, signal: str = "TERM", *, marker: tuple[str, str] | None = None) -> bool:
+        """Signal a process group. With `marker` (NAME, VALUE), only if the group leader's
+        environment has NAME=VALUE (guards against a reused pid). True if it was signalled."""
+        res = self.run(kill_script(pgid, signal, marker))
+        return res.exit_code == 0
+
+
+# --------------------------------------------------------------------------- pure script builders
+
+
+def quote_argv(argv: Iterable[str]) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def build_script(command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None) -> str:
+    parts = []
+    for k, v in (env or {}).items():
+        if not k.replace("_", "a").isalnum() or k[0].isdigit():
+            raise ValueError(f"bad environment variable name {k!r}")
+        parts.append(f"export {k}={shlex.quote(str(v))}")
+    if cwd:
+        parts.append(f"cd {shlex.quote(cwd)} || exit 125")
+    parts.append(command if isinstance(command, str) else quote_argv(command))
+    return "\n".join(parts)
+
+
+def put_script(remote: str, mode: int) -> str:
+    q = shlex.quote(remote)
+    d = shlex.quote(os.path.dirname(remote) or ".")
+    return (f"set -e\nmkdir -p {d}\ntmp=$(mktemp {d}/.orch-put.XXXXXX)\n"
+            f"trap 'rm -f \"$tmp\"' EXIT\ncat > \"$tmp\"\nchmod {mode & 0o7777:o} \"$tmp\"\n"
+            f"mv -f \"$tmp\" {q}\ntrap - EXIT")
+
+
+def get_script(remote: str, offset: int) -> str:
+    return f"exec tail -c +{int(offset) + 1} {shlex.quote(remote)}"
+
+
+def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, str] | None = None) -> str:
+    body = inner if rc_file is None else (
+        f"( {inner}\n)\nrc=$?\necho $rc > {shlex.quote(rc_file + '.tmp')} && "
+        f"mv -f {shlex.quote(rc_file + '.tmp')} {shlex.quote(rc_file)}\nexit $rc")
+    ql = shlex.quote(log)
+    mk = f"mkdir -p {shlex.quote(os.path.dirname(log) or '.')}"
+    if rc_file:
+        mk += f" {shlex.quote(os.path.dirname(rc_file) or '.')} && rm -f {shlex.quote(rc_file)}"
+    mark = ""
+    if marker is not None:
+        if not marker[0].replace("_", "a").isalnum():
+            raise ValueError(f"bad marker name {marker[0]!r}")
+        mark = f"{marker[0]}={shlex.quote(marker[1])} "
+    # In a non-interactive sh a background job is not a group leader, so setsid does
+    # not fork: $! is the new session's leader, and its pid is the process group id.
+    return f"{mk} || exit 1\n{mark}setsid sh -c {shlex.quote(body)} > {ql} 2>&1 < /dev/null &\necho $!"
+
+
+def kill_script(pgid: int, signal: str, marker: tuple[str, str] | None) -> str:
+    pgid = int(pgid)
+    sig = shlex.quote(signal)
+    if marker is None:
+        return f"kill -{sig} -{pgid} 2>/dev/null"
+    name, value = marker
+    needle = shlex.quote(f"{name}={value}")
+    return (f"tr '\\0' '\\n' < /proc/{pgid}/environ 2>/dev/null | grep -qxF -- {needle} || exit 3\n"
+            f"kill -{sig} -{pgid} 2>/dev/null")  # dash: `kill -SIG -PGID`, no `--`

@@ -1,0 +1,54 @@
+"""LocalTransport: `connection: local` hosts run on this machine with sh."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import BinaryIO
+
+from ..errors import RemoteTimeout
+from .base import Transport
+
+
+class LocalTransport(Transport):
+    def _exec(self, script, *, stdin, sink, timeout):
+        feed_bytes = isinstance(stdin, (bytes, bytearray))
+        if sink is not None and _has_fileno(sink):
+            sink.flush()
+        proc = subprocess.Popen(
+            ["sh", "-c", script],
+            stdin=subprocess.PIPE if feed_bytes else (stdin if stdin is not None else subprocess.DEVNULL),
+            stdout=subprocess.PIPE if sink is None or not _has_fileno(sink) else sink,
+            stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = proc.communicate(input=bytes(stdin) if feed_bytes else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc)
+            proc.communicate()
+            raise RemoteTimeout(self.host.name, f"command timed out after {timeout:g}s",
+                                hint="raise ssh.command_timeout if the host is just slow") from None
+        except BaseException:
+            _killpg(proc)
+            raise
+        if sink is not None and out:
+            sink.write(out)
+            out = b""
+        if sink is not None and _has_fileno(sink):
+            sink.seek(0, os.SEEK_END)
+        return proc.returncode, out or b"", err or b""
+
+
+def _has_fileno(fh: BinaryIO) -> bool:
+    try:
+        fh.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
