@@ -1,0 +1,297 @@
+"""The command line. The ONLY place that prints tables or exits."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import click
+
+from . import __version__
+from .errors import OrchError
+
+
+def _save_traceback() -> str:
+    fd, path = tempfile.mkstemp(prefix="orch-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"orch {__version__} crashed at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.write(f"argv: {sys.argv!r}\n\n")
+        traceback.print_exc(file=fh)
+    return path
+
+
+class OrchGroup(click.Group):
+    """Maps OrchError subclasses to exit codes; an unexpected crash saves its traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OrchError as exc:
+            click.echo(f"orch: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("orch: interrupted", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - last-resort handler
+            path = _save_traceback()
+            click.echo(
+                f"orch: internal error: {type(exc).__name__}: {exc}\n"
+                f"  the traceback was saved to {path}; please attach it to a bug report",
+                err=True,
+            )
+            ctx.exit(70)
+
+
+@click.group(cls=OrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="orch")
+def cli() -> None:
+    """Launch distributed deep-learning training across many machines over SSH."""
+
+
+def cluster_file_argument(f):
+    return click.argument("file", required=False, default="cluster.yaml",
+                          type=click.Path(dir_okay=False))(f)
+
+
+def hosts_option(f):
+    return click.option("--hosts", "hosts", default=None, metavar="PATTERN",
+                        help="act on a subset: names, ranges (node[01-04]) or group names, comma-separated")(f)
+
+
+def load(file: str, hosts: str | None):
+    """cluster.yaml -> validated Cluster, narrowed to --hosts."""
+    from .spec import load_cluster
+
+    return load_cluster(file).select(hosts)
+
+
+# --- plan command (orch plan) ---
+
+PLAN_TABLE_MAX_RANKS = 64
+
+
+@cli.command("plan")
+@cluster_file_argument
+@hosts_option
+@click.option("--out", "out", default=None, type=click.Path(file_okay=False),
+              help="write plan.json, commands.json and the launcher's files (hostfile / rank_table.json) here")
+@click.option("--json", "as_json", is_flag=True, help="print plan.json on stdout instead of a table")
+@click.option("--probe", is_flag=True,
+              help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
+                   "(ranktable launcher); the only option that touches hosts")
+@click.option("--interface", default=None, metavar="IFACE",
+              help="mpirun: the NIC for MPI traffic (-mca btl_tcp_if_include / oob_tcp_if_include)")
+def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool,
+                 interface: str | None) -> None:
+    """Show the rank plan and every file and command `orch up` would use. Touches no host
+    (unless --probe)."""
+    from pathlib import Path
+
+    from . import plan as planning
+    from . import render
+    from .errors import PlanError
+
+    cluster = load(file, hosts)
+    rp = planning.make_plan(cluster)
+    for w in rp.warnings:
+        click.secho(w, fg="yellow", bold=True, err=True)
+
+    device_ips, missing_ips = None, None
+    if cluster.job.launcher == "ranktable":
+        probed = _plan_probe_hccn(cluster, rp) if probe else {}
+        try:
+            device_ips = planning.device_ips_for(rp, probed)
+        except PlanError as exc:
+            if probe:
+                raise
+            missing_ips = exc
+    elif probe:
+        click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} needs no device IPs", err=True)
+
+    files = render.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root",
+                              interface=interface)
+    if as_json:
+        click.echo(files["plan.json"], nl=False)
+    else:
+        _plan_print(cluster, rp)
+
+    if out:
+        out_dir = Path(out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out_dir / name).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {', '.join(sorted(files))} to {out_dir}", err=as_json)
+    if missing_ips is not None:
+        click.secho(f"WARNING: {render.RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
+                    f"{planning.HCCN_CONF} on the hosts", fg="yellow", err=True)
+
+
+def _plan_probe_hccn(cluster, rp) -> dict:
+    """{host name: {device id: IP}} read from /etc/hccn.conf on the hosts whose inventory lacks some."""
+    from . import plan as planning
+    from .errors import PlanError
+    from .fanout import fan_out
+    from .transport import Pool
+
+    need = [h for h in rp.hosts if any(d not in h.device_ips for d in h.devices)]
+    if not need:
+        return {}
+
+    with Pool(cluster) as pool:
+        def read(h):
+            res = pool[h].run(["cat", planning.HCCN_CONF]).check(f"reading {planning.HCCN_CONF}")
+            return planning.parse_hccn_conf(res.out)
+
+        outcomes = fan_out(need, read, limit=cluster.ssh.fanout,
+                           timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
+    failed = [o.error for o in outcomes.values() if not o.ok]
+    if failed:
+        shown = [str(e).splitlines()[0] for e in failed[:20]]
+        more = [f"... and {len(failed) - 20} more"] if len(failed) > 20 else []
+        raise PlanError(f"--probe: could not read {planning.HCCN_CONF} on {len(failed)} host(s):\n"
+                        + "\n".join(f"  - {s}" for s in shown + more),
+                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
+    return {name: o.value for name, o in outcomes.items()}
+
+
+def _plan_print(cluster, rp) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .spec import fold
+
+    click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
+               f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.address})")
+    console = Console(highlight=False)
+    if rp.size <= PLAN_TABLE_MAX_RANKS:
+        table = Table("rank", "host", "address", "local rank", "device")
+        for r in rp.ranks:
+            table.add_row(str(r.rank), r.host, r.address, str(r.local_rank), str(r.device_id))
+    else:
+        # Hosts in a row with the same layout are shown once, their names folded (node[001-512]).
+        table = Table("hosts", "count", "ranks", "per host", "devices")
+        runs: list[list] = []
+        first = 0
+        for h in rp.hosts:
+            if runs and runs[-1][1] == h.devices:
+                runs[-1][0].append(h.name)
+            else:
+                runs.append([[h.name], h.devices, first])
+            first += h.slots
+        for names, devices, start in runs:
+            stop = start + len(names) * len(devices) - 1
+            table.add_row(fold(names), str(len(names)), f"{start}-{stop}" if stop > start else str(start),
+                          str(len(devices)), ",".join(map(str, devices)))
+    console.print(table)
+
+
+# --- check command (orch check) ---
+
+CHECK_FOLD_ROWS = 16  # more hosts than this: hosts with identical rows share one (folded) row
+_CELL = {"pass": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red"),
+         "error": ("error", "magenta")}
+
+
+@cli.command("check")
+@cluster_file_argument
+@hosts_option
+@click.option("--json", "as_json", is_flag=True,
+              help='print one JSON object on stdout: {"ok": bool, "results": [{check, host, status, message}]}')
+@click.option("--full-mesh", is_flag=True,
+              help="test ssh between every ordered pair of hosts (default: launch host -> each other host)")
+@click.option("--print-probe", "print_probe", default=None, metavar="HOST",
+              help="print the probe script orch check runs on HOST, and exit")
+def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, print_probe: str | None) -> None:
+    """Preflight every host: ssh, versions, PATH, NICs, devices, workdir, disk, files, ports, stale
+    processes, clocks. One SSH connection and one remote command per host.
+
+    Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage."""
+    from . import checks
+    from .errors import UsageError
+    from .transport import Pool
+
+    cluster = load(file, hosts)
+    if print_probe is not None:
+        match = [h for h in cluster.hosts if print_probe in (h.name, h.address)]
+        if not match:
+            from .spec import fold
+
+            raise UsageError(f"--print-probe {print_probe!r}: no such host",
+                             hint=f"hosts are: {fold(h.name for h in cluster.hosts)}")
+        click.echo(checks.probe_for(cluster, match[0].name, full_mesh=full_mesh), nl=False)
+        return
+    status = None
+    if not as_json and sys.stderr.isatty():
+        from rich.console import Console
+
+        status = Console(stderr=True).status(f"checking {len(cluster.hosts)} host(s)...")
+        status.start()
+    try:
+        with Pool(cluster) as pool:
+            report = checks.run_checks(cluster, pool, full_mesh=full_mesh)
+    finally:
+        if status is not None:
+            status.stop()
+    if as_json:
+        click.echo(report.to_json())
+    else:
+        _print_check(cluster, report)
+    click.get_current_context().exit(0 if report.ok else 1)
+
+
+def _print_check(cluster, report) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .spec import fold
+
+    cells = report.cells()
+    columns = [c for c in report.checks if any(c in row for row in cells.values())]
+    rows: list[tuple[str, tuple]] = []
+    values = [(h, tuple(cells.get(h, {}).get(c) for c in columns)) for h in report.hosts]
+    if len(values) > CHECK_FOLD_ROWS:
+        groups: dict[tuple, list[str]] = {}
+        for h, v in values:
+            groups.setdefault(v, []).append(h)
+        rows = [(fold(names), v) for v, names in groups.items()]
+    else:
+        rows = values
+    width = max([len(r[0]) for r in rows] + [4]) + sum(len(c) + 3 for c in columns) + 4
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else max(100, width))
+    table = Table("host", *columns, title=f"orch check: {cluster.name}", title_justify="left")
+    for name, v in rows:
+        table.add_row(escape(name), *[(f"[{_CELL[s][1]}]{_CELL[s][0]}[/]" if s else "[dim]-[/]") for s in v])
+    console.print(table)
+    problems = report.problems()
+    for p in problems:
+        word, style = _CELL[p.status]
+        where = f"{p.hosts}: " if p.hosts else ""
+        console.print(f"[{style}]{word:5}[/] [bold]{p.check}[/] {escape(where + p.message)}", soft_wrap=True)
+    failed = sum(1 for p in problems if p.status in ("fail", "error"))
+    warned = sum(1 for p in problems if p.status == "warn")
+    verdict = (f"[bold red]{failed} problem(s) must be fixed[/]" if failed else "[green]nothing failed[/]")
+    console.print(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): {verdict}"
+                  + (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)")
+
+
+def _register() -> None:
+    from .lab import lab_group
+
+    cli.add_command(lab_group, "lab")
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="orch")
+
+
+if __name__ == "__main__":
+    main()

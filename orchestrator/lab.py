@@ -1,0 +1,1345 @@
+"""The simulated cluster: N "hosts" on this one Linux machine, for real multi-host tests.
+
+`orch lab up 4` makes four hosts that look like separate machines to everything orch
+does over SSH: each has its own network namespace (address 198.18.K.(10+i) on a
+bridge), hostname, real sshd on port 22, /data, /tmp, /etc/hccn.conf, /etc/hosts
+(every lab host's name), /root and /root/.ssh. Needs root on Linux and iproute2,
+util-linux, openssh-server/-client and openmpi-bin.
+
+/root on a host is an overlay (tmpfs upper, this machine's /root below): writes stay
+on that host, and /root/.ssh is bound from the state dir without creating (or
+reading) the real /root/.ssh.
+
+Layout (NAME defaults to ``lab``; ORCH_LAB_ROOT defaults to /var/tmp/orch-lab)::
+
+    $ORCH_LAB_ROOT/NAME/
+        lab.json            machine-readable state (hosts, pids, subnet, mountpoints)
+        inventory.yaml      usable unchanged as `inventory:` in a cluster.yaml
+        id_ed25519(.pub)    the lab's user key (root on every host accepts it)
+        known_hosts         every host's address and name with its host key
+        h<i>/               host i: sshd_config, sshd.log, sshd.pid, host key,
+                            data/ (-> /data), ssh/ (-> /root/.ssh), opt/ (-> /opt/orch-lab),
+                            tmp/ (-> /tmp), hccn.conf, hosts, bashrc, setup.sh
+
+Network: bridge ``ol-br-NAME`` in the root namespace holds 198.18.K.1/24 (K is derived
+from NAME, recorded in lab.json, and never shared by two labs); host i is netns
+``olab-NAME-i`` with ``eth0`` = 198.18.K.(10+i), its root-side veth is ``olNAME-i``.
+Hosts have no default route: they reach each other and the controller, nothing else.
+
+Each host's uts+mount namespace is kept alive by a holder process (``sleep infinity``,
+started as ``ip netns exec olab-NAME-i unshare --uts --mount sh h<i>/setup.sh``; the
+script sets the address, hostname and bind mounts first). sshd is started inside
+those namespaces with ``nsenter -t <holder> -n -u -m``, so ``orch lab sshd stop|start``
+keeps the same host. ``orch lab down`` kills every process in the lab's network
+namespaces (sshd sessions, daemons started over ssh with setsid...), deletes the
+veths, bridge and namespaces, the state dir, and the mountpoints it created on the
+real root fs (/data, /etc/hccn.conf, /opt/orch-lab, /run/sshd, the /run/netns
+mount) once no other lab is left.
+
+PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environment
+(PermitUserEnvironment yes), which sets
+``PATH=/opt/orch-lab/bin:<dir of sys.executable>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
+(plus PYTHONPATH=/opt/orch-lab/site / LD_LIBRARY_PATH=/opt/orch-lab/lib where a
+--vary put something there). So ``python3`` over ssh is the very interpreter that ran
+``orch lab up`` (with its site-packages: ``import orchestrator`` works on every host)
+unless ``--vary I:python=X`` puts a version shim first. Because bash sources
+~/.bashrc for ssh commands and this machine's /root/.bashrc prepends pyenv shims,
+each host's /root/.bashrc (in its /root overlay; the real file is untouched) returns
+early for non-interactive shells.
+
+Versions (``--vary I:TOOL=VERSION``, ``--vary '*:TOOL=VERSION'`` or ``--all TOOL=VERSION``;
+a host's own entry wins over ``*``):
+  openmpi=V   /opt/orch-lab/bin/{mpirun,mpiexec,ompi_info} shims print the real output
+              with the version replaced; anything else runs the real tool.
+  openmpi=none  every OpenMPI executable name (mpirun, orted, ompi_info, mpicc...) is
+              removed from the PATH dirs inside that host's mount namespace (a tmpfs
+              overlay over /usr/bin with whiteouts): ``command -v mpirun`` fails.
+              (Covering the files with a non-executable bind mount is not enough:
+              bash's ``command -v`` still prints a non-executable match.)
+  python=V    /opt/orch-lab/bin/python3 (and python) answer --version/-V with V.
+  nccl=V      empty /opt/orch-lab/lib/libnccl.so.V + libnccl.so.<major> symlink.
+  other=V     any Python distribution (mindspore, torch...): a fake
+              /opt/orch-lab/site/<name>-V.dist-info/METADATA.
+  other=none  no shim; if this machine's python has it installed under /root, its
+              dist-info is removed inside that host's /root overlay.
+
+mpirun across lab hosts works with the stock ssh agent, run on a lab host::
+
+    ssh root@198.18.K.11 mpirun --allow-run-as-root -H 198.18.K.11:1,198.18.K.12:1 -n 2 hostname
+
+(the per-host ~/.ssh/config has BatchMode yes, the lab key and every host's key, and
+orted is on the non-interactive PATH, so no -mca plm_rsh_args or --prefix is needed;
+an MPI_Allreduce over btl tcp between two hosts works as is, or pinned with
+``-mca btl tcp,self -mca btl_tcp_if_include eth0 -mca oob_tcp_if_include eth0``.)
+
+Quirks worth knowing: sshd daemonises before it binds, so readiness is its PidFile
+(written after listen); sshd -E sends even config errors to the log file, not stderr;
+``ip netns add`` turns /run/netns into a shared bind mount the first time (recorded and
+undone by the last ``down``); unlinking a mountpoint in the root namespace silently
+unmounts it in every other namespace, hence the shared, locked mountpoint registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import click
+
+from .errors import LabError
+
+DEFAULT_ROOT = "/var/tmp/orch-lab"
+NAME_RE = re.compile(r"[a-z0-9]{1,8}")
+MAX_HOSTS = 240  # .11 .. .250 of the lab's /24
+SUBNET_PREFIX = "198.18"
+SSH_PORT = 22
+SLOTS = 2
+HOST_PREFIX = 10  # host i has .(10+i)
+REGISTRY = "mountpoints.json"
+STATE_VERSION = 1
+
+# Which Debian package brings each tool the lab runs.
+_TOOLS = {
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "mount": "mount",
+    "umount": "mount",
+    "sshd": "openssh-server",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "mpirun": "openmpi-bin",
+}
+_UP_TOOLS = tuple(_TOOLS)
+_DOWN_TOOLS = ("ip",)
+_SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Real-fs paths a host's mount namespace binds over; created (and later removed) only
+# when missing. /root/.ssh is NOT here: it is made inside the host's /root overlay.
+_MOUNTPOINT_DIRS = ("/data", "/opt/orch-lab", "/run/sshd")
+_MOUNTPOINT_FILES = ("/etc/hccn.conf",)
+_NETNS_DIR = "/run/netns"
+
+# OpenMPI executables hidden by openmpi=none.
+_OPENMPI_EXES = (
+    "mpirun", "mpiexec", "orterun", "orted", "ompi_info", "oshrun", "shmemrun",
+    "ompi-clean", "orte-clean", "orte-info", "ompi-server", "orte-server",
+    "mpirun.openmpi", "mpiexec.openmpi", "opal_wrapper", "mpicc", "mpicxx", "mpic++", "mpiCC",
+    "mpif77", "mpif90", "mpifort",
+)
+_DIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]*")
+
+
+# --------------------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One simulated host. index is 1-based."""
+
+    index: int
+    name: str
+    address: str
+    netns: str
+    veth: str
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: LabHost
+    netns: bool
+    holder_pid: int | None
+    holder_alive: bool
+    sshd_pid: int | None
+    sshd_alive: bool
+    link_up: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.netns and self.holder_alive and self.sshd_alive and self.link_up
+
+
+@dataclass
+class _HostPlan:
+    host: LabHost
+    dir: Path
+    versions: dict[str, str] = field(default_factory=dict)
+    refuse_key: bool = False
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise LabError(
+            f"bad lab name {name!r}",
+            hint="a lab name is 1-8 characters of a-z and 0-9, e.g. --name t1",
+        )
+    return name
+
+
+def parse_vary(specs: Iterable[str] | Mapping | None) -> dict[int | str, dict[str, str]]:
+    """``["2:openmpi=4.0.3", "*:mindspore=2.10.0"]`` (or such a mapping) -> {2: {...}, "*": {...}}."""
+    out: dict[int | str, dict[str, str]] = {}
+    if not specs:
+        return out
+    if isinstance(specs, Mapping):
+        for key, tools in specs.items():
+            idx: int | str = "*" if key in ("*", "all") else key
+            if idx != "*":
+                try:
+                    idx = int(idx)
+                except (TypeError, ValueError):
+                    raise LabError(f"bad --vary host index {key!r}", hint="use 1..N or '*'") from None
+            for tool, version in dict(tools).items():
+                _check_tool(tool, str(version))
+                out.setdefault(idx, {})[tool.lower()] = str(version)
+        return out
+    for spec in specs:
+        m = re.fullmatch(r"\s*(\*|\d+)\s*:\s*([^=\s]+)\s*=\s*(\S+)\s*", str(spec))
+        if not m:
+            raise LabError(
+                f"bad --vary value {spec!r}",
+                hint="expected I:TOOL=VERSION, e.g. 2:openmpi=4.0.3 or '*:mindspore=2.10.0'",
+            )
+        idx = "*" if m.group(1) == "*" else int(m.group(1))
+        _check_tool(m.group(2), m.group(3))
+        out.setdefault(idx, {})[m.group(2).lower()] = m.group(3)
+    return out
+
+
+def _check_tool(tool: str, version: str) -> None:
+    if not _DIST_RE.fullmatch(tool or ""):
+        raise LabError(f"bad tool name {tool!r} in --vary", hint="e.g. openmpi, python, nccl, mindspore, torch")
+    if not _VERSION_RE.fullmatch(version or ""):
+        raise LabError(f"bad version {version!r} for {tool} in --vary", hint="e.g. 4.0.3, or none")
+    if tool.lower() == "python" and version == "none":
+        raise LabError("--vary python=none is not supported", hint="a lab host always has this machine's python")
+
+
+def host_versions(vary: Mapping[int | str, Mapping[str, str]], index: int) -> dict[str, str]:
+    merged = dict(vary.get("*", {}))
+    merged.update(vary.get(index, {}))
+    return merged
+
+
+def subnet_octet(name: str) -> int:
+    """The lab's preferred third octet, 1..250, stable from its name."""
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % 250 + 1
+
+
+def hccn_conf(index: int, devices: int = 8) -> str:
+    """Text of a host's /etc/hccn.conf: one subnet per device index, one address per host."""
+    lines = []
+    for d in range(devices):
+        lines.append(f"address_{d}=192.168.{100 + d}.{HOST_PREFIX + index}")
+        lines.append(f"netmask_{d}=255.255.255.0")
+    return "\n".join(lines) + "\n"
+
+
+def inventory_yaml(name: str, subnet: str, hosts: Sequence[LabHost], key: Path, known_hosts: Path) -> str:
+    lines = [
+        f"# orch lab {name!r}: {len(hosts)} simulated hosts on {subnet}; made by `orch lab up`,",
+        "# removed by `orch lab down`. Usable unchanged as `inventory:` in a cluster.yaml.",
+        f"defaults: {{user: root, port: {SSH_PORT}, identity_file: {key}, "
+        f"known_hosts: {known_hosts}, slots: {SLOTS}}}",
+        "hosts:",
+    ]
+    lines += [f"  - {{address: {h.address}, name: {h.name}}}" for h in hosts]
+    return "\n".join(lines) + "\n"
+
+
+def host_path_env(pydir: str, site: bool, lib: bool) -> str:
+    """Contents of a host's ~/.ssh/environment."""
+    parts = ["/opt/orch-lab/bin"]
+    if pydir not in parts:
+        parts.append(pydir)
+    for p in _SBIN_PATH.split(":"):
+        if p not in parts:
+            parts.append(p)
+    out = [f"PATH={':'.join(parts)}"]
+    if site:
+        out.append("PYTHONPATH=/opt/orch-lab/site")
+    if lib:
+        out.append("LD_LIBRARY_PATH=/opt/orch-lab/lib")
+    return "\n".join(out) + "\n"
+
+
+def sshd_config(host: LabHost, hdir: Path) -> str:
+    return "\n".join([
+        f"# sshd of orch lab host {host.name}",
+        f"ListenAddress {host.address}",
+        f"Port {SSH_PORT}",
+        f"HostKey {hdir}/ssh_host_ed25519_key",
+        f"PidFile {hdir}/sshd.pid",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "AuthorizedKeysFile .ssh/authorized_keys",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "PermitUserEnvironment yes",
+        "MaxStartups 200:30:400",
+        "MaxSessions 200",
+        "LogLevel VERBOSE",
+        "UseDNS no",
+        "PrintMotd no",
+        "X11Forwarding no",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def _sh_shim(body: str) -> str:
+    return "#!/bin/bash\n# orch lab version shim\n" + body
+
+
+def python_shim(version: str, real: str) -> str:
+    return _sh_shim(
+        'case "${1:-}" in\n'
+        f'  --version|-V) echo {shlex.quote("Python " + version)}; exit 0;;\n'
+        "esac\n"
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+
+
+def mpirun_shim(real: str, real_version: str, version: str) -> str:
+    sed = "s/" + re.escape(real_version).replace("/", r"\/") + "/" + version + "/g"
+    return _sh_shim(
+        "set -o pipefail\n"
+        'case "${1:-}" in\n'
+        f'  --version|-V|-version) {shlex.quote(real)} --version | sed -e {shlex.quote(sed)}; exit;;\n'
+        "esac\n"
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+
+
+def ompi_info_shim(real: str, real_version: str, version: str) -> str:
+    sed = "s/\\b" + re.escape(real_version) + "\\b/" + version + "/g"
+    return _sh_shim(
+        "set -o pipefail\n"
+        f'{shlex.quote(real)} "$@" | sed -e {shlex.quote(sed)}\n'
+    )
+
+
+def dist_metadata(name: str, version: str) -> str:
+    return f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: orch lab stand-in\n"
+
+
+# --------------------------------------------------------------------------- system helpers
+
+
+def _which(tool: str) -> str | None:
+    path = os.environ.get("PATH", "") + ":" + _SBIN_PATH
+    return shutil.which(tool, path=path)
+
+
+def preflight(tools: Sequence[str] = _UP_TOOLS) -> dict[str, str]:
+    """Linux, root and the tools; returns tool -> path. Raises LabError naming the package."""
+    if not sys.platform.startswith("linux"):
+        raise LabError(
+            f"orch lab needs Linux (network namespaces); this is {sys.platform}",
+            hint="run the lab on a Linux machine or VM",
+        )
+    if os.geteuid() != 0:
+        raise LabError(
+            "orch lab needs root (it creates network namespaces, a bridge and bind mounts)",
+            hint="run it as root, e.g. sudo orch lab ...",
+        )
+    found: dict[str, str] = {}
+    missing = []
+    for tool in tools:
+        path = _which(tool)
+        if path is None:
+            missing.append(tool)
+        else:
+            found[tool] = path
+    if missing:
+        pkgs = sorted({_TOOLS[t] for t in missing})
+        raise LabError(
+            f"orch lab needs {', '.join(missing)}, not found on PATH",
+            hint="install it: apt-get install " + " ".join(pkgs),
+        )
+    return found
+
+
+def _run(argv: Sequence[str], *, input: str | None = None, timeout: float = 60, check: bool = True,
+         what: str | None = None, **kw) -> subprocess.CompletedProcess:
+    try:
+        res = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{what or argv[0]}: timed out after {timeout:g}s: {shlex.join(argv)}") from None
+    except OSError as exc:
+        raise LabError(f"{what or argv[0]}: cannot run {argv[0]}: {exc}") from None
+    if check and res.returncode != 0:
+        detail = (res.stderr or res.stdout).strip().splitlines()
+        raise LabError(
+            f"{what or shlex.join(argv)} failed (exit {res.returncode})"
+            + (f": {' / '.join(detail[-3:])}" if detail else "")
+        )
+    return res
+
+
+def _parallel(fn, items: Sequence, workers: int = 16) -> list:
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _pid_alive(pid: int | None, comm: str | None = None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0] if ")" in stat else ""
+    if state in ("Z", "X"):
+        return False
+    if comm is not None:
+        name = stat[stat.find("(") + 1: stat.rfind(")")]
+        return name == comm
+    return True
+
+
+def _ns_inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _proc_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _locked(root: Path, timeout: float = 60.0):
+    """Exclusive lock on the lab root (subnets and the shared mountpoint registry)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise LabError(
+                        f"another orch lab command holds the lock on {root} for over {timeout:g}s",
+                        hint="wait for it to finish",
+                    ) from None
+                time.sleep(0.05)
+        try:
+            same = os.stat(root).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the root was removed while we waited: start over
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _openmpi_real_version(mpirun: str) -> str:
+    res = _run([mpirun, "--version"], check=False, timeout=20, what="mpirun --version")
+    m = re.search(r"\(Open MPI\)\s+(\S+)", res.stdout + res.stderr)
+    if not m:
+        raise LabError(f"cannot tell the OpenMPI version from `{mpirun} --version`", hint="is openmpi-bin installed?")
+    return m.group(1)
+
+
+def _openmpi_names(pathdirs: Sequence[str]) -> dict[str, list[str]]:
+    """real dir -> names in it that run an OpenMPI tool (the names, symlinks included)."""
+    targets = set()
+    for d in pathdirs:
+        for exe in _OPENMPI_EXES:
+            if os.path.exists(os.path.join(d, exe)):
+                targets.add(os.path.realpath(os.path.join(d, exe)))
+    out: dict[str, list[str]] = {}
+    for d in dict.fromkeys(os.path.realpath(x) for x in pathdirs):
+        names = sorted(x for x in _listdir(d)
+                       if x in _OPENMPI_EXES or os.path.realpath(os.path.join(d, x)) in targets)
+        if names:
+            out[d] = names
+    return out
+
+
+def _installed_dist_dirs(name: str) -> list[Path]:
+    """dist-info dirs of `name` visible to this python (for name=none hiding)."""
+    out = []
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    for base in sys.path:
+        try:
+            entries = os.listdir(base or ".")
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.endswith((".dist-info", ".egg-info")):
+                stem = entry.rsplit(".", 1)[0]
+                dname = re.sub(r"[-_.]+", "_", stem.split("-")[0]).lower()
+                if dname == norm:
+                    out.append(Path(base or ".").resolve() / entry)
+    return out
+
+
+# --------------------------------------------------------------------------- the lab
+
+
+class Lab:
+    """A named simulated cluster. ``Lab("t1").up(3)``; ``.down()`` removes everything."""
+
+    def __init__(self, name: str = "lab", root: str | os.PathLike | None = None):
+        self.name = validate_name(name)
+        self.root = Path(root or os.environ.get("ORCH_LAB_ROOT") or DEFAULT_ROOT).absolute()
+        self.state_dir = self.root / self.name
+
+    def __repr__(self) -> str:
+        return f"Lab(name={self.name!r}, state_dir={str(self.state_dir)!r})"
+
+    # ---- names and paths
+
+    @property
+    def bridge(self) -> str:
+        return f"ol-br-{self.name}"
+
+    def netns_name(self, i: int) -> str:
+        return f"olab-{self.name}-{i}"
+
+    def veth_name(self, i: int) -> str:
+        return f"ol{self.name}-{i}"
+
+    def host_name(self, i: int) -> str:
+        return f"{self.name}-h{i}"
+
+    def host_dir(self, i: int) -> Path:
+        return self.state_dir / f"h{i}"
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.state_dir / "inventory.yaml"
+
+    @property
+    def key_path(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir / "lab.json"
+
+    def sshd_log(self, i: int) -> Path:
+        return self.host_dir(i) / "sshd.log"
+
+    # ---- state
+
+    def exists(self) -> bool:
+        return self.state_path.is_file()
+
+    def state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            raise LabError(
+                f"no lab named {self.name!r} (no {self.state_path})",
+                hint=f"start one with: orch lab up N --name {self.name}",
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise LabError(f"cannot read {self.state_path}: {exc}", hint=f"orch lab down --name {self.name}") from None
+
+    def _save_state(self, state: dict) -> None:
+        tmp = self.state_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.state_path)
+
+    @property
+    def hosts(self) -> list[LabHost]:
+        return [self._host_from(h) for h in self.state()["hosts"]]
+
+    @property
+    def subnet(self) -> str:
+        return self.state()["subnet"]
+
+    def host(self, i: int) -> LabHost:
+        hosts = self.hosts
+        if not isinstance(i, int) or not 1 <= i <= len(hosts):
+            raise LabError(f"lab {self.name!r} has no host {i!r}", hint=f"hosts are 1..{len(hosts)}")
+        return hosts[i - 1]
+
+    @staticmethod
+    def _host_from(rec: dict) -> LabHost:
+        return LabHost(rec["index"], rec["name"], rec["address"], rec["netns"], rec["veth"])
+
+    def _host_record(self, i: int) -> dict:
+        self.host(i)
+        return self.state()["hosts"][i - 1]
+
+    # ---- up
+
+    def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = ()) -> "Lab":
+        """Replace any lab of this name with n fresh hosts; returns self."""
+        tools = preflight()
+        if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
+            raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
+        plan_vary = parse_vary(vary)
+        for idx in plan_vary:
+            if idx != "*" and not 1 <= idx <= n:
+                raise LabError(f"--vary names host {idx}, but the lab has hosts 1..{n}")
+        refuse = set()
+        for idx in refuse_key or ():
+            if not isinstance(idx, int) or not 1 <= idx <= n:
+                raise LabError(f"--refuse-key names host {idx!r}, but the lab has hosts 1..{n}")
+            refuse.add(idx)
+        self._check_root_path()
+
+        self.down()
+        with _locked(self.root):
+            k = self._pick_subnet()
+            self.state_dir.mkdir(mode=0o755)
+            created = self._claim_mountpoints()
+            hosts = [
+                LabHost(i, self.host_name(i), f"{SUBNET_PREFIX}.{k}.{HOST_PREFIX + i}",
+                        self.netns_name(i), self.veth_name(i))
+                for i in range(1, n + 1)
+            ]
+            state = {
+                "version": STATE_VERSION,
+                "name": self.name,
+                "status": "starting",
+                "k": k,
+                "subnet": f"{SUBNET_PREFIX}.{k}.0/24",
+                "gateway": f"{SUBNET_PREFIX}.{k}.1",
+                "bridge": self.bridge,
+                "created_at": time.time(),
+                "python": sys.executable,
+                "mountpoints_created": created,
+                "hosts": [
+                    dict(index=h.index, name=h.name, address=h.address, netns=h.netns, veth=h.veth,
+                         holder_pid=None, sshd_pid=None, versions=host_versions(plan_vary, h.index),
+                         refuse_key=h.index in refuse)
+                    for h in hosts
+                ],
+            }
+            self._save_state(state)
+        try:
+            self._build(state, hosts, plan_vary, refuse, tools)
+        except BaseException as exc:
+            if os.environ.get("ORCH_LAB_KEEP_FAILED"):
+                raise
+            with contextlib.suppress(Exception):
+                self.down()
+            if isinstance(exc, LabError):
+                raise LabError(exc.message, hint="the partial lab was removed; set ORCH_LAB_KEEP_FAILED=1 to keep "
+                                                 f"{self.state_dir} (logs, configs) for a look") from None
+            raise
+        return self
+
+    def _check_root_path(self) -> None:
+        for bad in ("/tmp", "/root", "/data", "/opt/orch-lab", "/run", "/etc", "/proc", "/sys", "/dev"):
+            if self.root == Path(bad) or Path(bad) in self.root.parents:
+                raise LabError(
+                    f"ORCH_LAB_ROOT={self.root} is under {bad}, which lab hosts mount over",
+                    hint=f"use a directory elsewhere, e.g. the default {DEFAULT_ROOT}",
+                )
+
+    def _pick_subnet(self) -> int:
+        used: set[int] = set()
+        for other in self.root.iterdir():
+            if other.name == self.name:
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                used.add(int(json.loads((other / "lab.json").read_text())["k"]))
+        res = _run(["ip", "-o", "-4", "addr", "show"], check=False, timeout=10)
+        for m in re.finditer(r"inet\s+198\.18\.(\d+)\.\d+", res.stdout):
+            used.add(int(m.group(1)))
+        start = subnet_octet(self.name)
+        for step in range(250):
+            k = (start - 1 + step) % 250 + 1
+            if k not in used:
+                return k
+        raise LabError("every 198.18.K.0/24 subnet is taken by other labs", hint="orch lab down --name OTHER")
+
+    def _claim_mountpoints(self) -> list[str]:
+        """Create missing mountpoints on the real fs; record them in the shared registry."""
+        reg_path = self.root / REGISTRY
+        try:
+            reg = json.loads(reg_path.read_text())
+        except (OSError, ValueError):
+            reg = {"created_dirs": [], "created_files": [], "mounts": []}
+        created = []
+        for d in _MOUNTPOINT_DIRS:
+            if not os.path.lexists(d):
+                os.makedirs(d, mode=0o755)
+                reg["created_dirs"].append(d)
+                created.append(d)
+        for f in _MOUNTPOINT_FILES:
+            if not os.path.lexists(f):
+                Path(f).touch(mode=0o644)
+                reg["created_files"].append(f)
+                created.append(f)
+        if not _is_mountpoint(_NETNS_DIR):
+            # What `ip netns add` does the first time; done here so `down` can undo it.
+            if not os.path.lexists(_NETNS_DIR):
+                os.makedirs(_NETNS_DIR, mode=0o755)
+                reg["created_dirs"].insert(0, _NETNS_DIR)
+                created.append(_NETNS_DIR)
+            _run(["mount", "--bind", _NETNS_DIR, _NETNS_DIR], what="mount --bind /run/netns")
+            _run(["mount", "--make-shared", _NETNS_DIR], what="mount --make-shared /run/netns")
+            reg["mounts"].append(_NETNS_DIR)
+            created.append(f"mount:{_NETNS_DIR}")
+        tmp = reg_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(reg, indent=1) + "\n")
+        os.replace(tmp, reg_path)
+        return created
+
+    def _build(self, state: dict, hosts: list[LabHost], vary: dict, refuse: set[int], tools: dict) -> None:
+        sd = self.state_dir
+        plans = [_HostPlan(h, self.host_dir(h.index), host_versions(vary, h.index), h.index in refuse) for h in hosts]
+        for p in plans:
+            p.dir.mkdir()
+
+        # keys: the lab's user key + one host key per host, in parallel
+        keygen = tools["ssh-keygen"]
+        jobs = [[keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"orch-lab-{self.name}", "-f", str(self.key_path)]]
+        jobs += [[keygen, "-q", "-t", "ed25519", "-N", "", "-C", p.host.name, "-f", str(p.dir / "ssh_host_ed25519_key")]
+                 for p in plans]
+        _parallel(lambda argv: _run(argv, what="ssh-keygen", timeout=30), jobs)
+        user_pub = (sd / "id_ed25519.pub").read_text().strip()
+        user_key = self.key_path.read_text()
+        known = "".join(
+            f"{p.host.address},{p.host.name} {(p.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ')[0]} "
+            f"{(p.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ')[1]}\n"
+            for p in plans
+        )
+        _write(self.known_hosts_path, known)
+
+        # per-host files
+        try:
+            base_hosts = Path("/etc/hosts").read_text()
+        except OSError:
+            base_hosts = "127.0.0.1 localhost\n"
+        hosts_text = base_hosts.rstrip("\n") + f"\n# orch lab {self.name}\n" + "".join(
+            f"{h.address} {h.name}\n" for h in hosts)
+        try:
+            base_bashrc = Path("/root/.bashrc").read_text()
+        except OSError:
+            base_bashrc = ""
+        bashrc = ("# orch lab: non-interactive shells (ssh HOST CMD) keep PATH from ~/.ssh/environment\n"
+                  "case $- in *i*) ;; *) return ;; esac\n" + base_bashrc)
+        pydir = os.path.dirname(sys.executable)
+        need_openmpi_version = any(v.get("openmpi", "none") != "none" for v in (p.versions for p in plans))
+        real_ompi = _openmpi_real_version(tools["mpirun"]) if need_openmpi_version else ""
+        pathdirs = host_path_env(pydir, False, False).split("=", 1)[1].strip().split(":")
+        hide_exes = _openmpi_names(pathdirs) if any(p.versions.get("openmpi") == "none" for p in plans) else {}
+
+        for p in plans:
+            self._write_host(p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools)
+
+        # network: bridge, namespaces, veths in one `ip -batch`
+        k = state["k"]
+        lines = [
+            f"link add name {self.bridge} type bridge forward_delay 0",
+            f"addr add {SUBNET_PREFIX}.{k}.1/24 dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
+        for h in hosts:
+            lines += [
+                f"netns add {h.netns}",
+                f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
+                f"link set {h.veth} master {self.bridge} up",
+            ]
+        res = _run(["ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=120)
+        if res.returncode != 0:
+            raise LabError(
+                f"could not create the lab network: {res.stderr.strip() or res.stdout.strip()}",
+                hint="the lab needs network namespaces, veth and bridge support (CAP_NET_ADMIN, a kernel with "
+                     "CONFIG_NET_NS/CONFIG_VETH/CONFIG_BRIDGE)",
+            )
+
+        # holders: per host, one `ip netns exec .. unshare .. sh setup.sh`, in parallel
+        unshare = tools["unshare"]
+
+        def start_holder(p: _HostPlan) -> int:
+            res = _run(["ip", "netns", "exec", p.host.netns, unshare, "--uts", "--mount", "--propagation", "private",
+                        "/bin/sh", str(p.dir / "setup.sh")], check=False, timeout=60, start_new_session=True)
+            out = res.stdout.strip().splitlines()
+            if res.returncode != 0 or not out or not out[-1].isdigit():
+                raise LabError(
+                    f"{p.host.name}: setting up the host failed (exit {res.returncode}): "
+                    f"{(res.stderr or res.stdout).strip()[-500:]}",
+                    hint=f"see {p.dir / 'setup.sh'}",
+                )
+            return int(out[-1])
+
+        holders = _parallel(start_holder, plans, workers=8)
+        for rec, pid in zip(state["hosts"], holders):
+            rec["holder_pid"] = pid
+        self._save_state(state)
+
+        # sshd per host, inside the holder's namespaces
+        _parallel(lambda h: self._start_sshd(h, wait=False), hosts, workers=8)
+        deadline = time.monotonic() + 20
+        for rec, h in zip(state["hosts"], hosts):
+            rec["sshd_pid"] = self._wait_sshd(h, deadline)
+
+        _write(self.inventory_path, inventory_yaml(self.name, state["subnet"], hosts, self.key_path,
+                                                   self.known_hosts_path))
+        state["status"] = "up"
+        self._save_state(state)
+
+    def _write_host(self, p: _HostPlan, user_pub: str, user_key: str, known: str, hosts_text: str, bashrc: str,
+                    pydir: str, real_ompi: str, hide_exes: dict[str, list[str]], tools: dict) -> None:
+        d, h = p.dir, p.host
+        (d / "data").mkdir()
+        tmp = d / "tmp"
+        tmp.mkdir()
+        os.chmod(tmp, 0o1777)
+        (d / "rootov").mkdir()
+        _write(d / "hccn.conf", hccn_conf(h.index))
+        _write(d / "hosts", hosts_text)
+        _write(d / "bashrc", bashrc)
+
+        ssh = d / "ssh"
+        ssh.mkdir(mode=0o700)
+        if p.refuse_key:
+            _write(ssh / "authorized_keys", "# orch lab --refuse-key: the lab key is not accepted here\n", 0o600)
+        else:
+            _write(ssh / "authorized_keys", user_pub + "\n", 0o600)
+        _write(ssh / "id_ed25519", user_key, 0o600)
+        _write(ssh / "id_ed25519.pub", user_pub + "\n", 0o644)
+        _write(ssh / "known_hosts", known, 0o644)
+        _write(ssh / "config", "Host *\n    BatchMode yes\n    StrictHostKeyChecking yes\n"
+                               "    UserKnownHostsFile ~/.ssh/known_hosts\n    IdentityFile ~/.ssh/id_ed25519\n"
+                               "    ConnectTimeout 10\n", 0o600)
+
+        opt = d / "opt"
+        for sub in ("bin", "site", "lib"):
+            (opt / sub).mkdir(parents=True)
+        hide_dists: list[Path] = []
+        for tool, version in sorted(p.versions.items()):
+            if tool == "openmpi":
+                if version != "none":
+                    mpirun = tools["mpirun"]
+                    _write(opt / "bin" / "mpirun", mpirun_shim(mpirun, real_ompi, version), 0o755)
+                    _write(opt / "bin" / "mpiexec", mpirun_shim(mpirun, real_ompi, version), 0o755)
+                    info = _which("ompi_info") or "/usr/bin/ompi_info"
+                    _write(opt / "bin" / "ompi_info", ompi_info_shim(info, real_ompi, version), 0o755)
+            elif tool == "python":
+                _write(opt / "bin" / "python3", python_shim(version, sys.executable), 0o755)
+                os.symlink("python3", opt / "bin" / "python")
+            elif tool == "nccl":
+                if version != "none":
+                    lib = opt / "lib" / f"libnccl.so.{version}"
+                    _write(lib, "")
+                    os.symlink(lib.name, opt / "lib" / f"libnccl.so.{version.split('.')[0]}")
+            else:
+                if version == "none":
+                    for dist in _installed_dist_dirs(tool):
+                        if Path("/root") not in dist.parents:
+                            raise LabError(
+                                f"cannot hide {tool} on {h.name}: it is installed at {dist}, outside /root",
+                                hint=f"drop --vary {h.index}:{tool}=none or uninstall {tool}",
+                            )
+                        hide_dists.append(dist)
+                else:
+                    norm = re.sub(r"[-_.]+", "_", tool)
+                    info = opt / "site" / f"{norm}-{version}.dist-info"
+                    info.mkdir()
+                    _write(info / "METADATA", dist_metadata(tool, version))
+                    _write(info / "INSTALLER", "orch-lab\n")
+        has_site = any((opt / "site").iterdir())
+        has_lib = any((opt / "lib").iterdir())
+        _write(ssh / "environment", host_path_env(pydir, has_site, has_lib), 0o600)
+        _write(d / "sshd_config", sshd_config(h, d))
+
+        q = shlex.quote
+        script = [
+            "set -e",
+            f"# orch lab: set up host {h.name} inside its fresh net+uts+mount namespaces",
+            "ip link set lo up",
+            f"ip addr add {h.address}/24 dev eth0",
+            "ip link set eth0 up",
+            f"echo {q(h.name)} > /proc/sys/kernel/hostname",
+            "mount --make-rprivate /",
+            f"mount --bind {q(str(d / 'data'))} /data",
+            f"mount --bind {q(str(d / 'hccn.conf'))} /etc/hccn.conf",
+            f"mount --bind {q(str(d / 'hosts'))} /etc/hosts",
+            f"mount --bind {q(str(opt))} /opt/orch-lab",
+            f"mount -t tmpfs -o mode=0755 orch-lab-root {q(str(d / 'rootov'))}",
+            f"mkdir {q(str(d / 'rootov' / 'upper'))} {q(str(d / 'rootov' / 'work'))}",
+            "mount -t overlay orch-lab-root -o "
+            + q(f"lowerdir=/root,upperdir={d / 'rootov' / 'upper'},workdir={d / 'rootov' / 'work'}") + " /root",
+            "rm -rf /root/.ssh && mkdir -m 700 /root/.ssh",
+            f"mount --bind {q(str(ssh))} /root/.ssh",
+            f"cat {q(str(d / 'bashrc'))} > /root/.bashrc",
+        ]
+        if p.versions.get("openmpi") == "none":
+            for n, (dirpath, names) in enumerate(sorted(hide_exes.items())):
+                if not dirpath.startswith("/root/"):  # /root is an overlay already
+                    up, work = d / "rootov" / f"hide{n}", d / "rootov" / f"hide{n}.work"
+                    script += [f"mkdir {q(str(up))} {q(str(work))}",
+                               "mount -t overlay orch-lab-hide -o "
+                               + q(f"lowerdir={dirpath},upperdir={up},workdir={work}") + f" {q(dirpath)}"]
+                script.append("rm -f " + " ".join(q(f"{dirpath}/{x}") for x in names))
+        script += [f"rm -rf {q(str(dist))}" for dist in hide_dists]
+        script += [
+            f"mount --bind {q(str(tmp))} /tmp",
+            "sleep infinity </dev/null >/dev/null 2>&1 &",
+            "echo $!",
+        ]
+        _write(d / "setup.sh", "\n".join(script) + "\n", 0o755)
+
+    # ---- sshd
+
+    def _holder(self, i: int) -> int:
+        rec = self._host_record(i)
+        pid = rec.get("holder_pid")
+        ns = _ns_inode(f"{_NETNS_DIR}/{rec['netns']}")
+        if not _pid_alive(pid, "sleep") or ns is None or _ns_inode(f"/proc/{pid}/ns/net") != ns:
+            raise LabError(
+                f"{rec['name']}: the lab host is gone (its namespace holder, pid {pid}, is not running)",
+                hint=f"recreate the lab: orch lab up N --name {self.name}",
+            )
+        return pid
+
+    def _start_sshd(self, h: LabHost, wait: bool = True) -> int | None:
+        d = self.host_dir(h.index)
+        holder = self._holder(h.index)
+        with contextlib.suppress(FileNotFoundError):
+            (d / "sshd.pid").unlink()
+        sshd = _which("sshd") or "/usr/sbin/sshd"
+        res = _run(["nsenter", "-t", str(holder), "-n", "-u", "-m", sshd, "-f", str(d / "sshd_config"),
+                    "-E", str(d / "sshd.log")], check=False, timeout=30, start_new_session=True)
+        if res.returncode != 0:
+            raise LabError(
+                f"{h.name}: sshd did not start (exit {res.returncode}): {self._log_tail(h.index)}",
+                hint=f"see {d / 'sshd.log'} and {d / 'sshd_config'}",
+            )
+        if wait:
+            return self._wait_sshd(h, time.monotonic() + 15)
+        return None
+
+    def _wait_sshd(self, h: LabHost, deadline: float) -> int:
+        pidfile = self.host_dir(h.index) / "sshd.pid"
+        while True:
+            pid = _read_pid(pidfile)
+            if pid and _pid_alive(pid):
+                break
+            if time.monotonic() > deadline:
+                raise LabError(f"{h.name}: sshd did not come up: {self._log_tail(h.index)}",
+                               hint=f"see {self.sshd_log(h.index)}")
+            time.sleep(0.01)
+        # the pid file is written after listen(); one connect proves the path through the bridge
+        while True:
+            try:
+                with socket.create_connection((h.address, SSH_PORT), timeout=2):
+                    return pid
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise LabError(f"{h.name}: sshd runs (pid {pid}) but {h.address}:{SSH_PORT} is unreachable: {exc}",
+                                   hint=f"check the link: orch lab status --name {self.name}") from None
+                time.sleep(0.02)
+
+    def _log_tail(self, i: int, lines: int = 3) -> str:
+        try:
+            tail = self.sshd_log(i).read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return "(no sshd log)"
+        return " / ".join(tail) or "(empty sshd log)"
+
+    def sshd(self, i: int, on: bool) -> None:
+        """Stop (the host refuses connections; open sessions live on) or start host i's sshd."""
+        preflight(("nsenter",))
+        h = self.host(i)
+        pidfile = self.host_dir(i) / "sshd.pid"
+        state = self.state()
+        pid = _read_pid(pidfile)
+        if on:
+            if pid and _pid_alive(pid, "sshd"):
+                return
+            new = self._start_sshd(h)
+            state["hosts"][i - 1]["sshd_pid"] = new
+        else:
+            if pid and _pid_alive(pid, "sshd"):
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 5
+                while _pid_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if _pid_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(FileNotFoundError):
+                pidfile.unlink()
+            state["hosts"][i - 1]["sshd_pid"] = None
+        self._save_state(state)
+
+    # ---- link
+
+    def link(self, i: int, up: bool) -> None:
+        """Take host i's link down (it vanishes from the network) or bring it back."""
+        preflight(("ip",))
+        h = self.host(i)
+        _run(["ip", "link", "set", h.veth, "up" if up else "down"], what=f"{h.name}: ip link set {h.veth}")
+
+    @staticmethod
+    def _link_up(veth: str) -> bool:
+        try:
+            return int(Path(f"/sys/class/net/{veth}/flags").read_text(), 16) & 0x1 == 1
+        except (OSError, ValueError):
+            return False
+
+    # ---- exec / ssh
+
+    def exec(self, i: int, argv: Sequence[str], *, input: str | None = None, timeout: float = 60,
+             check: bool = False, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run argv inside host i's net+uts+mount namespaces (as root, cwd /). Text output."""
+        holder = self._holder(i)
+        cmd = ["nsenter", "-t", str(holder), "-n", "-u", "-m", "--", *argv]
+        try:
+            res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
+                                 env=dict(env) if env is not None else None)
+        except subprocess.TimeoutExpired:
+            raise LabError(f"{self.host_name(i)}: {shlex.join(argv)} timed out after {timeout:g}s") from None
+        if check and res.returncode != 0:
+            raise LabError(f"{self.host_name(i)}: {shlex.join(argv)} failed (exit {res.returncode}): "
+                           f"{res.stderr.strip()[-300:]}")
+        return res
+
+    def ssh_argv(self, i: int, command: str | None = None, *, connect_timeout: int = 5) -> list[str]:
+        """The system ssh client's argv to reach host i with the lab's key (reads nothing in ~/.ssh)."""
+        h = self.host(i)
+        argv = [
+            "ssh", "-F", "/dev/null", "-i", str(self.key_path),
+            "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts_path}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={connect_timeout}",
+            "-o", "LogLevel=ERROR", "-p", str(SSH_PORT), f"root@{h.address}",
+        ]
+        if command is not None:
+            argv.append(command)
+        return argv
+
+    def ssh(self, i: int, command: str, *, timeout: float = 30, connect_timeout: int = 5,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run a shell command on host i over real SSH; never raises for a non-zero exit."""
+        try:
+            return subprocess.run(self.ssh_argv(i, command, connect_timeout=connect_timeout), input=input,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            return subprocess.CompletedProcess(exc.cmd, 255, exc.stdout or "", f"timed out after {timeout:g}s")
+
+    # ---- status
+
+    def status(self) -> list[HostStatus]:
+        preflight(("ip",))
+        out = []
+        for rec in self.state()["hosts"]:
+            h = self._host_from(rec)
+            pid = _read_pid(self.host_dir(h.index) / "sshd.pid")
+            out.append(HostStatus(
+                host=h,
+                netns=os.path.exists(f"{_NETNS_DIR}/{h.netns}"),
+                holder_pid=rec.get("holder_pid"),
+                holder_alive=_pid_alive(rec.get("holder_pid"), "sleep"),
+                sshd_pid=pid,
+                sshd_alive=_pid_alive(pid, "sshd"),
+                link_up=self._link_up(h.veth),
+            ))
+        return out
+
+    # ---- down
+
+    def _lab_pids(self, holders: Iterable[tuple[int, int]]) -> set[int]:
+        """Every live process in one of the lab's namespaces, or an sshd of its config."""
+        pat = re.compile(rf"olab-{re.escape(self.name)}-\d+")
+        net_inodes = set()
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(_NETNS_DIR):
+                if pat.fullmatch(entry):
+                    ino = _ns_inode(f"{_NETNS_DIR}/{entry}")
+                    if ino:
+                        net_inodes.add(ino)
+        # A holder whose netns name is already gone (an interrupted down) still counts.
+        mnt_inodes = set()
+        my_mnt = _ns_inode("/proc/self/ns/mnt")
+        for i, pid in holders:
+            if not _pid_alive(pid, "sleep"):
+                continue
+            mnt = _ns_inode(f"/proc/{pid}/ns/mnt")
+            net = _ns_inode(f"/proc/{pid}/ns/net")
+            if not mnt or not net or mnt == my_mnt:
+                continue
+            if net in net_inodes or _same_file(f"/proc/{pid}/root/data", self.host_dir(i) / "data"):
+                mnt_inodes.add(mnt)
+                net_inodes.add(net)
+        marker = (str(self.state_dir) + "/").encode()
+        me = os.getpid()
+        found = set()
+        for pid in _proc_pids():
+            if pid == me:
+                continue
+            if _ns_inode(f"/proc/{pid}/ns/net") in net_inodes or _ns_inode(f"/proc/{pid}/ns/mnt") in mnt_inodes:
+                found.add(pid)
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    cmdline = fh.read()
+            except OSError:
+                continue
+            if marker in cmdline and os.path.basename(cmdline.split(b"\0", 1)[0]) in (b"sshd", b"sleep"):
+                found.add(pid)
+        return {p for p in found if _pid_alive(p)}
+
+    def down(self) -> bool:
+        """Remove the lab completely; True if there was anything to remove. Idempotent."""
+        preflight(_DOWN_TOOLS)
+        try:
+            state = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            state = {}
+        holders = [(h["index"], h["holder_pid"]) for h in state.get("hosts", []) if h.get("holder_pid")]
+        found = self.state_dir.exists()
+
+        # 1. processes: SIGKILL everything in the lab's namespaces until none is left
+        deadline = time.monotonic() + 10
+        while True:
+            pids = self._lab_pids(holders)
+            if not pids:
+                break
+            found = True
+            if time.monotonic() > deadline:
+                raise LabError(f"lab {self.name!r}: processes {sorted(pids)} survive SIGKILL",
+                               hint="they may be stuck in the kernel (D state); retry orch lab down")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+        # 2. network: veths, bridge, namespaces
+        vpat = re.compile(rf"ol{re.escape(self.name)}-\d+")
+        npat = re.compile(rf"olab-{re.escape(self.name)}-\d+")
+        links = [x for x in _listdir("/sys/class/net") if vpat.fullmatch(x)]
+        nss = [x for x in _listdir(_NETNS_DIR) if npat.fullmatch(x)]
+        lines = [f"link del {v}" for v in links]
+        if os.path.exists(f"/sys/class/net/{self.bridge}"):
+            lines.append(f"link del {self.bridge}")
+        lines += [f"netns del {ns}" for ns in nss]
+        if lines:
+            found = True
+            res = _run(["ip", "-force", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=120)
+            left = ([v for v in links + [self.bridge] if os.path.exists(f"/sys/class/net/{v}")]
+                    + [n for n in nss if os.path.exists(f"{_NETNS_DIR}/{n}")])
+            if left:
+                raise LabError(f"lab {self.name!r}: could not remove {', '.join(left)}: {res.stderr.strip()[-300:]}")
+
+        # 3. state dir, then the shared mountpoints once no lab is left
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+        if self.root.is_dir():
+            with _locked(self.root):
+                self._release_mountpoints()
+        return found
+
+    def _release_mountpoints(self) -> None:
+        others = [p for p in self.root.iterdir() if p.is_dir()]
+        if others:
+            return
+        reg_path = self.root / REGISTRY
+        try:
+            reg = json.loads(reg_path.read_text())
+        except (OSError, ValueError):
+            reg = {}
+        for path in reg.get("mounts", []):
+            while _is_mountpoint(path) and not _listdir(path):
+                if _run(["umount", path], check=False, timeout=20).returncode != 0:
+                    break
+        for path in reg.get("created_files", []):
+            with contextlib.suppress(OSError):
+                if os.path.isfile(path) and os.path.getsize(path) == 0 and not _is_mountpoint(path):
+                    os.unlink(path)
+        for path in reversed(reg.get("created_dirs", [])):
+            with contextlib.suppress(OSError):
+                if not _is_mountpoint(path):
+                    os.rmdir(path)  # only if empty
+        with contextlib.suppress(FileNotFoundError):
+            reg_path.unlink()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+
+
+def list_labs(root: str | os.PathLike | None = None) -> list[str]:
+    """Names of labs on this machine: state dirs, and namespaces/bridges of half-removed ones."""
+    root = Path(root or os.environ.get("ORCH_LAB_ROOT") or DEFAULT_ROOT)
+    names = {p.name for p in root.iterdir() if p.is_dir() and NAME_RE.fullmatch(p.name)} if root.is_dir() else set()
+    for entry in _listdir(_NETNS_DIR):
+        m = re.fullmatch(r"olab-([a-z0-9]{1,8})-\d+", entry)
+        if m:
+            names.add(m.group(1))
+    for entry in _listdir("/sys/class/net"):
+        m = re.fullmatch(r"ol-br-([a-z0-9]{1,8})", entry)
+        if m:
+            names.add(m.group(1))
+    return sorted(names)
+
+
+def _is_mountpoint(path: str) -> bool:
+    """True if something is mounted at path (os.path.ismount misses same-fs bind mounts)."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                mp = line.split(" ", 5)[4]
+                mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mp)
+                if mp == target:
+                    return True
+    except OSError:
+        return os.path.ismount(path)
+    return False
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@click.group("lab")
+def lab_group() -> None:
+    """A simulated N-host cluster on this machine (root, Linux): netns + real sshd per host."""
+
+
+_name_option = click.option("--name", default="lab", show_default=True, help="Lab name: 1-8 of a-z, 0-9.")
+
+
+@lab_group.command("up")
+@click.argument("n", type=int)
+@_name_option
+@click.option("--vary", multiple=True, metavar="I:TOOL=VERSION",
+              help="Host I reports another version (openmpi, python, nccl, mindspore, torch, any python "
+                   "dist; VERSION may be 'none'). I may be '*' for every host. Repeatable.")
+@click.option("--all", "all_", multiple=True, metavar="TOOL=VERSION", help="Same as --vary '*:TOOL=VERSION'.")
+@click.option("--refuse-key", multiple=True, type=int, metavar="I", help="Host I does not accept the lab key.")
+def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...]) -> None:
+    """Start N hosts (replacing a lab of the same name); prints the inventory path."""
+    lab = Lab(name)
+    t0 = time.monotonic()
+    lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key)
+    st = lab.state()
+    click.echo(f"lab {name}: {n} hosts on {st['subnet']} (bridge {st['bridge']}) up in {time.monotonic() - t0:.1f}s")
+    if n <= 32:
+        for rec in st["hosts"]:
+            extra = " ".join(f"{k}={v}" for k, v in sorted(rec["versions"].items()))
+            if rec["refuse_key"]:
+                extra += " refuse-key"
+            click.echo(f"  {rec['name']:<14} {rec['address']:<15} {extra}".rstrip())
+    click.echo(str(lab.inventory_path))
+
+
+@lab_group.command("down")
+@_name_option
+@click.option("--all", "all_", is_flag=True, help="Remove every lab on this machine (stale test labs too).")
+def lab_down(name: str, all_: bool) -> None:
+    """Remove the lab: processes, namespaces, veths, bridge, state dir. Idempotent."""
+    names = list_labs() if all_ else [name]
+    if not names:
+        click.echo("no labs")
+    for n in names:
+        removed = Lab(n).down()
+        click.echo(f"lab {n}: {'removed' if removed else 'nothing to remove'}")
+
+
+@lab_group.command("status")
+@_name_option
+def lab_status(name: str) -> None:
+    """Per host: name, address, netns, sshd, link."""
+    lab = Lab(name)
+    preflight(_DOWN_TOOLS)
+    if not lab.exists():
+        click.echo(f"lab {name}: not up (no {lab.state_path})")
+        return
+    st = lab.state()
+    click.echo(f"lab {name}: {st['subnet']} bridge {st['bridge']} status {st.get('status')}")
+    rows = [("HOST", "ADDRESS", "NETNS", "SSHD", "LINK")]
+    for s in lab.status():
+        rows.append((
+            s.host.name,
+            s.host.address,
+            s.host.netns + ("" if s.netns and s.holder_alive else " (gone)"),
+            f"up (pid {s.sshd_pid})" if s.sshd_alive else "down",
+            "up" if s.link_up else "down",
+        ))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    click.echo(f"inventory: {lab.inventory_path}")
+
+
+@lab_group.command("sshd")
+@click.argument("action", type=click.Choice(["stop", "start"]))
+@click.argument("index", type=int)
+@_name_option
+def lab_sshd(action: str, index: int, name: str) -> None:
+    """Stop or start host INDEX's sshd (fault injection)."""
+    Lab(name).sshd(index, action == "start")
+    click.echo(f"lab {name}: host {index} sshd {'started' if action == 'start' else 'stopped'}")
+
+
+@lab_group.command("link")
+@click.argument("action", type=click.Choice(["down", "up"]))
+@click.argument("index", type=int)
+@_name_option
+def lab_link(action: str, index: int, name: str) -> None:
+    """Take host INDEX's network link down or up (fault injection)."""
+    Lab(name).link(index, action == "up")
+    click.echo(f"lab {name}: host {index} link {action}")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian/Ubuntu machine (root),
+# then runs the whole suite, lab (multi-host) tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+command -v ps >/dev/null 2>&1 || missing+=(procps)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "missing packages: ${missing[*]} (install them, or run as root)" >&2
+  fi
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+exec python3 -m pytest -q -p no:cacheprovider "$@"

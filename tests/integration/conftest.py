@@ -1,0 +1,78 @@
+"""Fixtures for tests against the simulated cluster (orchestrator/lab.py).
+
+`lab`: a session-wide 3-host lab (name ``t<pid>``), torn down at the end.
+`lab_factory(letter, n, vary=..., refuse_key=...)`: more labs (name ``<letter><pid>``),
+each torn down at the end of the session (or earlier by the test).
+
+These skip only where this machine cannot make a lab (not root, not Linux, no network
+namespaces), saying why; with ``CI`` set in the environment they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _lab_unavailable() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"the lab needs Linux network namespaces; this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, a bridge, bind mounts)"
+    unshare = shutil.which("unshare", path=os.environ.get("PATH", "") + ":/usr/bin:/bin")
+    ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    if not unshare or not ip:
+        return "ip netns impossible here: `ip` (iproute2) or `unshare` (util-linux) is missing"
+    res = subprocess.run([unshare, "--net", ip, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1"],
+                         capture_output=True, text=True, timeout=20)
+    if res.returncode != 0:
+        return f"ip netns impossible here: a network namespace with a veth pair failed: {res.stderr.strip()}"
+    return None
+
+
+def _require_lab() -> None:
+    why = _lab_unavailable()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but the lab cannot run: {why}")
+    pytest.skip(why)
+
+
+def _name(letter: str) -> str:
+    return f"{letter}{os.getpid() % 10_000_000}"
+
+
+@pytest.fixture(scope="session")
+def lab_factory():
+    """Make labs: ``lab_factory("v", 4, vary=["2:openmpi=4.0.3"], refuse_key=[4])`` -> Lab."""
+    _require_lab()
+    from orchestrator.lab import Lab
+
+    made: list[Lab] = []
+
+    def make(letter: str, n: int, vary=None, refuse_key=()) -> Lab:
+        lab = Lab(_name(letter))
+        made.append(lab)
+        return lab.up(n, vary=vary, refuse_key=refuse_key)
+
+    make.name = _name  # type: ignore[attr-defined]
+    yield make
+    errors = []
+    for lab in reversed(made):
+        try:
+            lab.down()
+        except Exception as exc:  # noqa: BLE001 - tear down every lab, report all failures
+            errors.append(f"{lab.name}: {exc}")
+    if errors:
+        pytest.fail("lab teardown failed: " + "; ".join(errors))
+
+
+@pytest.fixture(scope="session")
+def lab(lab_factory):
+    """A running 3-host lab shared by the whole session."""
+    return lab_factory("t", 3)

@@ -1,0 +1,28 @@
+"""Helpers for integration tests: cluster files that point at a lab's inventory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from orchestrator.spec import Cluster, load_cluster
+
+
+def write_cluster(lab, tmp_path: Path, *, name: str = "cluster.yaml", ssh: dict | None = None,
+                  checks: dict | None = None, **job) -> Path:
+    """A cluster.yaml using the lab's inventory unchanged; `job` keys override the defaults."""
+    doc = {
+        "inventory": str(lab.inventory_path),
+        "ssh": {"connect_timeout": 5, "command_timeout": 60, "retries": 2, **(ssh or {})},
+        "job": {"workdir": "/data/job", "command": "hostname", **job},
+    }
+    if checks:
+        doc["checks"] = checks
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
+    return load_cluster(write_cluster(lab, tmp_path, **kw))

@@ -1,0 +1,284 @@
+"""The simulated cluster behaves like N separate machines reachable over real SSH."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import lab as labmod
+from orchestrator.errors import LabError
+from orchestrator.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+
+def orch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def system_ssh(lab: Lab, i: int, command: str, connect_timeout: int = 5) -> subprocess.CompletedProcess:
+    """Exactly what a user would type: ssh -i KEY -o UserKnownHostsFile=... -o BatchMode=yes root@ADDR CMD."""
+    h = lab.host(i)
+    argv = ["ssh", "-F", "/dev/null", "-i", str(lab.key_path), "-o", f"UserKnownHostsFile={lab.known_hosts_path}",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={connect_timeout}",
+            f"root@{h.address}", command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=connect_timeout + 25)
+
+
+def accepted(lab: Lab, i: int) -> int:
+    return lab.sshd_log(i).read_text().count("Accepted publickey")
+
+
+def leftovers(name: str, state_dir: Path) -> list[str]:
+    """Everything a lab of this name could leave behind."""
+    out = []
+    ns = [x for x in os.listdir("/run/netns")] if os.path.isdir("/run/netns") else []
+    out += [f"netns {x}" for x in ns if re.fullmatch(rf"olab-{name}-\d+", x)]
+    out += [f"link {x}" for x in os.listdir("/sys/class/net")
+            if re.fullmatch(rf"ol{name}-\d+", x) or x == f"ol-br-{name}"]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(state_dir).encode() + b"/" in cmd:
+            out.append(f"process {pid} " + cmd.replace(b"\0", b" ").decode(errors="replace"))
+    if state_dir.exists():
+        out.append(f"state dir {state_dir}")
+    return out
+
+
+# --------------------------------------------------------------------------- the shared 3-host lab
+
+
+def test_hosts_are_distinct_machines_over_real_ssh(lab):
+    before = [accepted(lab, h.index) for h in lab.hosts]
+    seen = {}
+    for h in lab.hosts:
+        res = system_ssh(lab, h.index, "hostname; ip -4 -o addr show dev eth0; cat /etc/hccn.conf")
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert lines[0] == h.name == f"{lab.name}-h{h.index}"
+        assert f"inet {h.address}/24" in lines[1]
+        hccn = "\n".join(lines[2:])
+        assert re.search(r"^address_0=\d+\.\d+\.\d+\.\d+$", hccn, re.M)
+        assert hccn.count("address_") == 8 and hccn.count("netmask_") == 8
+        seen[h.index] = (lines[0], h.address, hccn)
+    for field in range(3):
+        assert len({v[field] for v in seen.values()}) == len(seen)
+    # one device index = one subnet across hosts
+    dev0 = [re.search(r"address_0=(\d+\.\d+\.\d+)\.", v[2]).group(1) for v in seen.values()]
+    assert len(set(dev0)) == 1
+    assert [accepted(lab, h.index) for h in lab.hosts] == [b + 1 for b in before]
+
+
+def test_data_and_tmp_are_private_per_host(lab):
+    marker = f"m{uuid.uuid4().hex[:8]}"
+    assert system_ssh(lab, 1, f"echo hi > /data/{marker} && echo hi > /tmp/{marker}").returncode == 0
+    assert system_ssh(lab, 1, f"cat /data/{marker} /tmp/{marker}").stdout == "hi\nhi\n"
+    res = system_ssh(lab, 2, f"ls /data/{marker} /tmp/{marker}")
+    assert res.returncode != 0 and "No such file" in res.stderr
+    assert not Path(f"/data/{marker}").exists() and not Path(f"/tmp/{marker}").exists()
+    assert lab.exec(1, ["cat", f"/data/{marker}"]).stdout == "hi\n"
+    assert (lab.host_dir(1) / "data" / marker).exists()
+
+
+def test_hosts_ssh_to_each_other(lab):
+    h2, h3 = lab.host(2), lab.host(3)
+    res = system_ssh(lab, 1, f"ssh {h2.address} hostname && ssh {h3.name} hostname")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [h2.name, h3.name]
+
+
+def test_ssh_sessions_get_this_python_and_orch(lab):
+    res = system_ssh(lab, 2, "python3 -c 'import sys, orchestrator; print(sys.executable)'; echo $PATH")
+    assert res.returncode == 0, res.stderr
+    exe, path = res.stdout.split()
+    assert os.path.realpath(exe) == os.path.realpath(sys.executable)
+    assert path.split(":")[:2] == ["/opt/orch-lab/bin", os.path.dirname(sys.executable)]
+
+
+def test_mpirun_runs_across_two_lab_hosts(lab):
+    h1, h2 = lab.host(1), lab.host(2)
+    res = system_ssh(lab, 1, f"mpirun --allow-run-as-root -H {h1.address}:1,{h2.address}:1 -n 2 hostname")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.split()) == [h1.name, h2.name]
+
+
+def test_sshd_stop_and_start_keep_the_same_host(lab):
+    marker = f"s{uuid.uuid4().hex[:8]}"
+    assert system_ssh(lab, 2, f"touch /data/{marker}").returncode == 0
+    lab.sshd(2, False)
+    try:
+        res = system_ssh(lab, 2, "true")
+        assert res.returncode == 255 and "Connection refused" in res.stderr
+        assert not lab.status()[1].sshd_alive
+        r = orch("lab", "status", "--name", lab.name)
+        assert r.returncode == 0 and re.search(rf"{lab.name}-h2 .* down ", r.stdout)
+    finally:
+        lab.sshd(2, True)
+    res = system_ssh(lab, 2, f"hostname; ls /data/{marker}")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [lab.host(2).name, f"/data/{marker}"]
+
+
+def test_link_down_makes_host_unreachable_until_up(lab):
+    r = orch("lab", "link", "down", "3", "--name", lab.name)
+    assert r.returncode == 0, r.stderr
+    try:
+        t0 = time.monotonic()
+        res = system_ssh(lab, 3, "true", connect_timeout=2)
+        assert res.returncode == 255
+        assert time.monotonic() - t0 < 15
+        assert not lab.status()[2].link_up
+        assert system_ssh(lab, 1, f"ssh -o ConnectTimeout=2 {lab.host(3).address} true").returncode != 0
+    finally:
+        assert orch("lab", "link", "up", "3", "--name", lab.name).returncode == 0
+    assert lab.status()[2].link_up
+    res = system_ssh(lab, 3, "hostname")
+    assert res.returncode == 0 and res.stdout.strip() == lab.host(3).name
+
+
+def test_status_output(lab):
+    r = orch("lab", "status", "--name", lab.name)
+    assert r.returncode == 0, r.stderr
+    for h in lab.hosts:
+        assert re.search(rf"^{h.name}\s+{re.escape(h.address)}\s+{h.netns}\s+up \(pid \d+\)\s+up$", r.stdout, re.M), \
+            r.stdout
+    assert r.stdout.rstrip().endswith(f"inventory: {lab.inventory_path}")
+    assert all(s.ok for s in lab.status())
+
+
+def test_inventory_is_a_contract_inventory(lab):
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    assert set(inv) == {"defaults", "hosts"}
+    assert inv["defaults"] == {"user": "root", "port": 22, "identity_file": str(lab.key_path),
+                               "known_hosts": str(lab.known_hosts_path), "slots": 2}
+    assert inv["hosts"] == [{"address": h.address, "name": h.name} for h in lab.hosts]
+    known = lab.known_hosts_path.read_text()
+    assert all(h.address in known for h in lab.hosts)
+    state = lab.state()
+    assert re.fullmatch(r"198\.18\.\d+\.0/24", state["subnet"])
+    assert all(h.address.startswith(state["subnet"].rsplit(".", 1)[0] + ".") for h in lab.hosts)
+
+
+# --------------------------------------------------------------------------- --vary / --refuse-key
+
+
+VARY = ["--all", "mindspore=2.10.0",
+        "--vary", "2:openmpi=4.0.3", "--vary", "2:python=3.10.14", "--vary", "2:mindspore=2.2.14",
+        "--vary", "2:nccl=2.18.3", "--vary", "3:openmpi=none", "--refuse-key", "4"]
+PROBE = ("python3 -c 'import importlib.metadata as m; print(m.version(\"mindspore\"))'; "
+         "python3 --version; mpirun --version | head -1; "
+         "command -v mpirun >/dev/null && echo has-mpirun || echo no-mpirun; "
+         "ls ${LD_LIBRARY_PATH:-/nonexistent} 2>/dev/null | grep nccl || echo no-nccl")
+
+
+@pytest.fixture(scope="module")
+def varied(lab_factory):
+    name = lab_factory.name("v")
+    r = orch("lab", "up", "4", "--name", name, *VARY)
+    lab = Lab(name)
+    yield r, lab
+    lab.down()
+
+
+def test_vary_shows_through_ssh(varied):
+    r, lab = varied
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == str(lab.inventory_path)
+    out = {i: system_ssh(lab, i, PROBE) for i in (1, 2, 3)}
+    assert all(res.returncode == 0 for res in out.values()), {i: o.stderr for i, o in out.items()}
+    h1, h2, h3 = (out[i].stdout.splitlines() for i in (1, 2, 3))
+    real_mpirun = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    assert h1 == ["2.10.0", "Python " + ".".join(map(str, sys.version_info[:3])), real_mpirun, "has-mpirun",
+                  "no-nccl"]
+    assert h2 == ["2.2.14", "Python 3.10.14", "mpirun (Open MPI) 4.0.3", "has-mpirun",
+                  "libnccl.so.2", "libnccl.so.2.18.3"]
+    assert h3[-2:] == ["no-mpirun", "no-nccl"] and h3[0] == "2.10.0"
+    info = system_ssh(lab, 2, "ompi_info | grep -E '^ +Open MPI:'")
+    assert info.stdout.split() == ["Open", "MPI:", "4.0.3"]
+    assert system_ssh(lab, 3, "command -v orted || command -v ompi_info").returncode == 1
+
+
+def test_refuse_key_host_refuses(varied):
+    _, lab = varied
+    res = system_ssh(lab, 4, "true")
+    assert res.returncode == 255 and "Permission denied (publickey)" in res.stderr
+    assert system_ssh(lab, 1, "true").returncode == 0
+
+
+# --------------------------------------------------------------------------- replace, down, errors
+
+
+def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
+    w = lab_factory("w", 3)
+    name, sd = w.name, w.state_dir
+    old_holders = [h["holder_pid"] for h in w.state()["hosts"]]
+    # a daemon started over ssh (setsid, detached) must not survive replace or down
+    daemon = "sh -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'"
+    pid = int(system_ssh(w, 2, daemon).stdout)
+    assert labmod._pid_alive(pid, "sleep")
+
+    r = orch("lab", "up", "2", "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert len(w.hosts) == 2
+    assert not any(labmod._pid_alive(p) for p in old_holders)
+    assert not os.path.exists(f"/run/netns/olab-{name}-3")
+    assert not labmod._pid_alive(pid)
+    pid = int(system_ssh(w, 2, daemon).stdout)
+    assert labmod._pid_alive(pid, "sleep")
+    holders = [h["holder_pid"] for h in w.state()["hosts"]]
+
+    r = orch("lab", "down", "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert leftovers(name, sd) == []
+    assert not any(labmod._pid_alive(p) for p in holders + [pid])
+    r = orch("lab", "down", "--name", name)
+    assert r.returncode == 0 and "nothing to remove" in r.stdout
+
+    # the other lab, sharing the mountpoints on the real fs, is untouched
+    marker = f"k{uuid.uuid4().hex[:8]}"
+    assert system_ssh(lab, 1, f"echo ok > /data/{marker} && cat /data/{marker}").stdout == "ok\n"
+
+
+def test_errors_are_lab_errors_naming_the_fix(lab, monkeypatch):
+    r = orch("lab", "sshd", "stop", "9", "--name", lab.name)
+    assert r.returncode == 1
+    assert r.stderr.startswith("orch: error: lab ") and "no host 9" in r.stderr and "Traceback" not in r.stderr
+    r = orch("lab", "up", "2", "--name", "Bad_Name")
+    assert r.returncode == 1 and "bad lab name" in r.stderr
+    with pytest.raises(LabError, match="I:TOOL=VERSION"):
+        labmod.parse_vary(["openmpi=4.0.3"])
+    with pytest.raises(LabError, match="hosts 1..2"):
+        Lab("tzz").up(2, vary=["5:openmpi=4.0.3"])
+
+    real_which = labmod._which
+    for tool, package in [("mpirun", "openmpi-bin"), ("sshd", "openssh-server"), ("ip", "iproute2"),
+                          ("nsenter", "util-linux")]:
+        monkeypatch.setattr(labmod, "_which", lambda t, _tool=tool: None if t == _tool else real_which(t))
+        with pytest.raises(LabError) as exc:
+            labmod.preflight()
+        assert f"apt-get install {package}" in str(exc.value)
+    monkeypatch.setattr(labmod, "_which", real_which)
+    monkeypatch.setattr(labmod.os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError, match="needs root"):
+        Lab("t0").status()
+    monkeypatch.setattr(labmod.sys, "platform", "darwin")
+    with pytest.raises(LabError, match="needs Linux"):
+        labmod.preflight()
+
+
+def test_two_named_labs_get_distinct_subnets(lab, varied):
+    _, v = varied
+    assert lab.state()["k"] != v.state()["k"]
+    assert not set(h.address for h in lab.hosts) & set(h.address for h in v.hosts)

@@ -1,0 +1,84 @@
+"""Bounded fan-out: concurrency limit, per-host timeout, failures as values."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from orchestrator.errors import AuthError, HostError, RemoteTimeout
+from orchestrator.fanout import fan_out
+from orchestrator.spec import Host
+
+
+def hosts(n):
+    return [Host(name=f"h{i}", address=f"10.9.0.{i}", user="u") for i in range(n)]
+
+
+def test_bounded_concurrency_and_order():
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def fn(h):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return h.name.upper()
+
+    res = fan_out(hosts(20), fn, limit=4)
+    assert list(res) == [f"h{i}" for i in range(20)]
+    assert all(o.ok and o.value == name.upper() for name, o in res.items())
+    assert peak[0] == 4
+
+
+def test_failures_stay_values():
+    def fn(h):
+        if h.name == "h1":
+            raise AuthError(h.name, "refused")
+        if h.name == "h2":
+            raise RuntimeError("boom")
+        return 1
+
+    res = fan_out(hosts(4), fn, limit=2)
+    assert isinstance(res["h1"].error, AuthError)
+    assert isinstance(res["h2"].error, HostError) and "boom" in str(res["h2"].error)
+    assert res["h0"].value == 1 and res["h3"].value == 1
+
+
+def test_stuck_host_times_out_without_delaying_others():
+    release = threading.Event()
+
+    def fn(h):
+        if h.name == "h0":
+            release.wait(10)
+        return h.name
+
+    seen = []
+    t0 = time.monotonic()
+    res = fan_out(hosts(6), fn, limit=1, timeout=0.3, on_done=lambda o: seen.append(o.host.name))
+    elapsed = time.monotonic() - t0
+    release.set()
+    assert isinstance(res["h0"].error, RemoteTimeout)
+    assert all(res[f"h{i}"].value == f"h{i}" for i in range(1, 6))
+    assert sorted(seen) == sorted(res)
+    assert elapsed < 5  # generous: the point is that h0 did not block the queue for 10 s
+
+
+def test_keyboard_interrupt_stops_new_hosts():
+    started = []
+
+    def fn(h):
+        started.append(h.name)
+        time.sleep(0.05)
+
+    def on_done(o):  # Ctrl-C arrives in the main thread while it collects results
+        if o.host.name == "h1":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fan_out(hosts(50), fn, limit=2, on_done=on_done)
+    time.sleep(0.2)
+    assert len(started) < 50

@@ -1,0 +1,224 @@
+"""cluster.yaml / inventory parsing and validation."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import OrchError, SpecError, UsageError
+from orchestrator.spec import load_cluster
+
+GOOD = """\
+name: mnist
+inventory:
+  defaults: {user: train, slots: 2}
+  hosts:
+    - address: 10.0.0.[11-12]
+    - address: 10.0.0.20
+      name: node5
+      slots: 4
+      devices: [4, 5, 6, 7]
+      device_ips: {4: 192.168.100.100}
+      env: {NCCL_SOCKET_IFNAME: eth1}
+  groups: {rack1: [node5, 10.0.0.11]}
+job:
+  workdir: /data/mnist
+  command: python net.py --lr 0.1
+  env: {DATA_PATH: ./MNIST_Data/train/, N: 3}
+  sync: [net.py]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def problems(tmp_path: Path, text: str) -> list[tuple[int | None, str | None, str]]:
+    with pytest.raises(SpecError) as ei:
+        load_cluster(write(tmp_path, text))
+    return [(loc.line, loc.field, msg) for loc, msg in ei.value.problems]
+
+
+def test_good_file_expands_ranges_and_merges_defaults(tmp_path):
+    c = load_cluster(write(tmp_path, GOOD))
+    assert c.name == "mnist"
+    assert [h.name for h in c.hosts] == ["10.0.0.11", "10.0.0.12", "node5"]
+    h1, _, n5 = c.hosts
+    assert (h1.user, h1.slots, h1.devices, h1.port, h1.connection) == ("train", 2, (0, 1), 22, "ssh")
+    assert (n5.slots, n5.devices, dict(n5.device_ips)) == (4, (4, 5, 6, 7), {4: "192.168.100.100"})
+    assert dict(n5.env) == {"NCCL_SOCKET_IFNAME": "eth1"}
+    assert c.job.command == ("python", "net.py", "--lr", "0.1")
+    assert dict(c.job.env) == {"DATA_PATH": "./MNIST_Data/train/", "N": "3"}
+    assert c.groups["rack1"] == ("node5", "10.0.0.11")
+    assert c.ssh.host_key_policy == "strict" and c.ssh.fanout == 64
+    assert c.job.launcher == "mpirun" and c.job.log_dir == "log_output"
+
+
+def test_name_defaults_to_file_stem(tmp_path):
+    c = load_cluster(write(tmp_path, GOOD.replace("name: mnist\n", ""), "mnist-2x8.yaml"))
+    assert c.name == "mnist-2x8"
+
+
+def test_typo_under_job_names_key_and_line(tmp_path):
+    text = GOOD.replace("  command: python net.py --lr 0.1\n", "  comand: python net.py\n")
+    probs = problems(tmp_path, text)
+    typo = [p for p in probs if "comand" in p[2]]
+    assert typo == [(15, "job.comand", "unknown key 'comand' (did you mean 'command'?)")]
+    assert any(p[1] == "job.command" and "missing" in p[2] for p in probs)
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    text = """\
+    inventory:
+      hosts:
+        - address: a
+          slot: 2
+    ssh: {fanout: 0}
+    job:
+      workdir: /w
+      command: x
+      platform: tpu
+    """
+    probs = problems(tmp_path, text)
+    fields = {p[1] for p in probs}
+    assert {"inventory.hosts[0].slot", "ssh.fanout", "job.platform"} <= fields
+    assert all(p[0] is not None for p in probs)
+
+
+def test_semantic_errors_have_lines(tmp_path):
+    text = """\
+    inventory:
+      hosts:
+        - address: node[1-2]
+        - address: node2
+        - address: x
+          slots: 2
+          devices: [0, 1, 2]
+    job:
+      workdir: relative/dir
+      command: python net.py
+    """
+    probs = problems(tmp_path, text)
+    msgs = " | ".join(p[2] for p in probs)
+    assert "duplicate host 'node2'" in msgs
+    assert any(p[0] == 7 and "slots is 2" in p[2] for p in probs)
+    assert any(p[0] == 9 and p[1] == "job.workdir" and "absolute" in p[2] for p in probs)
+
+
+def test_inventory_file_relative_to_cluster_file(tmp_path):
+    (tmp_path / "inv").mkdir()
+    write(tmp_path / "inv", """\
+    defaults: {identity_file: keys/id, known_hosts: kh}
+    hosts:
+      - {address: "h[1-3]", name: "n[1-3]"}
+    """, "lab.yaml")
+    c = load_cluster(write(tmp_path, "inventory: inv/lab.yaml\njob: {workdir: /w, command: [a, 'b c']}\n"))
+    assert [h.name for h in c.hosts] == ["n1", "n2", "n3"]
+    assert [h.address for h in c.hosts] == ["h1", "h2", "h3"]
+    assert c.hosts[0].identity_file == str(tmp_path / "inv" / "keys" / "id")
+    assert c.hosts[0].known_hosts == str(tmp_path / "inv" / "kh")
+    assert c.job.command == ("a", "b c")
+
+
+def test_errors_in_inventory_file_point_into_it(tmp_path):
+    write(tmp_path, "hosts:\n  - address: a\n    prot: 22\n", "inv.yaml")
+    probs = problems(tmp_path, "inventory: inv.yaml\njob: {workdir: /w, command: x}\n")
+    assert probs == [(3, "hosts[0].prot", "unknown key 'prot' (did you mean 'port'?)")]
+
+
+def test_missing_inventory_file(tmp_path):
+    probs = problems(tmp_path, "inventory: nope.yaml\njob: {workdir: /w, command: x}\n")
+    assert probs[0][0] == 1 and "does not exist" in probs[0][2]
+
+
+def test_missing_cluster_file(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_cluster(tmp_path / "absent.yaml")
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    probs = problems(tmp_path, "inventory:\n  hosts: [a\njob: {}\n")
+    assert probs[0][0] is not None and "YAML syntax error" in probs[0][2]
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    probs = problems(tmp_path, GOOD + "job:\n  workdir: /x\n  command: y\n")
+    assert probs[0][0] == 18 and "duplicate key 'job'" in probs[0][2]
+
+
+def test_bad_shell_quoting_in_command(tmp_path):
+    probs = problems(tmp_path, GOOD.replace("python net.py --lr 0.1", "python 'net.py"))
+    assert any(p[1] == "job.command" and "quote" in p[2] for p in probs)
+
+
+def test_env_bool_must_be_quoted(tmp_path):
+    probs = problems(tmp_path, GOOD.replace("N: 3", "N: yes"))
+    assert any(p[1] == "job.env" and "quote it" in p[2] for p in probs)
+
+
+def test_name_range_must_match_address_range(tmp_path):
+    probs = problems(tmp_path, GOOD.replace("- address: 10.0.0.[11-12]", "- {address: '10.0.0.[11-12]', name: 'n[1-3]'}"))
+    assert any("3 names" in p[2] for p in probs)
+
+
+def test_select_hosts_by_name_range_group(tmp_path):
+    c = load_cluster(write(tmp_path, GOOD))
+    assert [h.name for h in c.select("rack1").hosts] == ["10.0.0.11", "node5"]
+    assert [h.name for h in c.select("10.0.0.[11-12]").hosts] == ["10.0.0.11", "10.0.0.12"]
+    assert c.select(None) is c
+    with pytest.raises(UsageError, match="no host or group named bogus"):
+        c.select("node5,bogus")
+
+
+# ---------------------------------------------------------------- fuzz: never a traceback
+
+KEYS = ["name", "inventory", "job", "ssh", "checks", "hosts", "defaults", "address", "slots", "devices",
+        "workdir", "command", "env", "launcher", "platform", "port", "fanout", "comand", "sync", "groups"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=True),
+                    st.text(max_size=12), st.sampled_from(["/data/x", "node[1-3]", "a[", "mpirun", "8"]))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=6)),
+                                                 inner, max_size=5)), max_leaves=25)
+
+
+def _check_outcome(path: Path) -> None:
+    try:
+        load_cluster(path)
+    except SpecError as exc:
+        assert exc.problems and all(loc.file for loc, _ in exc.problems)
+    except OrchError as exc:  # pragma: no cover - any other orch error must still locate itself
+        raise AssertionError(f"unexpected {type(exc).__name__}: {exc}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=values)
+def test_fuzz_structure(tmp_path, doc):
+    p = tmp_path / "fuzz.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    _check_outcome(p)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_mutated_good_file(tmp_path, data):
+    text = GOOD
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        op = data.draw(st.sampled_from(["del", "ins", "dup"]))
+        if op == "del":
+            text = text[:i] + text[i + 1:]
+        elif op == "ins":
+            text = text[:i] + data.draw(st.sampled_from([":", " ", "\n", "-", "[", "'", "\t", "x", "{"])) + text[i:]
+        else:
+            j = data.draw(st.integers(i, min(len(text), i + 40)))
+            text = text[:j] + text[i:j] + text[j:]
+    p = tmp_path / "mut.yaml"
+    p.write_text(text)
+    _check_outcome(p)
