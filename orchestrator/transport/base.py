@@ -57,6 +57,16 @@ class Result:
 
 
 @dataclass(frozen=True)
+class SpawnSpec:
+    command: str | Sequence[str]
+    log: str
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    rc_file: str | None = None
+    marker: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Spawned:
     host: str
     pid: int  # also the process group id and session id (setsid)
@@ -142,13 +152,17 @@ class Transport(ABC):
         """Start a detached process (own session and process group, survives the
         connection closing). stdout+stderr go to `log`; its exit code to `rc_file`.
         `marker` (NAME, VALUE) is set in the group leader's environment for `kill`."""
-        inner = build_script(command, env=env, cwd=cwd)
-        res = self.run(spawn_script(inner, log, rc_file, marker), timeout=timeout).check("starting a process")
-        try:
-            pid = int(res.out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise HostError(self.host.name, f"could not start process: unexpected reply {res.out!r}") from None
-        return Spawned(self.host.name, pid, log, rc_file)
+        return self.spawn_many([SpawnSpec(command, log, env, cwd, rc_file, marker)], timeout=timeout)[0]
+
+    def spawn_many(self, specs: Sequence["SpawnSpec"], *, timeout: float | None = None) -> list[Spawned]:
+        """Start several detached processes in ONE round trip (e.g. every rank of a host)."""
+        script = "\n".join(spawn_script(build_script(s.command, env=s.env, cwd=s.cwd), s.log, s.rc_file, s.marker)
+                           for s in specs)
+        res = self.run(script, timeout=timeout).check("starting processes")
+        pids = res.out.split()
+        if len(pids) != len(specs) or not all(p.isdigit() for p in pids):
+            raise HostError(self.host.name, f"could not start processes: unexpected reply {res.out!r}")
+        return [Spawned(self.host.name, int(p), s.log, s.rc_file) for p, s in zip(pids, specs)]
 
     def kill(self, pgid: int, signal: str = "TERM", *, marker: tuple[str, str] | None = None) -> bool:
         """Signal a process group. With `marker` (NAME, VALUE), only if the group leader's

@@ -93,7 +93,7 @@ class SshTransport(Transport):
 
     def _open(self, timeout: float) -> Connection:
         h = self.host
-        kwargs = {"timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout,
+        kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
         if h.identity_file:
             kwargs["key_filename"] = [h.identity_file]
@@ -220,7 +220,9 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
                 break
             progressed = True
             err += data
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+        # EOF comes after the last data byte; the exit status may come before it.
+        if chan.eof_received and chan.exit_status_ready() and not chan.recv_ready() \
+                and not chan.recv_stderr_ready():
             break
         if chan.closed and not chan.recv_ready():
             break
