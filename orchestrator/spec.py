@@ -38,8 +38,8 @@ EnvValue = str | StrictInt | float
 
 
 def _env_check(value: Mapping[str, Any] | None) -> dict[str, str] | None:
-    if value is None:
-        return None
+    if not isinstance(value, Mapping):
+        return value  # not a mapping: pydantic reports the type error with its location
     out = {}
     for k, v in value.items():
         if not isinstance(k, str) or not ENV_NAME.match(k):
@@ -248,10 +248,6 @@ class Cluster:
     @property
     def base_dir(self) -> Path:
         return self.path.parent
-
-    @property
-    def launch_host(self) -> Host:
-        return self.hosts[0]
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

@@ -97,8 +97,12 @@ class SshTransport(Transport):
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
         if h.identity_file:
             kwargs["key_filename"] = [h.identity_file]
-        conn = Connection(h.address, user=h.user, port=h.port, connect_timeout=timeout,
-                          connect_kwargs=kwargs, config=Config(overrides={"load_ssh_configs": False}))
+        try:  # our own TCP connect: exact (float) timeout and socket errors we can name
+            kwargs["sock"] = socket.create_connection((h.address, h.port), timeout=timeout)
+        except BaseException as exc:
+            raise self._translate(exc, timeout) from None
+        conn = Connection(h.address, user=h.user, port=h.port, connect_kwargs=kwargs,
+                          config=Config(overrides={"load_ssh_configs": False}))
         client = conn.client
         if os.path.exists(h.known_hosts):
             try:
@@ -138,7 +142,7 @@ class SshTransport(Transport):
         if isinstance(exc, socket.gaierror):
             return ConnectError(h.name, f"cannot resolve {h.address!r}: {exc.strerror or exc}",
                                 hint="check the address in the inventory or your DNS")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        if isinstance(exc, ConnectionRefusedError):
             return TransientNetworkError(h.name, f"connection to {h.address}:{h.port} refused",
                                          hint="is sshd running on the host and listening on that port?")
         if isinstance(exc, (socket.timeout, TimeoutError)):

@@ -1,0 +1,326 @@
+"""Pure: RankPlan + Cluster -> the texts and argv lists a launch needs.
+
+Nothing here touches a host or builds a shell string: commands are argv lists
+and environments are dicts; the transport quotes them (shlex.quote) when it
+runs them. Same input -> same bytes (golden-file tested against the seeds).
+
+- `hostfile`                  OpenMPI hostfile, hosts in plan order (mpirun).
+- `rank_table_v1`             HCCL rank table 1.0 (seed 000), json.dumps(indent=4) like the
+                              seed's hccl_tools.py output, plus a final newline.
+- `rank_table_legacy`         MindSpore 0.x group_list table (seed 001), same JSON layout.
+- `rank_env`                  one rank's environment for the ranktable launcher.
+- `mpirun_argv`/`mpirun_env`  the one mpirun command (run on the launch host).
+- `msrun_argv`/`msrun_env`    one msrun command per host.
+- `launch_commands`           every host's commands as records (for `orch plan --out`, run.json).
+
+Secret environment variables (Job.is_secret: listed in job.secret_env or named
+*_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv: mpirun gets `-x NAME`
+and the value travels in mpirun's own environment (`mpirun_env`), which the
+transport exports inside the script it runs, so it is not visible in `ps` or in
+the recorded command line. `launch_commands(..., redact=True)` replaces their
+values with REDACTED so that plan output and run records never hold them.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from typing import Mapping
+
+from .errors import PlanError
+from .plan import Rank, RankPlan, visible_devices_var
+from .spec import Cluster, Host
+
+HOSTFILE = "hostfile"
+RANK_TABLE = "rank_table.json"
+REDACTED = "<redacted>"
+MSRUN_CLUSTER_TIME_OUT = 600
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+
+
+# --------------------------------------------------------------------------- paths on the hosts
+
+
+def hostfile_path(cluster: Cluster) -> str:
+    return posixpath.join(cluster.job.workdir, HOSTFILE)
+
+
+def rank_table_path(cluster: Cluster) -> str:
+    return posixpath.join(cluster.job.workdir, RANK_TABLE)
+
+
+def log_dir_path(cluster: Cluster) -> str:
+    return posixpath.join(cluster.job.workdir, cluster.job.log_dir)
+
+
+def rank_log_path(cluster: Cluster, rank: int) -> str:
+    """Where rank N's output lands on its host (mpirun's --output-filename layout)."""
+    return posixpath.join(log_dir_path(cluster), "1", f"rank.{rank}", "stdout")
+
+
+# --------------------------------------------------------------------------- files
+
+
+def hostfile(plan: RankPlan) -> str:
+    """OpenMPI hostfile: `ADDRESS slots=N`, one host a line, in plan order (rank 0 on the first)."""
+    lines = [f"# orch: {len(plan.hosts)} hosts, {plan.size} ranks, in plan order "
+             f"(ranks are contiguous per host, by slot)"]
+    lines.extend(f"{h.address} slots={h.slots}" for h in plan.hosts)
+    return "\n".join(lines) + "\n"
+
+
+def rank_table_v1(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
+    """HCCL rank table version 1.0 (seed 000 / hccl_tools.py): every value a string."""
+    servers = []
+    for h in plan.hosts:
+        ips = _ips(device_ips, h)
+        servers.append({
+            "server_id": h.address,
+            "device": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id], "rank_id": str(r.rank)}
+                       for r in plan.by_host(h.name)],
+            "host_nic_ip": "reserve",
+        })
+    table = {"version": "1.0", "server_count": str(len(plan.hosts)), "server_list": servers,
+             "status": "completed"}
+    return _dumps(table)
+
+
+def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
+    """MindSpore 0.x rank table (seed 001): one group, one instance per rank.
+
+    The constants are seed 001's (board_id 0x0000, chip_info 910, deploy_mode lab, para-plane
+    NICs on the device); para_plane_nic_name lists eth<device id> for every device id used."""
+    instances = []
+    for h in plan.hosts:
+        ips = _ips(device_ips, h)
+        for r in plan.by_host(h.name):
+            instances.append({"devices": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id]}],
+                              "rank_id": str(r.rank), "server_id": h.address})
+    nics = [f"eth{d}" for d in sorted({d for h in plan.hosts for d in h.devices})]
+    table = {
+        "board_id": "0x0000",
+        "chip_info": "910",
+        "deploy_mode": "lab",
+        "group_count": "1",
+        "group_list": [{
+            "device_num": str(plan.size),
+            "server_num": str(len(plan.hosts)),
+            "group_name": "",
+            "instance_count": str(plan.size),
+            "instance_list": instances,
+        }],
+        "para_plane_nic_location": "device",
+        "para_plane_nic_name": nics,
+        "para_plane_nic_num": str(len(nics)),
+        "status": "completed",
+    }
+    return _dumps(table)
+
+
+def rank_table(cluster: Cluster, plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
+    """The rank table in the version the job asks for (job.rank_table.version)."""
+    if cluster.job.rank_table_version == "legacy":
+        return rank_table_legacy(plan, device_ips)
+    return rank_table_v1(plan, device_ips)
+
+
+def rank_table_filename(plan: RankPlan) -> str:
+    """hccl_tools.py's name for the table: hccl_<n>p_<device ids joined>_<server ip>.json
+    (device ids: every id used, ascending; server: the launch host)."""
+    ids = "".join(str(d) for d in sorted({d for h in plan.hosts for d in h.devices}))
+    return f"hccl_{plan.size}p_{ids}_{plan.launch_host.address}.json"
+
+
+def _ips(device_ips: Mapping[str, Mapping[int, str]], h: Host) -> Mapping[int, str]:
+    ips = device_ips.get(h.name, {})
+    missing = [d for d in h.devices if d not in ips]
+    if missing:
+        raise PlanError(f"host {h.name}: no device IP for devices {missing}",
+                        hint="get them with plan.device_ips_for (inventory device_ips or /etc/hccn.conf)")
+    return ips
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, indent=4) + "\n"
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def host_env(cluster: Cluster, host: Host) -> dict[str, str]:
+    """job.env overlaid with the host's env (the host wins)."""
+    return {**cluster.job.env, **host.env}
+
+
+def rank_env(cluster: Cluster, plan: RankPlan, rank: Rank | int, rank_table_path: str) -> dict[str, str]:
+    """The ranktable launcher's environment for one rank (seeds 000/001): job.env, the host's
+    env, then DEVICE_ID, RANK_ID, RANK_SIZE, DEVICE_NUM, RANK_TABLE_FILE (and for the legacy
+    table MINDSPORE_HCCL_CONFIG_PATH), which win over anything the user set."""
+    r = plan.ranks[rank] if isinstance(rank, int) else rank
+    host = plan.host(r.host)
+    env = host_env(cluster, host)
+    env.update({
+        "DEVICE_ID": str(r.device_id),
+        "RANK_ID": str(r.rank),
+        "RANK_SIZE": str(plan.size),
+        "DEVICE_NUM": str(len(host.devices)),
+        "RANK_TABLE_FILE": rank_table_path,
+    })
+    if cluster.job.rank_table_version == "legacy":
+        env["MINDSPORE_HCCL_CONFIG_PATH"] = rank_table_path
+    return env
+
+
+def _visible_devices(cluster: Cluster, host: Host) -> dict[str, str]:
+    """{CUDA_/ASCEND_RT_VISIBLE_DEVICES: ids} when the host uses devices other than 0..slots-1."""
+    if cluster.job.platform not in ("gpu", "ascend") or host.devices == tuple(range(len(host.devices))):
+        return {}
+    return {visible_devices_var(cluster.job.platform): ",".join(map(str, host.devices))}
+
+
+# --------------------------------------------------------------------------- mpirun
+
+
+def _mpirun_exports(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
+    # make_plan guarantees host env and device selection are the same on every host.
+    h = plan.launch_host
+    return {**host_env(cluster, h), **_visible_devices(cluster, h)}
+
+
+def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
+                interface: str | None = None) -> list[str]:
+    """The one mpirun command, run on the plan's launch host from any directory.
+
+    Ranks start in workdir (--wdir) and write workdir/log_dir/1/rank.N/stdout. Environment:
+    `-x NAME=VALUE` for job.env + host env (the same on every host) and the device selection;
+    `-x NAME` for secrets, whose values must be in mpirun's environment (mpirun_env)."""
+    job = cluster.job
+    argv = ["mpirun", "-n", str(plan.size), "--hostfile", hostfile_path, "--wdir", job.workdir,
+            "--output-filename", log_dir_path(cluster), "--merge-stderr-to-stdout"]
+    if root:
+        argv.append("--allow-run-as-root")
+    if job.on_failure == "continue":
+        argv += ["-mca", "orte_abort_on_non_zero_status", "0"]
+    if interface:
+        argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
+    for name, value in _mpirun_exports(cluster, plan).items():
+        argv += ["-x", name if job.is_secret(name) else f"{name}={value}"]
+    argv += list(job.mpirun_args)
+    argv += list(job.command)
+    return argv
+
+
+def mpirun_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
+    """What the mpirun process's own environment must hold: the secret values it forwards with `-x NAME`."""
+    return {k: v for k, v in _mpirun_exports(cluster, plan).items() if cluster.job.is_secret(k)}
+
+
+# --------------------------------------------------------------------------- msrun
+
+
+def msrun_script(command: tuple[str, ...] | list[str]) -> list[str]:
+    """job.command without its interpreter: msrun runs `python script args` itself.
+    `net.py a`, `python net.py a`, `/usr/bin/python3 net.py a` -> ['net.py', 'a']."""
+    cmd = list(command)
+    if cmd and _PYTHON.match(posixpath.basename(cmd[0])):
+        cmd = cmd[1:]
+        if not cmd:
+            raise PlanError("msrun launcher: job.command names python but no script",
+                            hint="command: python net.py [args]")
+        if cmd[0].startswith("-"):
+            raise PlanError(f"msrun launcher: msrun starts python itself and cannot pass interpreter "
+                            f"options ({cmd[0]!r} in job.command)",
+                            hint="drop them (use job.env, e.g. PYTHONUNBUFFERED: 1 for -u), "
+                                 "or use another launcher")
+    return cmd
+
+
+def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str) -> list[str]:
+    """One host's msrun command (run in workdir). node_rank = the host's index in plan order;
+    master = the plan's launch host."""
+    job = cluster.job
+    host = plan.host(host_name)
+    return ["msrun",
+            f"--worker_num={plan.size}",
+            f"--local_worker_num={host.slots}",
+            f"--master_addr={plan.launch_host.address}",
+            f"--master_port={job.master_port}",
+            f"--node_rank={plan.node_rank(host_name)}",
+            f"--log_dir={log_dir_path(cluster)}",
+            "--join=True",
+            f"--cluster_time_out={MSRUN_CLUSTER_TIME_OUT}",
+            *msrun_script(job.command)]
+
+
+def msrun_env(cluster: Cluster, plan: RankPlan, host_name: str) -> dict[str, str]:
+    """The environment of one host's msrun: job.env, host env, device selection."""
+    host = plan.host(host_name)
+    return {**host_env(cluster, host), **_visible_devices(cluster, host)}
+
+
+# --------------------------------------------------------------------------- every host's commands
+
+
+def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: str | None = None,
+                    redact: bool = True) -> dict[str, list[dict]]:
+    """{host name: [command record]} for the job's launcher, hosts in plan order.
+
+    A record is {"argv": [...], "env": {...}, "cwd": str} plus "rank" and "stdout" (its log)
+    for the ranktable launcher, whose every rank is one process. mpirun: one record, on the
+    launch host (mpirun starts the others); msrun: one per host. With `redact`, secret env
+    values are replaced by REDACTED."""
+    job = cluster.job
+    out: dict[str, list[dict]] = {h.name: [] for h in plan.hosts}
+
+    def env_of(env: dict[str, str]) -> dict[str, str]:
+        if not redact:
+            return env
+        return {k: (REDACTED if job.is_secret(k) else v) for k, v in env.items()}
+
+    if job.launcher == "mpirun":
+        out[plan.launch_host.name].append({
+            "argv": mpirun_argv(cluster, plan, hostfile_path=hostfile_path(cluster), root=root,
+                                interface=interface),
+            "env": env_of(mpirun_env(cluster, plan)), "cwd": job.workdir})
+    elif job.launcher == "msrun":
+        for h in plan.hosts:
+            out[h.name].append({"argv": msrun_argv(cluster, plan, h.name),
+                                "env": env_of(msrun_env(cluster, plan, h.name)), "cwd": job.workdir})
+    else:
+        table = rank_table_path(cluster)
+        for r in plan.ranks:
+            out[r.host].append({"rank": r.rank, "argv": list(job.command),
+                                "env": env_of(rank_env(cluster, plan, r, table)),
+                                "cwd": job.workdir, "stdout": rank_log_path(cluster, r.rank)})
+    return out
+
+
+# --------------------------------------------------------------------------- `orch plan --out`
+
+
+def plan_document(cluster: Cluster, plan: RankPlan) -> dict:
+    """plan.json: the cluster, the launcher, the hosts and every rank, in plan order."""
+    doc = {"cluster": cluster.name, "file": str(cluster.path), **plan.to_dict()}
+    if plan.launcher == "ranktable":
+        doc["rank_table"] = {"path": rank_table_path(cluster), "version": cluster.job.rank_table_version,
+                             "hccl_tools_name": rank_table_filename(plan)}
+    if plan.launcher == "mpirun":
+        doc["hostfile"] = hostfile_path(cluster)
+    return doc
+
+
+def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
+               root: bool, interface: str | None = None) -> dict[str, str]:
+    """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
+    plan.json, commands.json (secrets redacted), hostfile (mpirun), rank_table.json (ranktable,
+    only when device_ips is given)."""
+    files = {"plan.json": json.dumps(plan_document(cluster, plan), indent=2) + "\n"}
+    commands = {"launcher": plan.launcher,
+                "hosts": launch_commands(cluster, plan, root=root, interface=interface, redact=True)}
+    files["commands.json"] = json.dumps(commands, indent=2) + "\n"
+    if plan.launcher == "mpirun":
+        files[HOSTFILE] = hostfile(plan)
+    if plan.launcher == "ranktable" and device_ips is not None:
+        files[RANK_TABLE] = rank_table(cluster, plan, device_ips)
+    return files
