@@ -60,7 +60,7 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
                 out: Outcome[T] = Outcome(h, value=fn(h), duration=time.monotonic() - t0)
             except OrchError as exc:
                 out = Outcome(h, error=exc, duration=time.monotonic() - t0)
-            except Exception as exc:  # noqa: BLE001 - a bug on one host must not hide the others
+            except BaseException as exc:  # noqa: BLE001 - a bug on one host must not hide the others
                 out = Outcome(h, error=HostError(h.name, f"{type(exc).__name__}: {exc}"),
                               duration=time.monotonic() - t0)
             done.put((out, threading.get_ident()))
