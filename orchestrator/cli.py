@@ -11,7 +11,7 @@ import traceback
 import click
 
 from . import __version__
-from .errors import OrchError
+from .errors import OrchError, UsageError
 
 
 def _save_traceback() -> str:
@@ -278,6 +278,210 @@ def _print_check(cluster, report) -> None:
     verdict = (f"[bold red]{failed} problem(s) must be fixed[/]" if failed else "[green]nothing failed[/]")
     console.print(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): {verdict}"
                   + (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)")
+
+
+# --- run commands (orch up / status / down / logs) ---
+
+
+class _CliEvents:
+    """Prints the lifecycle's progress: steps on stderr, the followed rank's bytes on stdout."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.last = ""
+
+    def step(self, message: str) -> None:
+        if not self.quiet:
+            click.echo(f"orch: {message}", err=True)
+
+    def progress(self, running: int, exited: int, total: int, elapsed: float) -> None:
+        line = f"{running} running, {exited}/{total} ranks exited, {elapsed:.0f}s"
+        if not self.quiet and sys.stderr.isatty() and line != self.last:
+            click.echo(f"\r\x1b[2Korch: {line}", err=True, nl=False)
+            self.last = line
+
+    def output(self, rank: int, data: bytes) -> None:
+        if not self.quiet:
+            if self.last:
+                click.echo("\r\x1b[2K", err=True, nl=False)
+                self.last = ""
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+
+    def warning(self, message: str) -> None:
+        click.secho(f"orch: warning: {message}", fg="yellow", err=True)
+
+
+@cli.command("up")
+@cluster_file_argument
+@hosts_option
+@click.option("--detach", is_flag=True, help="return after launch, printing the run id; the job runs on")
+@click.option("--skip-checks", is_flag=True, help="do not run the preflight checks first")
+@click.option("--follow-rank", type=int, default=0, show_default=True, help="stream this rank's output")
+@click.option("--quiet", "-q", is_flag=True, help="no progress and no rank output, only the verdict")
+def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, follow_rank: int,
+               quiet: bool) -> None:
+    """Check, render, distribute, launch, follow and gather a job.
+
+    Exit code: 0 every rank exited 0; 1 the job failed; 2 bad file/usage; 3 preflight failed
+    (nothing started); 130 interrupted (every rank stopped)."""
+    import signal as _signal
+
+    from . import launch
+    from .errors import PreflightFailed
+    from .plan import make_plan
+    from .runs import create_run
+    from .transport import Pool
+
+    cluster = load(file, hosts)
+    rp = make_plan(cluster)
+    events = _CliEvents(quiet)
+    for w in rp.warnings:
+        events.warning(w)
+    if follow_rank >= rp.size or follow_rank < 0:
+        raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = _signal.signal(_signal.SIGTERM, on_term)
+    with Pool(cluster) as pool:
+        if not skip_checks:
+            from . import checks
+
+            events.step(f"checking {len(cluster.hosts)} host(s)")
+            report = checks.run_checks(cluster, pool)
+            if not report.ok:
+                _print_check(cluster, report)
+                raise PreflightFailed("preflight failed: nothing was started",
+                                      hint="fix the problems above, or pass --skip-checks to launch anyway")
+        device_ips = None
+        if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
+            device_ips = launch.read_device_ips(rp, pool)
+        run = create_run(cluster, rp.to_dict())
+        lc = launch.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
+        outcome = None
+        try:
+            lc.distribute(device_ips)
+            lc.start()
+            outcome = lc.follow(detach=detach)
+        except KeyboardInterrupt:
+            outcome = launch.Outcome("interrupted", lc.exit_codes, "interrupted: every rank was stopped")
+        except launch.LaunchError as exc:
+            outcome = launch.Outcome("failed", lc.exit_codes, str(exc))
+        finally:
+            _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)  # finish stopping and gathering
+            if outcome is None:
+                outcome = launch.Outcome("failed", lc.exit_codes, "orch itself failed; every rank was stopped")
+            if outcome.state != "detached":
+                if lc.procs:
+                    events.step("stopping every process of the run" if outcome.state != "succeeded"
+                                else "checking nothing is left running")
+                    lc.stop()
+                lc.gather()
+                lc.finish(outcome)
+            else:
+                lc.finish(outcome)
+            _signal.signal(_signal.SIGTERM, old)
+    _report_outcome(lc, outcome, run)
+
+
+def _report_outcome(lc, outcome, run) -> None:
+    ctx = click.get_current_context()
+    if outcome.state == "detached":
+        click.echo(run.id)
+        click.echo(f"orch: run {run.id} started; follow it with `orch logs --run {run.id} -f`, "
+                   f"stop it with `orch down --run {run.id}`", err=True)
+        ctx.exit(0)
+    where = f"logs in {run.logs_dir}"
+    if outcome.state == "succeeded":
+        click.secho(f"orch: run {run.id} succeeded: {outcome.message} ({where})", fg="green", err=True)
+        ctx.exit(0)
+    click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
+    ff = outcome.first_failure
+    if ff is not None:
+        tail = lc.log_tail(ff["rank"])
+        if tail:
+            click.echo(f"--- last lines of rank {ff['rank']} ({ff['host']}) ---", err=True)
+            click.echo(tail, err=True)
+            click.echo("---", err=True)
+    click.echo(f"orch: {where}", err=True)
+    ctx.exit(130 if outcome.state == "interrupted" else 1)
+
+
+def _run_option(f):
+    return click.option("--run", "run_id", default=None, metavar="ID",
+                        help="a run id (or unique prefix); default: the latest started from this directory")(f)
+
+
+@cli.command("status")
+@_run_option
+@click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
+def status_command(run_id: str | None, as_json: bool) -> None:
+    """Each rank of a run: host, device, pid, state, exit code."""
+    import json as _json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import launch
+    from .runs import load_run
+
+    run = load_run(run_id)
+    rows, unreachable = launch.run_status(run)
+    if as_json:
+        click.echo(_json.dumps({"run": run.id, "state": run.data.get("state"), "ranks": rows,
+                                "unreachable": unreachable}))
+        return
+    console = Console(highlight=False)
+    table = Table("rank", "host", "device", "pid", "state", "exit code",
+                  title=f"run {run.id} ({run.data.get('name')}): {run.data.get('state')}", title_justify="left")
+    for r in rows:
+        table.add_row(str(r["rank"]), r["host"], str(r["device"]), str(r["pid"] or "-"), r["state"],
+                      "-" if r["exit_code"] is None else str(r["exit_code"]))
+    console.print(table)
+    for host, err in unreachable.items():
+        console.print(f"[yellow]{host}: unreachable: {err}[/]")
+
+
+@cli.command("down")
+@_run_option
+def down_command(run_id: str | None) -> None:
+    """Stop every process of a run on every host (TERM, then KILL after a grace period), and
+    gather its logs. Only that run's processes are touched. Safe to repeat."""
+    from . import launch
+    from .runs import load_run
+
+    run = load_run(run_id)
+    stopped, unreachable = launch.run_down(run)
+    for host, what in stopped.items():
+        click.echo(f"{host}: {what}", err=True)
+    for host, err in unreachable.items():
+        click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
+    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}", err=True)
+    if unreachable:
+        click.get_current_context().exit(1)
+
+
+@cli.command("logs")
+@_run_option
+@click.option("--rank", type=int, default=None, help="exactly this rank's bytes (pipe-able)")
+@click.option("--host", "host", default=None, help="only the ranks of this host")
+@click.option("-f", "--follow", is_flag=True, help="follow live until the ranks end")
+@click.option("--tail", type=int, default=None, metavar="N", help="only the last N lines")
+def logs_command(run_id: str | None, rank: int | None, host: str | None, follow: bool, tail: int | None) -> None:
+    """A rank's output (or every rank's, each line prefixed with its rank)."""
+    from . import launch
+    from .runs import load_run
+
+    run = load_run(run_id)
+    ranks = launch.select_ranks(run, rank, host)
+    out = sys.stdout.buffer
+    # one rank: its exact bytes; several: every line prefixed with its rank
+    for data in launch.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None):
+        out.write(data)
+        out.flush()
+
 
 
 def _register() -> None:

@@ -1,0 +1,665 @@
+"""The probe of `orch check`: ONE POSIX sh script per host, and pure parsers of what it prints.
+
+`probe_script(cluster, host, ...)` builds the script from data alone: every
+check's commands, each wrapped in a section::
+
+    @@orch:begin NAME
+    <stdout and stderr of the section's commands>
+    @@orch:end NAME <exit status>
+
+`split_sections(text)` turns the output back into {NAME: Section}; a section
+that never ended (the probe was killed) has rc None. The parse_* functions below
+turn one section's text into data and raise `ProbeError` (never anything else)
+on output they do not understand, with a message that quotes it. Judging
+(pass/warn/fail) is not done here: see checks.py.
+
+The probe runs over the same non-interactive SSH session mpirun's own ssh will
+get, so `command -v` sees the PATH the launcher will see. Commands that can hang
+(df on a dead NFS mount, nvidia-smi on a wedged driver) run under `timeout`
+when it exists. No python starts unless a Python distribution version is asked
+for, and then exactly once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from .spec import Cluster, Host
+
+MARK = "@@orch:"
+NOT_INSTALLED = "orch:not-installed"
+# Python distributions whose versions come from one importlib.metadata call.
+DIST_TOOLS = ("mindspore", "torch")
+NCCL_DISTS = ("nvidia-nccl-cu12", "nvidia-nccl-cu11")
+# Tool environment the launch applies to ranks: the probe applies the same for tool lookups.
+TOOL_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+HASH_LIMIT = 256 << 20  # sync files larger than this are compared by size only
+MAX_COMPARED_FILES = 1000
+SECTION_TIMEOUT = 20  # seconds, for each command that may hang
+ASCEND_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+HCCN_CONF = "/etc/hccn.conf"
+
+
+class ProbeError(ValueError):
+    """A section's output could not be understood. The message quotes it."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    body: str
+    rc: int | None  # None: the section started but never ended
+
+    @property
+    def finished(self) -> bool:
+        return self.rc is not None
+
+
+@dataclass(frozen=True)
+class SyncFile:
+    """One file `orch up` will copy: its path relative to workdir, size and sha256 here."""
+
+    rel: str
+    size: int
+    sha256: str | None  # None when larger than HASH_LIMIT (compared by size)
+
+
+@dataclass(frozen=True)
+class MeshTarget:
+    name: str
+    user: str
+    address: str
+    port: int
+
+
+# --------------------------------------------------------------------------- building the probe
+
+
+def interpreter(cluster: Cluster) -> str:
+    """The python the ranks run: the command's executable if it is a python, else python3."""
+    exe = cluster.job.command[0] if cluster.job.command else "python3"
+    base = exe.rsplit("/", 1)[-1]
+    return exe if re.fullmatch(r"python[0-9.]*", base) else "python3"
+
+
+def tool_env(cluster: Cluster, host: Host) -> dict[str, str]:
+    """The part of job.env (and the host's env) that changes where tools are found."""
+    merged = {**cluster.job.env, **host.env}
+    return {k: merged[k] for k in TOOL_ENV if k in merged}
+
+
+def mpirun_prefix(args: Sequence[str]) -> str | None:
+    """`--prefix DIR` (or --prefix=DIR) from mpirun_args: mpirun then runs DIR/bin/orted remotely."""
+    args = list(args)
+    for i, a in enumerate(args):
+        if a == "--prefix" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--prefix="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
+    """(label, how to find it) for each executable the launch needs on every host.
+
+    how: "job" (PATH of the ranks: job.env applied), "plain" (the non-interactive ssh PATH,
+    what mpirun's own ssh gets) or an absolute path."""
+    job = cluster.job
+    out: list[tuple[str, str]] = []
+    if job.launcher == "mpirun":
+        out.append(("mpirun", "job"))
+        prefix = mpirun_prefix(job.mpirun_args)
+        out.append(("orted", f"{prefix.rstrip('/')}/bin/orted" if prefix else "plain"))
+    elif job.launcher == "msrun":
+        out.append(("msrun", "job"))
+    exe = job.command[0] if job.command else None
+    if exe and not any(label == exe for label, _ in out):
+        if "/" not in exe:
+            out.append((exe, "job"))
+        elif exe.startswith("/"):
+            out.append((exe, exe))
+        # a relative path is resolved in workdir: usually one of the synced files
+    return out
+
+
+def _section(name: str, body: str) -> str:
+    # a subshell: a section's `cd`, variables or `exit` never leak into the next one
+    return f"_b {name}\n(\n{body.rstrip()}\n)\n_e {name} $?"
+
+
+def _with_env(env: Mapping[str, str], body: str) -> str:
+    if not env:
+        return body
+    exports = "\n".join(f"{k}={shlex.quote(v)}; export {k}" for k, v in env.items())
+    return f"(\n{exports}\n{body}\n)"
+
+
+def _versions_sections(tools: Iterable[str], py: str, env: Mapping[str, str]) -> list[str]:
+    tools = list(tools)
+    out = []
+    qpy = shlex.quote(py)
+    if "python" in tools:
+        out.append(("ver:python", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} --version 2>&1; "
+                                  f"else echo {NOT_INSTALLED}; fi"))
+    dists = [t for t in tools if t in DIST_TOOLS] + (list(NCCL_DISTS) if "nccl" in tools else [])
+    if dists:
+        code = ("import sys\n"
+                "try:\n import importlib.metadata as m\n"
+                "except ImportError:\n import importlib_metadata as m\n"
+                "for d in sys.argv[1:]:\n"
+                " try: print(d, m.version(d))\n"
+                " except Exception: print(d, '-')\n")
+        out.append(("ver:dists", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} -c {shlex.quote(code)} "
+                                 f"{' '.join(dists)}; else echo {NOT_INSTALLED}; fi"))
+    if "openmpi" in tools:
+        out.append(("ver:openmpi", "if command -v mpirun >/dev/null 2>&1; then $T mpirun --version 2>&1\n"
+                                   "elif command -v ompi_info >/dev/null 2>&1; then $T ompi_info --version 2>&1\n"
+                                   f"else echo {NOT_INSTALLED}; fi"))
+    if "nccl" in tools:
+        out.append(("ver:nccl", "f=\nl=$(command -v ldconfig || echo /sbin/ldconfig)\n"
+                                "for p in $(\"$l\" -p 2>/dev/null | sed -n 's/.*libnccl\\.so[^ ]* .*=> //p'); do "
+                                "echo \"$p -> $(readlink -f \"$p\")\"; f=1; done\n"
+                                "for p in $(echo \"$LD_LIBRARY_PATH\" | tr ':' ' '); do for q in \"$p\"/libnccl.so.*; "
+                                "do [ -e \"$q\" ] && echo \"$q\" && f=1; done; done\n"
+                                "for h in ${CUDA_HOME:+\"$CUDA_HOME\"/include/nccl.h} /usr/include/nccl.h "
+                                "/usr/local/cuda/include/nccl.h; do [ -f \"$h\" ] && { echo \"# $h\"; "
+                                "grep -E '^#define NCCL_(MAJOR|MINOR|PATCH)' \"$h\"; f=1; break; }; done\n"
+                                f"[ -n \"$f\" ] || echo {NOT_INSTALLED}"))
+    if "cann" in tools:
+        out.append(("ver:cann", f"f=\nfor i in \"${{ASCEND_TOOLKIT_HOME:-{ASCEND_TOOLKIT}}}\"/*/"
+                                "ascend_toolkit_install.info \"${ASCEND_TOOLKIT_HOME:-"
+                                f"{ASCEND_TOOLKIT}}}\"/ascend_toolkit_install.info \"${{ASCEND_TOOLKIT_HOME:-"
+                                f"{ASCEND_TOOLKIT}}}\"/*/version.cfg; do "
+                                "[ -f \"$i\" ] && { echo \"# $i\"; cat \"$i\"; f=1; break; }; done\n"
+                                f"[ -n \"$f\" ] || echo {NOT_INSTALLED}"))
+    if "cuda-driver" in tools:
+        out.append(("ver:cuda-driver", "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version\n"
+                                       "elif command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi "
+                                       "--query-gpu=driver_version --format=csv,noheader 2>&1\n"
+                                       f"else echo {NOT_INSTALLED}; fi"))
+    return [_section(n, _with_env(env, b)) for n, b in out]
+
+
+def _path_section(cluster: Cluster, env: Mapping[str, str]) -> str:
+    plain, job, fixed = [], [], []
+    for label, how in launch_tools(cluster):
+        (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
+    lines = ["echo \"PATH=$PATH\""]
+    for label, _ in plain:
+        lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
+    for label, path in fixed:
+        lines.append(f"if [ -x {shlex.quote(path)} ]; then p={shlex.quote(path)}; else p=; fi; "
+                     f"printf 'fixed\\t%s\\t%s\\n' {shlex.quote(label)} \"$p\"")
+    if job:
+        inner = ["echo \"JOBPATH=$PATH\""] + [
+            f"printf 'job\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\""
+            for label, _ in job]
+        lines.append(_with_env({k: v for k, v in env.items() if k == "PATH"}, "\n".join(inner)))
+    return _section("path", "\n".join(lines))
+
+
+def _mesh_section(targets: Sequence[MeshTarget], connect_timeout: float) -> str:
+    ct = max(1, round(connect_timeout))
+    jobs = []
+    for t in targets:
+        port = f" -p {int(t.port)}" if t.port != 22 else ""
+        dest = shlex.quote(f"{t.user}@{t.address}")
+        jobs.append(f"( e=$($M ssh -o BatchMode=yes -o ConnectTimeout={ct}{port} {dest} true 2>&1 >/dev/null "
+                    f"</dev/null); r=$?; printf '%s\\t%s\\t%s\\n' {shlex.quote(t.name)} \"$r\" "
+                    f"\"$(printf '%s' \"$e\" | tr '\\t\\n\\r' '   ' | cut -c1-300)\" ) &")
+    # ConnectTimeout bounds the TCP connect; `timeout` also bounds a host that accepts but never answers
+    body = (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
+            f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {ct + 10}'\n"
+            + "\n".join(jobs) + "\nwait")
+    return _section("mesh", body)
+
+
+def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None = None,
+                 manifest: Sequence[SyncFile] = (), mesh_targets: Sequence[MeshTarget] = (),
+                 versions: Iterable[str] = (), launch_host: bool = False) -> str:
+    """The one script run on `host`. Pure: same inputs, same script.
+
+    checks: the check names to probe for (default: all); manifest: the files orch up will
+    sync (sizes, hashes); mesh_targets: hosts this one must reach with ssh as mpirun does;
+    versions: the tools whose versions to report; launch_host: also probe the msrun port."""
+    want = set(checks) if checks is not None else None
+
+    def on(*names: str) -> bool:
+        return want is None or any(n in want for n in names)
+
+    job = cluster.job
+    env = tool_env(cluster, host)
+    qw = shlex.quote(job.workdir)
+    parts = [
+        "# orch check probe for " + host.name.replace("\n", " "),
+        "exec 2>&1 </dev/null",
+        "_b() { printf '%sbegin %s\\n' '" + MARK + "' \"$1\"; }",
+        "_e() { printf '\\n%send %s %s\\n' '" + MARK + "' \"$1\" \"$2\"; }",
+        f"T=; command -v timeout >/dev/null 2>&1 && T='timeout {SECTION_TIMEOUT}'",
+        _section("clock0", "date +%s.%N"),
+    ]
+    if on("user"):
+        parts.append(_section("user", "id -un"))
+    if on("versions"):
+        parts += _versions_sections(versions, interpreter(cluster), env)
+    if on("path"):
+        parts.append(_path_section(cluster, env))
+    if on("nic"):
+        parts.append(_section("nic", "ip -o addr show 2>/dev/null || hostname -I"))
+    if on("devices") and job.platform == "ascend":
+        parts.append(_section("hccn", f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; "
+                                      f"else echo {NOT_INSTALLED}; fi"))
+        parts.append(_section("npu", "if command -v npu-smi >/dev/null 2>&1; then $T npu-smi info; "
+                                     f"else echo {NOT_INSTALLED}; fi"))
+    if on("devices") and job.platform == "gpu":
+        parts.append(_section("gpus", "if command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi -L; "
+                                      f"else echo {NOT_INSTALLED}; fi"))
+    if on("workdir", "disk", "files"):
+        parts.append(_section("workdir", (
+            f"W={qw}\n"
+            "if [ -d \"$W\" ]; then echo existed=yes; else echo existed=no\n"
+            "  if e=$(mkdir -p -- \"$W\" 2>&1); then echo mkdir=ok; else echo \"mkdir=$e\"; fi; fi\n"
+            "if [ -d \"$W\" ]; then f=\"$W/.orch-check.$$\"\n"
+            "  if e=$( (: > \"$f\") 2>&1); then rm -f -- \"$f\"; echo write=ok; else echo \"write=$e\"; fi; fi")))
+    if on("disk"):
+        parts.append(_section("df", (
+            f"d={qw}\nwhile [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done\n"
+            "$T df -Pk -- \"$d\"")))
+    if on("files") and manifest:
+        small = [f for f in manifest[:MAX_COMPARED_FILES] if f.sha256 is not None]
+        big = [f for f in manifest[:MAX_COMPARED_FILES] if f.sha256 is None]
+        lines = [f"cd {qw} 2>/dev/null || {{ echo orch:no-workdir; exit 0; }}"]
+        if small:
+            names = " ".join(shlex.quote(f.rel) for f in small)
+            lines.append("if command -v sha256sum >/dev/null 2>&1; then "
+                         f"for f in {names}; do [ -f \"$f\" ] && printf '%s\\0' \"$f\"; done | "
+                         "xargs -0 -r sha256sum --; "
+                         "else echo orch:no-sha256sum; fi")
+        for f in big:
+            q = shlex.quote(f.rel)
+            lines.append(f"[ -f {q} ] && printf 'size %s %s\\n' \"$(wc -c < {q})\" {q}")
+        lines.append("true")
+        parts.append(_section("files", "\n".join(lines)))
+    if on("ports") and launch_host and job.launcher == "msrun":
+        parts.append(_section("ports", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || ss -ltn"))
+    if on("stale"):
+        parts.append(_section("stale", ("echo self=$$\n"
+                                        "grep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ | tr '\\0' '\\n'"
+                                        "\ntrue")))
+    if on("mesh") and mesh_targets:
+        parts.append(_mesh_section(mesh_targets, cluster.ssh.connect_timeout))
+    parts.append(_section("clock1", "date +%s.%N"))
+    return "\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------- splitting the output
+
+_SECTION_RE = re.compile(r"^@@orch:begin (\S+)\n", re.M)
+
+
+def split_sections(text: str) -> dict[str, Section]:
+    """Probe output -> {name: Section}. Output outside sections (login banners) is ignored."""
+    out: dict[str, Section] = {}
+    pos = 0
+    while True:
+        m = _SECTION_RE.search(text, pos)
+        if not m:
+            return out
+        name = m.group(1)
+        end_re = re.compile(r"\n" + re.escape(MARK) + r"end " + re.escape(name) + r" (-?\d+)\n?")
+        e = end_re.search(text, m.end() - 1)
+        if e is None:
+            # never ended: keep what came, up to the next section (if any)
+            nxt = _SECTION_RE.search(text, m.end())
+            body = text[m.end():nxt.start() if nxt else len(text)]
+            out[name] = Section(name, body.rstrip("\n"), None)
+            pos = nxt.start() if nxt else len(text)
+            continue
+        out[name] = Section(name, text[m.end():e.start() + 1][:-1], int(e.group(1)))
+        pos = e.end()
+
+
+def join_sections(sections: Iterable[Section]) -> str:
+    """The inverse of split_sections (for tests and fixtures)."""
+    parts = []
+    for s in sections:
+        parts.append(f"{MARK}begin {s.name}\n{s.body}\n" + (f"{MARK}end {s.name} {s.rc}\n" if s.rc is not None
+                                                            else ""))
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- parsers (pure)
+
+
+def _quote(text: str, n: int = 120) -> str:
+    t = " ".join(text.strip().split())
+    if not t:
+        return "no output"
+    return repr(t if len(t) <= n else t[:n] + "...")
+
+
+def _not_installed(text: str) -> bool:
+    return text.strip() == NOT_INSTALLED or text.strip().endswith(NOT_INSTALLED)
+
+
+def parse_python_version(text: str) -> str | None:
+    """`python3 --version` -> '3.11.7'; None if no python."""
+    if _not_installed(text):
+        return None
+    m = re.search(r"^Python (\d+\.\d+(?:\.\d+)?\S*)\s*$", text, re.M)
+    if not m:
+        raise ProbeError(f"unexpected output from `python --version`: {_quote(text)}")
+    return m.group(1)
+
+
+def parse_openmpi_version(text: str) -> str | None:
+    """`mpirun --version` or `ompi_info [--version]` -> '4.1.4'; None if neither exists.
+    Another MPI's mpirun gives its name and version ('MPICH 4.0.2', 'Intel MPI 2021.6')."""
+    if _not_installed(text):
+        return None
+    for pat in (r"\(Open MPI\)\s+(\S+)", r"^\s*Open MPI:\s*(\S+)", r"^Open MPI v(\S+)",
+                r"\(OpenRTE\)\s+(\S+)"):
+        m = re.search(pat, text, re.M)
+        if m:
+            return m.group(1)
+    m = re.search(r"HYDRA build details:.*?Version:\s*(\S+)", text, re.S)
+    if m:
+        return f"MPICH {m.group(1)}"
+    m = re.search(r"Intel\(R\) MPI Library.*?Version\s+(\S+?),?\s", text)
+    if m:
+        return f"Intel MPI {m.group(1)}"
+    if re.search(r"not found|No such file", text):
+        return None
+    raise ProbeError(f"unexpected output from `mpirun --version`: {_quote(text)}")
+
+
+def parse_dists(text: str, wanted: Iterable[str]) -> dict[str, str | None]:
+    """`python -c 'importlib.metadata...' d1 d2` lines `NAME VERSION|-` -> {name: version|None}.
+    No python: every dist is not installed."""
+    wanted = list(wanted)
+    if _not_installed(text):
+        return {d: None for d in wanted}
+    found: dict[str, str | None] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in wanted:
+            found[parts[0]] = None if parts[1] == "-" else parts[1]
+    missing = [d for d in wanted if d not in found]
+    if missing:
+        raise ProbeError(f"python did not report {', '.join(missing)}: {_quote(text, 200)}")
+    return found
+
+
+def parse_nccl_version(text: str, dists: Mapping[str, str | None] | None = None) -> str | None:
+    """ldconfig -p / readlink lines naming libnccl.so.X.Y.Z, or nccl.h NCCL_MAJOR/MINOR/PATCH,
+    or a pip nvidia-nccl-cuXX distribution -> '2.18.3'."""
+    versions = sorted(set(re.findall(r"libnccl\.so\.(\d+\.\d+\.\d+)", text)))
+    if versions:
+        return versions[-1] if len(versions) == 1 else ",".join(versions)
+    parts = dict(re.findall(r"^#define NCCL_(MAJOR|MINOR|PATCH)\s+(\d+)", text, re.M))
+    if len(parts) == 3:
+        return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+    for d in NCCL_DISTS:
+        if dists and dists.get(d):
+            return dists[d]
+    if _not_installed(text):
+        return None
+    m = re.search(r"libnccl\.so\.(\d+(?:\.\d+)?)\b", text)
+    if m:  # only the soname (libnccl.so.2): the major version is all we can tell
+        return m.group(1)
+    raise ProbeError(f"cannot tell the NCCL version from: {_quote(text)}")
+
+
+def parse_cann_version(text: str) -> str | None:
+    """ascend_toolkit_install.info (`version=7.0.0`) or version.cfg -> '7.0.0'."""
+    if _not_installed(text):
+        return None
+    m = re.search(r"^\s*version\s*=\s*[\"']?([0-9][^\s\"']*)", text, re.M)
+    if m:
+        return m.group(1)
+    m = re.search(r"running_version\s*=\s*\[[^:\]]*:([^\]]+)\]", text)
+    if m:
+        return m.group(1).strip()
+    raise ProbeError(f"no version= line in the CANN install info: {_quote(text)}")
+
+
+def parse_cuda_driver_version(text: str) -> str | None:
+    """/proc/driver/nvidia/version or `nvidia-smi --query-gpu=driver_version` -> '535.104.05'."""
+    if _not_installed(text):
+        return None
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    if m:
+        return m.group(1)
+    lines = {ln.strip() for ln in text.splitlines() if re.fullmatch(r"\d+\.\d+(\.\d+)?", ln.strip())}
+    if len(lines) == 1:
+        return lines.pop()
+    if len(lines) > 1:
+        return ",".join(sorted(lines))
+    raise ProbeError(f"cannot tell the NVIDIA driver version from: {_quote(text)}")
+
+
+@dataclass(frozen=True)
+class IfAddr:
+    ifname: str | None  # None when only `hostname -I` was available
+    address: str
+    prefixlen: int | None
+
+
+_IP_O = re.compile(r"^\d+:\s+(\S+?)(?:@\S+)?\s+inet6?\s+([0-9A-Fa-f.:]+)(?:/(\d+))?")
+
+
+def parse_ip_addrs(text: str) -> list[IfAddr]:
+    """`ip -o addr`, `ip -j addr` or `hostname -I` -> the host's addresses."""
+    t = text.strip()
+    if not t:
+        raise ProbeError("`ip addr` and `hostname -I` printed nothing")
+    if t.startswith("["):
+        try:
+            data = json.loads(t)
+            out = [IfAddr(link.get("ifname"), a["local"], a.get("prefixlen"))
+                   for link in data for a in link.get("addr_info", []) if "local" in a]
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ProbeError(f"cannot read `ip -j addr` output ({exc}): {_quote(t)}") from None
+        return out
+    out = []
+    for line in t.splitlines():
+        m = _IP_O.match(line)
+        if m:
+            out.append(IfAddr(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+    if out:
+        return out
+    words = t.split()
+    try:
+        return [IfAddr(None, str(ipaddress.ip_address(w.split("%")[0])), None) for w in words]
+    except ValueError:
+        raise ProbeError(f"cannot read the host's addresses from: {_quote(t)}") from None
+
+
+@dataclass(frozen=True)
+class DiskFree:
+    filesystem: str
+    mount: str
+    avail_kib: int
+    total_kib: int
+
+
+_DF = re.compile(r"^(.*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+%|-)\s+(/.*)$")
+
+
+def parse_df(text: str) -> DiskFree:
+    """`df -Pk DIR` -> the filesystem holding DIR (POSIX format; names may contain spaces)."""
+    rows = [ln for ln in text.splitlines() if ln.strip()]
+    if not rows or not rows[0].startswith("Filesystem"):
+        raise ProbeError(f"unexpected `df -Pk` output: {_quote(text)}")
+    joined = " ".join(r.strip() for r in rows[1:])  # a long name can wrap onto two lines
+    m = _DF.match(joined)
+    if not m:
+        raise ProbeError(f"unexpected `df -Pk` output: {_quote(text)}")
+    return DiskFree(m.group(1), m.group(6), int(m.group(4)), int(m.group(2)))
+
+
+def parse_listening_ports(text: str) -> set[int]:
+    """/proc/net/tcp{,6} (state 0A) or `ss -ltn` -> the TCP ports something listens on."""
+    ports: set[int] = set()
+    recognised = False
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and re.fullmatch(r"\d+:", parts[0]) and ":" in parts[1]:
+            recognised = True
+            if parts[3] == "0A":
+                try:
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+                except ValueError:
+                    continue
+        elif parts and parts[0] in ("sl", "State", "Netid"):
+            recognised = True
+        elif len(parts) >= 4 and parts[0] == "LISTEN":
+            recognised = True
+            try:
+                ports.add(int(parts[3].rsplit(":", 1)[1]))
+            except (ValueError, IndexError):
+                continue
+    if not recognised:
+        raise ProbeError(f"cannot read listening ports from: {_quote(text)}")
+    return ports
+
+
+@dataclass(frozen=True)
+class HccnDevice:
+    address: str | None
+    netmask: str | None
+
+
+def parse_hccn(text: str) -> dict[int, HccnDevice] | None:
+    """/etc/hccn.conf -> {device id: HccnDevice}; None if the file does not exist.
+    Comments, blanks, other keys and garbage lines are ignored."""
+    if _not_installed(text):
+        return None
+    addr: dict[int, str] = {}
+    mask: dict[int, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(address|netmask)_(\d+)\s*=\s*([^\s#]+)", line)
+        if m:
+            (addr if m.group(1) == "address" else mask)[int(m.group(2))] = m.group(3)
+    return {d: HccnDevice(addr.get(d), mask.get(d)) for d in sorted(set(addr) | set(mask))}
+
+
+def parse_nvidia_smi_l(text: str) -> dict[int, str] | None:
+    """`nvidia-smi -L` -> {index: 'NVIDIA A100-SXM4-80GB'}; None if nvidia-smi is missing."""
+    if _not_installed(text):
+        return None
+    gpus = {int(m.group(1)): m.group(2).strip()
+            for m in re.finditer(r"^GPU (\d+): (.*?)(?: \(UUID: [^)]*\))?\s*$", text, re.M)}
+    if not gpus:
+        raise ProbeError(f"nvidia-smi -L listed no GPU: {_quote(text)}")
+    return gpus
+
+
+def parse_npu_smi(text: str) -> dict[int, str] | None:
+    """`npu-smi info` -> {NPU id: health ('OK', 'Warning'...)}; None if npu-smi is missing."""
+    if _not_installed(text):
+        return None
+    npus: dict[int, str] = {}
+    for line in text.splitlines():
+        if "Process id" in line or "Process name" in line:
+            break
+        m = re.match(r"^\|\s*(\d+)\s+\S.*?\|\s*([A-Za-z][A-Za-z ]*?)\s*\|", line)
+        if m:
+            npus[int(m.group(1))] = m.group(2)
+    if not npus:
+        raise ProbeError(f"npu-smi info listed no NPU: {_quote(text)}")
+    return npus
+
+
+def parse_stale(text: str) -> dict[str, list[int]]:
+    """`grep ORCH_RUN_ID= /proc/*/environ` lines -> {run id: [pids]} (the probe itself excluded)."""
+    me = re.search(r"^self=(\d+)$", text, re.M)
+    self_pid = int(me.group(1)) if me else None
+    runs: dict[str, list[int]] = {}
+    for m in re.finditer(r"^/proc/(\d+)/environ:ORCH_RUN_ID=(.*)$", text, re.M):
+        pid = int(m.group(1))
+        if pid == self_pid or not m.group(2):
+            continue
+        runs.setdefault(m.group(2), []).append(pid)
+    return runs
+
+
+def parse_clock(text: str) -> float:
+    """`date +%s.%N` -> seconds (a `date` without %N gives whole seconds)."""
+    t = text.strip()
+    m = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\S*)", t)
+    if not m:
+        raise ProbeError(f"unexpected `date +%s.%N` output: {_quote(t)}")
+    frac = m.group(2) or ""
+    return float(f"{m.group(1)}.{frac}") if frac else float(m.group(1))
+
+
+@dataclass(frozen=True)
+class Workdir:
+    existed: bool
+    mkdir_error: str | None
+    write_error: str | None
+    writable: bool
+
+
+def parse_workdir(text: str) -> Workdir:
+    kv: dict[str, str] = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            if k in ("existed", "mkdir", "write"):
+                kv[k] = v
+    if "existed" not in kv:
+        raise ProbeError(f"unexpected workdir probe output: {_quote(text)}")
+    mk = kv.get("mkdir")
+    wr = kv.get("write")
+    return Workdir(existed=kv["existed"] == "yes", mkdir_error=None if mk in (None, "ok") else (mk or "failed"),
+                   write_error=None if wr in (None, "ok") else (wr or "failed"), writable=wr == "ok")
+
+
+def parse_sha256sum(text: str) -> dict[str, str]:
+    """`sha256sum` lines (and our `size N path` lines) -> {path: 'sha256'|'size:N'}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\\?)([0-9a-f]{64}) [ *](.*)$", line)
+        if m:
+            name = m.group(3)
+            if m.group(1):  # GNU escapes \ and newline in names, marking the line with a leading \
+                name = name.replace("\\n", "\n").replace("\\\\", "\\")
+            out[name] = m.group(2)
+            continue
+        m = re.match(r"^size (\d+) (.*)$", line)
+        if m:
+            out[m.group(2)] = f"size:{m.group(1)}"
+    return out
+
+
+def parse_mesh(text: str) -> dict[str, tuple[int, str]] | None:
+    """Mesh lines `TARGET\\tRC\\tSTDERR` -> {target: (exit code, error)}; None if no ssh client."""
+    if _not_installed(text):
+        return None
+    out: dict[str, tuple[int, str]] = {}
+    for line in text.splitlines():
+        parts = line.split("\t", 2)
+        if len(parts) >= 2 and re.fullmatch(r"-?\d+", parts[1]):
+            out[parts[0]] = (int(parts[1]), parts[2].strip() if len(parts) > 2 else "")
+    return out
+
+
+def parse_path(text: str) -> dict[str, object]:
+    """The path section -> {'PATH': str, 'JOBPATH': str|None, 'tools': {label: path|None}}."""
+    path = re.search(r"^PATH=(.*)$", text, re.M)
+    jobpath = re.search(r"^JOBPATH=(.*)$", text, re.M)
+    tools: dict[str, str | None] = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[0] in ("plain", "job", "fixed"):
+            tools[parts[1]] = parts[2] or None
+    if path is None:
+        raise ProbeError(f"unexpected path probe output: {_quote(text)}")
+    return {"PATH": path.group(1), "JOBPATH": jobpath.group(1) if jobpath else None, "tools": tools}

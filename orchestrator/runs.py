@@ -1,0 +1,181 @@
+"""Run records under `.orch/runs/<run-id>/` in the directory `orch up` ran from.
+
+`run.json` holds what `status`, `down` and `logs` need without the cluster file:
+the hosts (how to reach them), the plan, each host's processes and commands,
+start/end times, each rank's exit code. Every write is atomic (temp file +
+rename), so a reader never sees half a record, and two runs started from one
+directory at once never share a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .spec import Cluster, Host, Job, SshSettings
+
+RUNS_DIR = Path(".orch") / "runs"
+MASK = "***"
+
+
+def new_run_id(now: float | None = None) -> str:
+    t = time.localtime(now if now is not None else time.time())
+    return time.strftime("%Y%m%d-%H%M%S", t) + "-" + secrets.token_hex(3)
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def mask_env(job: Job, env: dict[str, str]) -> dict[str, str]:
+    return {k: (MASK if job.is_secret(k) else v) for k, v in env.items()}
+
+
+def mask_text(job: Job, env: dict[str, str], text: str) -> str:
+    """Replace the values of secret variables wherever they appear in `text`."""
+    for k, v in env.items():
+        if v and job.is_secret(k) and len(v) >= 3:
+            text = text.replace(v, MASK)
+    return text
+
+
+class Run:
+    """One run's record. `data` is the JSON document; `save()` writes it atomically."""
+
+    def __init__(self, root: Path, run_id: str, data: dict[str, Any]):
+        self.root = root
+        self.id = run_id
+        self.data = data
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.id
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.dir / "logs"
+
+    def local_log(self, rank: int) -> Path:
+        return self.logs_dir / f"rank.{rank}" / "stdout"
+
+    @property
+    def secret(self) -> bool:
+        return bool(self.data.get("has_secrets"))
+
+    def save(self) -> None:
+        # Not world-readable when it holds (masked) secret-bearing commands or env.
+        write_atomic(self.dir / "run.json", json.dumps(self.data, indent=2, sort_keys=False) + "\n",
+                     0o600 if self.secret else 0o644)
+
+    def write_file(self, name: str, text: str) -> Path:
+        path = self.dir / name
+        write_atomic(path, text, 0o600 if self.secret else 0o644)
+        return path
+
+    # ---- rebuilding what status/down/logs need
+    def hosts(self) -> tuple[Host, ...]:
+        out = []
+        for h in self.data["hosts"]:
+            h = dict(h)
+            h["devices"] = tuple(h["devices"])
+            h["device_ips"] = {int(k): v for k, v in h.get("device_ips", {}).items()}
+            out.append(Host(**h))
+        return tuple(out)
+
+    def cluster(self) -> Cluster:
+        j = self.data["job"]
+        job = Job(workdir=j["workdir"], command=tuple(j["command"]), launcher=j["launcher"],
+                  platform=j["platform"], log_dir=j["log_dir"], on_failure=j.get("on_failure", "stop"))
+        return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=self.hosts(),
+                       job=job, ssh=SshSettings(**self.data["ssh"]))
+
+    @property
+    def finished(self) -> bool:
+        return self.data.get("ended") is not None
+
+
+def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> Run:
+    root = (cwd or Path.cwd()) / RUNS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    while True:  # the id is the directory; mkdir is the lock that keeps two runs apart
+        run_id = new_run_id()
+        try:
+            (root / run_id).mkdir()
+            break
+        except FileExistsError:
+            continue
+    job = cluster.job
+    secret = any(job.is_secret(k) for k in job.env) or any(
+        job.is_secret(k) for h in cluster.hosts for k in h.env)
+    hosts = []
+    for h in cluster.hosts:
+        d = asdict(h)
+        d["devices"] = list(h.devices)
+        d["device_ips"] = {str(k): v for k, v in h.device_ips.items()}
+        d["env"] = mask_env(job, dict(h.env))
+        hosts.append(d)
+    try:
+        cluster_text = cluster.path.read_text()
+    except OSError:
+        cluster_text = None
+    data = {
+        "id": run_id, "name": cluster.name, "cluster_file": str(cluster.path),
+        "cluster_text": mask_text(job, dict(job.env), cluster_text) if cluster_text else None,
+        "has_secrets": secret, "state": "starting", "started": time.time(), "ended": None,
+        "job": {"workdir": job.workdir, "command": list(job.command), "launcher": job.launcher,
+                "platform": job.platform, "log_dir": job.log_dir, "on_failure": job.on_failure,
+                "env": mask_env(job, dict(job.env)), "timeout": job.timeout},
+        "ssh": asdict(cluster.ssh), "hosts": hosts, "plan": plan_doc,
+        "commands": {}, "procs": [], "exit_codes": {}, "first_failure": None, "message": None,
+    }
+    run = Run(root, run_id, data)
+    run.save()
+    return run
+
+
+def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
+    """A run by id (a unique prefix works), or the latest started from this directory."""
+    root = (cwd or Path.cwd()) / RUNS_DIR
+    ids = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+    if not ids:
+        raise UsageError(f"no runs recorded in {root}", hint="start one with `orch up`, from this directory")
+    if run_id is None:
+        chosen = max(ids, key=lambda i: (_started(root / i), i))
+    else:
+        matches = [i for i in ids if i == run_id] or [i for i in ids if i.startswith(run_id)]
+        if len(matches) != 1:
+            raise UsageError(f"no run {run_id!r} in {root}" if not matches else
+                             f"run id {run_id!r} is ambiguous: {', '.join(matches)}",
+                             hint="known runs: " + ", ".join(ids[-5:]))
+        chosen = matches[0]
+    try:
+        data = json.loads((root / chosen / "run.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read run record {root / chosen / 'run.json'}: {exc}") from None
+    return Run(root, chosen, data)
+
+
+def _started(path: Path) -> float:
+    try:
+        return float(json.loads((path / "run.json").read_text()).get("started") or 0)
+    except (OSError, ValueError):
+        return 0.0

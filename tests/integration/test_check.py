@@ -1,0 +1,193 @@
+"""`orch check` against the simulated cluster: real sshd, real mpirun, per-host versions.
+
+One 6-host lab (its own name, chk<pid>), torn down at the end of the module:
+  h1, h2  uniform (mindspore 2.10.0 everywhere, the machine's Open MPI and python)
+  h3      mindspore 2.2.14
+  h4      openmpi 4.0.3
+  h5      refuses the lab key
+  h6      openmpi=none (no mpirun/orted)
+Each test picks its hosts with --hosts. Skips only where no lab can be made (never with CI set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import _require_lab
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = f"chk{os.getpid() % 100000}"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    _require_lab()
+    from orchestrator.lab import Lab
+
+    lab = Lab(NAME)
+    try:
+        lab.up(6, vary=["*:mindspore=2.10.0", "3:mindspore=2.2.14", "4:openmpi=4.0.3", "6:openmpi=none"],
+               refuse_key=[5])
+        yield lab
+    finally:
+        lab.down()
+
+
+def h(lab, *idx: int) -> str:
+    return ",".join(lab.host_name(i) for i in idx)
+
+
+def write(lab, tmp_path: Path, ssh: dict | None = None, **job) -> Path:
+    (tmp_path / "train.py").write_text("print('train')\n")
+    doc = {
+        "inventory": str(lab.inventory_path),
+        "ssh": {"connect_timeout": 2, "retries": 2, "command_timeout": 30, **(ssh or {})},
+        "job": {"workdir": "/data/chk", "command": "python3 train.py", "sync": ["train.py"], **job},
+        "checks": {"versions": ["python", "openmpi", "mindspore"]},
+    }
+    f = tmp_path / "cluster.yaml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return f
+
+
+def orch_check(f: Path, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", str(f), *args], capture_output=True,
+                         text=True, timeout=timeout, env=env, cwd=f.parent)
+    return res, time.monotonic() - t0
+
+
+def results(res: subprocess.CompletedProcess) -> dict:
+    doc = json.loads(res.stdout)  # the whole of stdout is one JSON object
+    assert set(doc) == {"ok", "results"}
+    for r in doc["results"]:
+        assert set(r) == {"check", "host", "status", "message"}
+    return doc
+
+
+def by(doc: dict, check: str, host: str | None = "any") -> list[dict]:
+    return [r for r in doc["results"] if r["check"] == check and (host == "any" or r["host"] == host)]
+
+
+def test_uniform_hosts_pass(lab, tmp_path):
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 2), "--json")
+    doc = results(res)
+    assert res.returncode == 0 and doc["ok"] is True, res.stdout + res.stderr
+    bad = [r for r in doc["results"] if r["status"] not in ("pass", "warn")]
+    assert not bad
+    (v,) = [r for r in by(doc, "versions") if r["status"] == "pass"]
+    assert "mindspore 2.10.0" in v["message"] and v["host"] is None
+    assert by(doc, "mesh", lab.host_name(1))[0]["status"] == "pass"
+    # the table view exits the same way and shows each host
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 2))
+    assert res.returncode == 0 and lab.host_name(2) in res.stdout
+
+
+def test_version_mismatch_names_versions_and_hosts(lab, tmp_path):
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 2, 3, 4), "--json")
+    doc = results(res)
+    assert res.returncode == 1 and doc["ok"] is False
+    fails = {r["message"] for r in by(doc, "versions", None) if r["status"] == "fail"}
+    n = lab.name
+    assert f"mindspore: 2.10.0 on {n}-h[1-2,4]; 2.2.14 on {n}-h3" in fails
+    assert f"openmpi: 4.1.4 on {n}-h[1-3]; 4.0.3 on {n}-h4" in fails
+    # the table view lists each problem once
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 2, 3, 4))
+    assert res.returncode == 1 and res.stdout.count("2.2.14 on") == 1
+
+
+def test_refused_key_fails_fast_and_the_others_pass(lab, tmp_path):
+    f = write(lab, tmp_path, ssh={"connect_timeout": 5, "retries": 3})
+    res, took = orch_check(f, "--hosts", h(lab, 1, 2, 5), "--json", "--full-mesh")
+    doc = results(res)
+    h1, h2, h5 = (lab.host_name(i) for i in (1, 2, 5))
+    assert res.returncode == 1
+    (ssh5,) = by(doc, "ssh", h5)
+    assert ssh5["status"] == "fail" and "ssh-copy-id" in ssh5["message"] and "root@" in ssh5["message"]
+    assert took < 5, f"an auth failure is not retried (took {took:.1f}s with connect_timeout 5 x 3)"
+    assert all(r["status"] == "error" for r in doc["results"] if r["host"] == h5 and r["check"] != "ssh")
+    for name in (h1, h2):
+        for r in doc["results"]:
+            if r["host"] == name and r["check"] != "mesh":
+                assert r["status"] in ("pass", "warn"), r
+        (mesh,) = by(doc, "mesh", name)  # mpirun's own ssh would fail the same way
+        assert mesh["status"] == "fail" and h5 in mesh["message"] and "Permission denied" in mesh["message"]
+    assert [r["status"] for r in by(doc, "versions", None)] == ["pass"]
+
+
+def test_missing_openmpi_fails_path(lab, tmp_path):
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 6), "--json")
+    doc = results(res)
+    n6 = lab.host_name(6)
+    (p,) = by(doc, "path", n6)
+    assert p["status"] == "fail" and "mpirun, orted not found" in p["message"] and "--prefix" in p["message"]
+    assert by(doc, "path", lab.host_name(1))[0]["status"] == "pass"
+    assert any(r["message"] == f"openmpi: 4.1.4 on {lab.host_name(1)}; not installed on {n6}"
+               for r in by(doc, "versions", None))
+
+
+def _accepted(lab, i: int) -> int:
+    gateway = lab.state()["gateway"]
+    try:
+        log = lab.sshd_log(i).read_text(errors="replace")
+    except OSError:
+        return 0
+    return sum(1 for ln in log.splitlines() if "Accepted publickey" in ln and f" from {gateway} " in ln)
+
+
+def test_one_ssh_connection_per_host(lab, tmp_path):
+    before = [_accepted(lab, i) for i in (1, 2, 3)]
+    res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 1, 2, 3), "--json")
+    results(res)
+    time.sleep(0.2)  # sshd logs asynchronously
+    after = [_accepted(lab, i) for i in (1, 2, 3)]
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
+    # and in-process, from the transports themselves
+    from orchestrator import checks
+    from orchestrator.spec import load_cluster
+    from orchestrator.transport import Pool
+
+    c = load_cluster(write(lab, tmp_path)).select(h(lab, 1, 2, 3))
+    with Pool(c) as pool:
+        checks.run_checks(c, pool)
+        assert [pool[x].connections_opened for x in c.hosts] == [1, 1, 1]
+
+
+def test_stopped_sshd_reported_within_connect_budget(lab, tmp_path):
+    f = write(lab, tmp_path, ssh={"connect_timeout": 1, "retries": 2})
+    lab.sshd(2, False)
+    try:
+        res, took = orch_check(f, "--hosts", h(lab, 1, 2), "--json")
+    finally:
+        lab.sshd(2, True)
+    doc = results(res)
+    (s,) = by(doc, "ssh", lab.host_name(2))
+    assert res.returncode == 1 and s["status"] == "fail" and "refused" in s["message"]
+    assert took < 1 * 2 + 4, f"took {took:.1f}s"  # connect_timeout x retries + backoff + python start
+    assert by(doc, "ssh", lab.host_name(1))[0]["status"] == "pass"
+
+
+def test_link_down_times_out_within_connect_budget(lab, tmp_path):
+    f = write(lab, tmp_path, ssh={"connect_timeout": 1, "retries": 2})
+    lab.link(2, False)
+    try:
+        res, took = orch_check(f, "--hosts", h(lab, 1, 2), "--json")
+    finally:
+        lab.link(2, True)
+    doc = results(res)
+    (s,) = by(doc, "ssh", lab.host_name(2))
+    assert s["status"] == "fail" and "timed out" in s["message"]
+    assert took < 1 * 2 + 4, f"took {took:.1f}s"
+    (m,) = by(doc, "mesh", lab.host_name(1))
+    assert m["status"] == "fail" and lab.host_name(2) in m["message"]
