@@ -10,10 +10,20 @@ from orchestrator.spec import Cluster, load_cluster
 
 
 def write_cluster(lab, tmp_path: Path, *, name: str = "cluster.yaml", ssh: dict | None = None,
-                  checks: dict | None = None, **job) -> Path:
-    """A cluster.yaml using the lab's inventory unchanged; `job` keys override the defaults."""
+                  checks: dict | None = None, defaults: dict | None = None, hosts: int | None = None,
+                  **job) -> Path:
+    """A cluster.yaml using the lab's inventory; `job` keys override the job defaults.
+    With `defaults` (host keys such as slots/devices) or `hosts` (only the first N), the
+    inventory is inlined with those changes; otherwise it is used unchanged, by path."""
+    inventory: str | dict = str(lab.inventory_path)
+    if defaults or hosts:
+        inv = yaml.safe_load(Path(lab.inventory_path).read_text())
+        inv["defaults"] = {**inv.get("defaults", {}), **(defaults or {})}
+        if hosts:
+            inv["hosts"] = inv["hosts"][:hosts]
+        inventory = inv
     doc = {
-        "inventory": str(lab.inventory_path),
+        "inventory": inventory,
         "ssh": {"connect_timeout": 5, "command_timeout": 60, "retries": 2, **(ssh or {})},
         "job": {"workdir": "/data/job", "command": "hostname", **job},
     }

@@ -1,0 +1,217 @@
+"""orch up / status / down / logs on the lab: launch, follow, fail fast, stop, gather."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .labutil import write_cluster
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+
+RANK_PY = """\
+import os, socket, sys, time
+r = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID")
+print(f"rank {r} on {socket.gethostname()}", flush=True)
+time.sleep(float(os.environ.get("SLEEP", "0")))
+if os.environ.get("FAIL_RANK") == r:
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+"""
+
+
+def orch(*args, cwd, timeout=180, check_rc=None):
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
+                         timeout=timeout)
+    if check_rc is not None:
+        assert res.returncode == check_rc, (res.returncode, res.stdout.decode(), res.stderr.decode())
+    return res
+
+
+def run_record(cwd: Path, run_id: str | None = None) -> dict:
+    runs = sorted((cwd / ".orch" / "runs").iterdir())
+    path = [p for p in runs if run_id is None or p.name == run_id][-1] / "run.json"
+    return json.loads(path.read_text())
+
+
+def leftovers(run_id: str) -> list[str]:
+    """Processes anywhere on this machine (so on every lab host) that belong to the run."""
+    needle = f"ORCH_RUN_ID={run_id}".encode()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and stat != "Z":
+            out.append(pid)
+    return out
+
+
+def wait_until(pred, timeout=30.0, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return False
+
+
+@pytest.fixture
+def job(lab, tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_PY)
+
+    def make(workdir: str, **kw) -> Path:
+        kw.setdefault("command", "python3 rank.py")
+        kw.setdefault("sync", ["rank.py"])
+        return write_cluster(lab, tmp_path, workdir=workdir, **kw)
+
+    return make
+
+
+def test_mpirun_2x2_succeeds_and_gathers_every_rank(lab, job, tmp_path):
+    job("/data/up-mpi", hosts=2)
+    res = orch("up", cwd=tmp_path, check_rc=0)
+    rec = run_record(tmp_path)
+    assert rec["state"] == "succeeded" and rec["exit_codes"] == {"0": 0, "1": 0, "2": 0, "3": 0}
+    names = [lab.host(1).name, lab.host(1).name, lab.host(2).name, lab.host(2).name]
+    for r in range(4):
+        log = tmp_path / ".orch" / "runs" / rec["id"] / "logs" / f"rank.{r}" / "stdout"
+        assert log.read_text() == f"rank {r} on {names[r]}\n"
+    assert b"rank 0 on" in res.stdout  # rank 0 is followed live by default
+    assert orch("logs", "--rank", "3", cwd=tmp_path, check_rc=0).stdout == f"rank 3 on {names[3]}\n".encode()
+    every = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode().splitlines()
+    assert every == [f"[rank {r}] rank {r} on {names[r]}" for r in range(4)]
+    assert (tmp_path / ".orch" / "runs" / rec["id"] / "hostfile").read_text().count("slots=2") == 2
+    assert leftovers(rec["id"]) == []
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
+def test_failing_rank_stops_everything_and_is_named(lab, job, tmp_path, launcher):
+    job(f"/data/up-fail-{launcher}", launcher=launcher, env={"FAIL_RANK": "3", "SLEEP": "0.5"}, hosts=2)
+    if launcher == "ranktable":  # rank 3 fails at once, the others would run for a minute
+        job(f"/data/up-fail-{launcher}", launcher=launcher, hosts=2,
+            command=["sh", "-c", 'if [ "$RANK_ID" = 3 ]; then echo failing; exit 3; fi; echo $RANK_ID; sleep 60'])
+    t0 = time.monotonic()
+    res = orch("up", "-q", cwd=tmp_path, check_rc=1)
+    assert time.monotonic() - t0 < 40
+    err = res.stderr.decode()
+    assert f"rank 3 on {lab.host(2).name}" in err and "exit code 3" in err and "failing" in err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["first_failure"]["rank"] == 3
+    assert rec["first_failure"]["exit_code"] == 3
+    logs = tmp_path / ".orch" / "runs" / rec["id"] / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["rank.0", "rank.1", "rank.2", "rank.3"]
+    assert leftovers(rec["id"]) == []
+
+
+def test_ranktable_ascend_2x8_each_rank_matches_table_and_hccn(lab, tmp_path):
+    script = (REPO / "playbooks" / "ascend" / "check_env.py").read_text()
+    (tmp_path / "check_env.py").write_text(script)
+    write_cluster(lab, tmp_path, workdir="/data/up-ascend", launcher="ranktable", platform="ascend",
+                  command="python3 check_env.py", sync=["check_env.py"], defaults={"slots": 8}, hosts=2,
+                  checks={"versions": ["python"]})  # no MindSpore/CANN on the lab: the contract is tested
+    orch("up", "-q", cwd=tmp_path, check_rc=0)
+    rec = run_record(tmp_path)
+    out = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode()
+    assert out.count("env ok") == 16, out
+    table = json.loads((tmp_path / ".orch" / "runs" / rec["id"] / "rank_table.json").read_text())
+    assert [s["server_id"] for s in table["server_list"]] == [lab.host(1).address, lab.host(2).address]
+    env3 = lab.exec(1, ["cat", "/data/up-ascend/log_output/1/rank.3/env.log"]).stdout
+    assert "DEVICE_ID=3" in env3 and "RANK_ID=3" in env3
+
+
+def test_ranktable_partial_devices_4_to_7_legacy_table(lab, tmp_path):
+    (tmp_path / "check_env.py").write_text((REPO / "playbooks" / "ascend" / "check_env.py").read_text())
+    write_cluster(lab, tmp_path, workdir="/data/up-partial", launcher="ranktable", platform="ascend",
+                  command="python3 check_env.py", sync=["check_env.py"], rank_table={"version": "legacy"},
+                  defaults={"slots": 4, "devices": [4, 5, 6, 7]}, hosts=1, checks={"versions": ["python"]})
+    orch("up", "-q", cwd=tmp_path, check_rc=0)
+    out = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode()
+    assert [ln.split()[7] for ln in out.splitlines()] == ["4", "5", "6", "7"], out
+
+
+def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
+    job("/data/up-sigint", launcher="ranktable", command=["sh", "-c", "echo up; sleep 120"])
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "-q"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: (tmp_path / ".orch" / "runs").is_dir()
+                          and run_record(tmp_path).get("state") == "running", 60)
+        run_id = run_record(tmp_path)["id"]
+        assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+    finally:
+        proc.kill()
+    assert rc == 130, proc.stderr.read().decode()
+    rec = run_record(tmp_path)
+    assert rec["state"] == "interrupted" and rec["ended"] is not None
+    assert leftovers(run_id) == []
+    assert orch("logs", "--rank", "5", cwd=tmp_path, check_rc=0).stdout == b"up\n"
+
+
+def test_detach_status_down_and_logs_follow(lab, job, tmp_path):
+    job("/data/up-detach", launcher="ranktable", command=["sh", "-c", "echo start; sleep 120; echo never"])
+    res = orch("up", "--detach", cwd=tmp_path, check_rc=0)
+    run_id = res.stdout.decode().strip()
+    assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
+    st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=0).stdout)
+    assert st["run"] == run_id and [r["state"] for r in st["ranks"]] == ["running"] * 6
+    assert all(r["pid"] for r in st["ranks"])
+    # an unrelated process with the very same command line must survive `orch down`
+    bystander = subprocess.Popen(["sh", "-c", "echo start; sleep 120; echo never"], stdout=subprocess.DEVNULL)
+    try:
+        orch("down", cwd=tmp_path, check_rc=0)
+        assert leftovers(run_id) == []
+        assert bystander.poll() is None, "orch down killed a process that was not part of the run"
+    finally:
+        bystander.kill()
+    st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=0).stdout)
+    assert {r["state"] for r in st["ranks"]} == {"killed"}
+    assert orch("logs", "--rank", "2", cwd=tmp_path, check_rc=0).stdout == b"start\n"
+    orch("down", cwd=tmp_path, check_rc=0)  # idempotent
+
+
+def test_logs_follow_streams_until_ranks_end(lab, job, tmp_path):
+    job("/data/up-follow", launcher="ranktable", hosts=1,
+        command=["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.5; done"])
+    run_id = orch("up", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+    res = orch("logs", "-f", "--rank", "1", "--run", run_id, cwd=tmp_path, timeout=60, check_rc=0)
+    assert res.stdout == b"line 1\nline 2\nline 3\n"
+
+
+def test_job_timeout_stops_everything(lab, job, tmp_path):
+    job("/data/up-timeout", launcher="ranktable", timeout=2, command=["sleep", "60"])
+    t0 = time.monotonic()
+    res = orch("up", "-q", cwd=tmp_path, check_rc=1)
+    assert time.monotonic() - t0 < 30
+    assert "timed out" in res.stderr.decode() or "timeout" in res.stderr.decode()
+    rec = run_record(tmp_path)
+    assert rec["state"] == "timeout" and leftovers(rec["id"]) == []
+
+
+def test_preflight_failure_starts_nothing(lab, job, tmp_path):
+    job("/data/up-preflight", command="python3 rank.py", sync=["rank.py", "missing.py"])
+    res = orch("up", cwd=tmp_path)
+    assert res.returncode in (2, 3), res.stderr.decode()
+    assert not (tmp_path / ".orch" / "runs").exists() or not any((tmp_path / ".orch" / "runs").iterdir())
+
+
+def test_local_demo_main_job(tmp_path):
+    res = orch("up", str(REPO / "playbooks" / "local-demo.yaml"), cwd=tmp_path, check_rc=0)
+    out = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode()
+    sums = {ln.rsplit(" ", 1)[1] for ln in out.splitlines() if "weights checksum" in ln}
+    assert len(sums) == 1, out
+    losses = [float(ln.rsplit(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("[rank 0] epoch")]
+    assert losses[-1] < losses[0]
+    assert b"epoch: 1, step: 1, loss is" in res.stdout
