@@ -119,18 +119,9 @@ class Report:
 
 
 def plan_order(hosts: Iterable[Host]) -> tuple[Host, ...]:
-    """Hosts in the order of the rank plan: the first one is the launch host."""
-    try:
-        from .plan import order_hosts
-    except ImportError:  # pragma: no cover - plan.py is part of the package
-        def order_hosts(hs):
-            def key(h):
-                try:
-                    ip = ipaddress.ip_address(h.address)
-                    return (0, ip.version, int(ip), "")
-                except ValueError:
-                    return (1, 0, 0, h.address)
-            return tuple(sorted(hs, key=key))
+    """Hosts in the order of the rank plan (plan.order_hosts): the first one is the launch host."""
+    from .plan import order_hosts
+
     return order_hosts(hosts)
 
 
@@ -348,7 +339,7 @@ def _get(sections: Mapping[str, Section], name: str) -> Section:
     if s is None:
         raise _Missing(f"the probe printed no '{name}' section (it stopped early, or its output was cut)")
     if not s.finished:
-        raise _Missing(f"the probe was cut off during '{name}': {probes._quote(s.body)}")
+        raise _Missing(f"the probe was cut off during '{name}': {probes.quote_output(s.body)}")
     return s
 
 
@@ -396,7 +387,7 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
         "ssh": lambda: [_r("ssh", host, "pass", f"{host.target} ({'local' if host.connection == 'local' else 'ssh'},"
                                                   f" {run.connect_time:.2f}s to connect)")],
         "mesh": lambda: [judge_mesh(host, _get(s, "mesh"), mesh_targets(plan.cluster, host),
-                                    plan.cluster.ssh.connect_timeout)],
+                                    plan.cluster.ssh.connect_timeout, plan.cluster.ssh.command_timeout)],
         "user": lambda: [judge_user(host, _get(s, "user"))],
         "path": lambda: [judge_path(plan.cluster, host, _get(s, "path"))],
         "nic": lambda: [judge_nic(host, _get(s, "nic"), run.addresses)[0]],
@@ -427,7 +418,7 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
 def judge_user(host: Host, sec: Section) -> CheckResult:
     user = sec.body.strip()
     if sec.rc != 0 or not user or len(user.split()) != 1:
-        return _r("user", host, "error", f"`id -un` failed: {probes._quote(sec.body)}")
+        return _r("user", host, "error", f"`id -un` failed: {probes.quote_output(sec.body)}")
     if user == "root":
         return _r("user", host, "warn", "logged in as root: mpirun needs --allow-run-as-root (orch adds it); "
                                         "a non-root user is safer")
@@ -505,7 +496,7 @@ def judge_devices(cluster: Cluster, host: Host, sections: Mapping[str, Section])
     if cluster.job.platform == "gpu":
         sec = _get(sections, "gpus")
         if sec.rc not in (0, None) and "GPU " not in sec.body:
-            return _r("devices", host, "fail", f"nvidia-smi -L failed (exit {sec.rc}): {probes._quote(sec.body)}")
+            return _r("devices", host, "fail", f"nvidia-smi -L failed (exit {sec.rc}): {probes.quote_output(sec.body)}")
         gpus = probes.parse_nvidia_smi_l(sec.body)
         if gpus is None:
             return _r("devices", host, "fail", "nvidia-smi not found: cannot see the GPUs "
@@ -578,7 +569,7 @@ def judge_workdir(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
 
 def judge_disk(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     if sec.rc != 0 and not sec.body.strip().startswith("Filesystem"):
-        return _r("disk", host, "error", f"df -Pk failed (exit {sec.rc}): {probes._quote(sec.body)}")
+        return _r("disk", host, "error", f"df -Pk failed (exit {sec.rc}): {probes.quote_output(sec.body)}")
     d = probes.parse_df(sec.body)
     free = d.avail_kib / (1 << 20)
     need = cluster.checks.min_free_gib
@@ -658,7 +649,8 @@ def judge_clock(host: Host, first: Section, last: Section, t_send: float, t_recv
     return _r("clock", host, "pass", f"within {max(abs(skew), slack):.2f}s of this machine's")
 
 
-def judge_mesh(host: Host, sec: Section, targets: Sequence[MeshTarget], connect_timeout: float) -> CheckResult:
+def judge_mesh(host: Host, sec: Section, targets: Sequence[MeshTarget], connect_timeout: float,
+               command_timeout: float = 120) -> CheckResult:
     got = probes.parse_mesh(sec.body)
     if got is None:
         return _r("mesh", host, "fail", "no ssh client on this host: mpirun needs one to start its daemons on the "
@@ -670,8 +662,11 @@ def judge_mesh(host: Host, sec: Section, targets: Sequence[MeshTarget], connect_
             continue
         if rc is None:
             why = "no answer from the test"
-        elif rc == 124 or "timed out" in err.lower():
-            why = err or f"timed out after {connect_timeout:g}s"
+        elif rc == 124 and not err:
+            limit = max(round(connect_timeout) + 10, int(command_timeout * 0.8))
+            why = f"connected but no answer within {limit}s (ssh was stopped)"
+        elif "timed out" in err.lower():
+            why = err
         else:
             why = err or f"ssh exited with {rc}"
         failing.setdefault(why, []).append(t.name)

@@ -203,8 +203,9 @@ def _path_section(cluster: Cluster, env: Mapping[str, str]) -> str:
     return _section("path", "\n".join(lines))
 
 
-def _mesh_section(targets: Sequence[MeshTarget], connect_timeout: float) -> str:
+def _mesh_section(targets: Sequence[MeshTarget], connect_timeout: float, command_timeout: float) -> str:
     ct = max(1, round(connect_timeout))
+    limit = max(ct + 10, int(command_timeout * 0.8))
     jobs = []
     for t in targets:
         port = f" -p {int(t.port)}" if t.port != 22 else ""
@@ -212,9 +213,10 @@ def _mesh_section(targets: Sequence[MeshTarget], connect_timeout: float) -> str:
         jobs.append(f"( e=$($M ssh -o BatchMode=yes -o ConnectTimeout={ct}{port} {dest} true 2>&1 >/dev/null "
                     f"</dev/null); r=$?; printf '%s\\t%s\\t%s\\n' {shlex.quote(t.name)} \"$r\" "
                     f"\"$(printf '%s' \"$e\" | tr '\\t\\n\\r' '   ' | cut -c1-300)\" ) &")
-    # ConnectTimeout bounds the TCP connect; `timeout` also bounds a host that accepts but never answers
+    # ConnectTimeout bounds the TCP connect; `timeout` also bounds a host that accepts but never answers,
+    # within the probe's own command_timeout so that the other sections still report
     body = (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {ct + 10}'\n"
+            f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {limit}'\n"
             + "\n".join(jobs) + "\nwait")
     return _section("mesh", body)
 
@@ -292,7 +294,7 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
                                         "grep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ | tr '\\0' '\\n'"
                                         "\ntrue")))
     if on("mesh") and mesh_targets:
-        parts.append(_mesh_section(mesh_targets, cluster.ssh.connect_timeout))
+        parts.append(_mesh_section(mesh_targets, cluster.ssh.connect_timeout, cluster.ssh.command_timeout))
     parts.append(_section("clock1", "date +%s.%N"))
     return "\n".join(parts) + "\n"
 
@@ -336,7 +338,8 @@ def join_sections(sections: Iterable[Section]) -> str:
 # --------------------------------------------------------------------------- parsers (pure)
 
 
-def _quote(text: str, n: int = 120) -> str:
+def quote_output(text: str, n: int = 120) -> str:
+    """Command output for an error message: one line, shortened, quoted."""
     t = " ".join(text.strip().split())
     if not t:
         return "no output"
@@ -353,7 +356,7 @@ def parse_python_version(text: str) -> str | None:
         return None
     m = re.search(r"^Python (\d+\.\d+(?:\.\d+)?\S*)\s*$", text, re.M)
     if not m:
-        raise ProbeError(f"unexpected output from `python --version`: {_quote(text)}")
+        raise ProbeError(f"unexpected output from `python --version`: {quote_output(text)}")
     return m.group(1)
 
 
@@ -375,7 +378,7 @@ def parse_openmpi_version(text: str) -> str | None:
         return f"Intel MPI {m.group(1)}"
     if re.search(r"not found|No such file", text):
         return None
-    raise ProbeError(f"unexpected output from `mpirun --version`: {_quote(text)}")
+    raise ProbeError(f"unexpected output from `mpirun --version`: {quote_output(text)}")
 
 
 def parse_dists(text: str, wanted: Iterable[str]) -> dict[str, str | None]:
@@ -391,7 +394,7 @@ def parse_dists(text: str, wanted: Iterable[str]) -> dict[str, str | None]:
             found[parts[0]] = None if parts[1] == "-" else parts[1]
     missing = [d for d in wanted if d not in found]
     if missing:
-        raise ProbeError(f"python did not report {', '.join(missing)}: {_quote(text, 200)}")
+        raise ProbeError(f"python did not report {', '.join(missing)}: {quote_output(text, 200)}")
     return found
 
 
@@ -412,7 +415,7 @@ def parse_nccl_version(text: str, dists: Mapping[str, str | None] | None = None)
     m = re.search(r"libnccl\.so\.(\d+(?:\.\d+)?)\b", text)
     if m:  # only the soname (libnccl.so.2): the major version is all we can tell
         return m.group(1)
-    raise ProbeError(f"cannot tell the NCCL version from: {_quote(text)}")
+    raise ProbeError(f"cannot tell the NCCL version from: {quote_output(text)}")
 
 
 def parse_cann_version(text: str) -> str | None:
@@ -425,7 +428,7 @@ def parse_cann_version(text: str) -> str | None:
     m = re.search(r"running_version\s*=\s*\[[^:\]]*:([^\]]+)\]", text)
     if m:
         return m.group(1).strip()
-    raise ProbeError(f"no version= line in the CANN install info: {_quote(text)}")
+    raise ProbeError(f"no version= line in the CANN install info: {quote_output(text)}")
 
 
 def parse_cuda_driver_version(text: str) -> str | None:
@@ -440,7 +443,7 @@ def parse_cuda_driver_version(text: str) -> str | None:
         return lines.pop()
     if len(lines) > 1:
         return ",".join(sorted(lines))
-    raise ProbeError(f"cannot tell the NVIDIA driver version from: {_quote(text)}")
+    raise ProbeError(f"cannot tell the NVIDIA driver version from: {quote_output(text)}")
 
 
 @dataclass(frozen=True)
@@ -464,7 +467,7 @@ def parse_ip_addrs(text: str) -> list[IfAddr]:
             out = [IfAddr(link.get("ifname"), a["local"], a.get("prefixlen"))
                    for link in data for a in link.get("addr_info", []) if "local" in a]
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ProbeError(f"cannot read `ip -j addr` output ({exc}): {_quote(t)}") from None
+            raise ProbeError(f"cannot read `ip -j addr` output ({exc}): {quote_output(t)}") from None
         return out
     out = []
     for line in t.splitlines():
@@ -477,7 +480,7 @@ def parse_ip_addrs(text: str) -> list[IfAddr]:
     try:
         return [IfAddr(None, str(ipaddress.ip_address(w.split("%")[0])), None) for w in words]
     except ValueError:
-        raise ProbeError(f"cannot read the host's addresses from: {_quote(t)}") from None
+        raise ProbeError(f"cannot read the host's addresses from: {quote_output(t)}") from None
 
 
 @dataclass(frozen=True)
@@ -495,11 +498,11 @@ def parse_df(text: str) -> DiskFree:
     """`df -Pk DIR` -> the filesystem holding DIR (POSIX format; names may contain spaces)."""
     rows = [ln for ln in text.splitlines() if ln.strip()]
     if not rows or not rows[0].startswith("Filesystem"):
-        raise ProbeError(f"unexpected `df -Pk` output: {_quote(text)}")
+        raise ProbeError(f"unexpected `df -Pk` output: {quote_output(text)}")
     joined = " ".join(r.strip() for r in rows[1:])  # a long name can wrap onto two lines
     m = _DF.match(joined)
     if not m:
-        raise ProbeError(f"unexpected `df -Pk` output: {_quote(text)}")
+        raise ProbeError(f"unexpected `df -Pk` output: {quote_output(text)}")
     return DiskFree(m.group(1), m.group(6), int(m.group(4)), int(m.group(2)))
 
 
@@ -525,7 +528,7 @@ def parse_listening_ports(text: str) -> set[int]:
             except (ValueError, IndexError):
                 continue
     if not recognised:
-        raise ProbeError(f"cannot read listening ports from: {_quote(text)}")
+        raise ProbeError(f"cannot read listening ports from: {quote_output(text)}")
     return ports
 
 
@@ -556,7 +559,7 @@ def parse_nvidia_smi_l(text: str) -> dict[int, str] | None:
     gpus = {int(m.group(1)): m.group(2).strip()
             for m in re.finditer(r"^GPU (\d+): (.*?)(?: \(UUID: [^)]*\))?\s*$", text, re.M)}
     if not gpus:
-        raise ProbeError(f"nvidia-smi -L listed no GPU: {_quote(text)}")
+        raise ProbeError(f"nvidia-smi -L listed no GPU: {quote_output(text)}")
     return gpus
 
 
@@ -572,7 +575,7 @@ def parse_npu_smi(text: str) -> dict[int, str] | None:
         if m:
             npus[int(m.group(1))] = m.group(2)
     if not npus:
-        raise ProbeError(f"npu-smi info listed no NPU: {_quote(text)}")
+        raise ProbeError(f"npu-smi info listed no NPU: {quote_output(text)}")
     return npus
 
 
@@ -594,7 +597,7 @@ def parse_clock(text: str) -> float:
     t = text.strip()
     m = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\S*)", t)
     if not m:
-        raise ProbeError(f"unexpected `date +%s.%N` output: {_quote(t)}")
+        raise ProbeError(f"unexpected `date +%s.%N` output: {quote_output(t)}")
     frac = m.group(2) or ""
     return float(f"{m.group(1)}.{frac}") if frac else float(m.group(1))
 
@@ -615,7 +618,7 @@ def parse_workdir(text: str) -> Workdir:
             if k in ("existed", "mkdir", "write"):
                 kv[k] = v
     if "existed" not in kv:
-        raise ProbeError(f"unexpected workdir probe output: {_quote(text)}")
+        raise ProbeError(f"unexpected workdir probe output: {quote_output(text)}")
     mk = kv.get("mkdir")
     wr = kv.get("write")
     return Workdir(existed=kv["existed"] == "yes", mkdir_error=None if mk in (None, "ok") else (mk or "failed"),
@@ -661,5 +664,5 @@ def parse_path(text: str) -> dict[str, object]:
         if len(parts) == 3 and parts[0] in ("plain", "job", "fixed"):
             tools[parts[1]] = parts[2] or None
     if path is None:
-        raise ProbeError(f"unexpected path probe output: {_quote(text)}")
+        raise ProbeError(f"unexpected path probe output: {quote_output(text)}")
     return {"PATH": path.group(1), "JOBPATH": jobpath.group(1) if jobpath else None, "tools": tools}

@@ -152,7 +152,7 @@ def test_one_ssh_connection_per_host(lab, tmp_path):
     results(res)
     time.sleep(0.2)  # sshd logs asynchronously
     after = [_accepted(lab, i) for i in (1, 2, 3)]
-    assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
     # and in-process, from the transports themselves
     from orchestrator import checks
     from orchestrator.spec import load_cluster
@@ -191,3 +191,19 @@ def test_link_down_times_out_within_connect_budget(lab, tmp_path):
     assert took < 1 * 2 + 4, f"took {took:.1f}s"
     (m,) = by(doc, "mesh", lab.host_name(1))
     assert m["status"] == "fail" and lab.host_name(2) in m["message"]
+
+
+def test_stale_run_processes_warn_with_orch_down(lab, tmp_path):
+    import signal
+
+    rid = f"chktest-{os.getpid()}"
+    r = lab.ssh(2, f"ORCH_RUN_ID={rid} setsid sleep 60 >/dev/null 2>&1 </dev/null & echo $!")
+    pid = int(r.stdout.split()[-1])
+    try:
+        res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 2), "--json")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    doc = results(res)
+    (w,) = [r for r in by(doc, "stale", lab.host_name(2)) if rid in r["message"]]
+    assert w["status"] == "warn" and f"orch down --run {rid}" in w["message"] and str(pid) in w["message"]
+    assert res.returncode == 0  # a warning does not fail the check

@@ -514,6 +514,8 @@ def test_disk_workdir_clock_mesh_path_judges(tmp_path):
     assert "ssh-copy-id" in m.message
     m = checks.judge_mesh(h, sec("mesh", ""), targets[:1], 2)
     assert m.status == "fail" and "no answer" in m.message
+    m = checks.judge_mesh(h, sec("mesh", "chk-h2\t124\t\n"), targets[:1], 2, 120)
+    assert "connected but no answer within 96s" in m.message
 
 
 def test_path_judge_missing_tools(tmp_path):
