@@ -1,0 +1,57 @@
+"""The CLI's one error handler: exit codes, messages, saved tracebacks."""
+
+from __future__ import annotations
+
+import re
+
+from click.testing import CliRunner
+
+from orchestrator import __version__
+from orchestrator import cli as climod
+
+
+def run(*args, **kw):
+    return CliRunner().invoke(climod.cli, list(args), **kw)
+
+
+def test_version_and_help():
+    assert run("--version").output.strip() == f"orch, version {__version__}"
+    res = run("--help")
+    assert res.exit_code == 0
+    for cmd in ("check", "plan", "up", "status", "down", "logs", "lab"):
+        assert re.search(rf"^\s+{cmd}\s", res.output, re.M), cmd
+
+
+def test_typo_exits_2_naming_key_and_line(tmp_path):
+    f = tmp_path / "cluster.yaml"
+    f.write_text("inventory:\n  hosts: [{address: a, connection: local}]\njob:\n  workdir: /w\n  comand: x\n")
+    res = run("plan", str(f))
+    assert res.exit_code == 2
+    assert f"{f}:5: job.comand: unknown key 'comand'" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_missing_file_exits_2(tmp_path):
+    res = run("check", str(tmp_path / "nope.yaml"))
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_unexpected_crash_saves_traceback(monkeypatch, tmp_path):
+    monkeypatch.setattr(climod.tempfile, "tempdir", str(tmp_path))
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("kaboom")
+
+    monkeypatch.setattr(climod, "load", boom)
+    res = run("plan", "x.yaml")
+    assert res.exit_code == 70
+    assert "internal error: ZeroDivisionError: kaboom" in res.output
+    saved = list(tmp_path.glob("orch-crash-*.txt"))
+    assert len(saved) == 1 and str(saved[0]) in res.output
+    assert "Traceback" in saved[0].read_text() and "Traceback" not in res.output
+
+
+def test_logs_without_runs_exits_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run("logs", "--rank", "0")
+    assert res.exit_code == 2 and "no runs recorded" in res.output
