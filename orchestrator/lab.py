@@ -26,15 +26,33 @@ from NAME, recorded in lab.json, and never shared by two labs); host i is netns
 ``olab-NAME-i`` with ``eth0`` = 198.18.K.(10+i), its root-side veth is ``olNAME-i``.
 Hosts have no default route: they reach each other and the controller, nothing else.
 
-Each host's uts+mount namespace is kept alive by a holder process (``sleep infinity``,
-started as ``ip netns exec olab-NAME-i unshare --uts --mount sh h<i>/setup.sh``; the
-script sets the address, hostname and bind mounts first). sshd is started inside
-those namespaces with ``nsenter -t <holder> -n -u -m``, so ``orch lab sshd stop|start``
-keeps the same host. ``orch lab down`` kills every process in the lab's network
-namespaces (sshd sessions, daemons started over ssh with setsid...), deletes the
-veths, bridge and namespaces, the state dir, and the mountpoints it created on the
-real root fs (/data, /etc/hccn.conf, /opt/orch-lab, /run/sshd, the /run/netns
-mount) once no other lab is left.
+Each host's uts+mount+pid namespaces are kept alive by a holder process, ``orch-lab-init``
+(the state dir's tiny python init, started as ``ip netns exec olab-NAME-i unshare --uts
+--mount --pid sh -c 'sh h<i>/setup.sh &'``: setup.sh is PID 1 of the host's new PID
+namespace, mounts a fresh /proc, sets the address, hostname and bind mounts, then execs
+the init). So a host has its own PID namespace like a real machine: ``ps -e`` or a /proc
+scan on host 2 (over ssh or ``Lab.exec``) sees only host 2's processes, signalling
+"every process with ORCH_RUN_ID=x" on one host cannot touch another host's, and the
+init reaps every orphan of the host the moment it exits (no zombies left behind by
+``setsid`` daemons that are killed). sshd is started inside those namespaces with
+``nsenter -t <holder> -n -u -m -p`` (nsenter forks, so sshd is in the host's PID
+namespace and, once daemonised, a child of the init), so ``orch lab sshd stop|start``
+keeps the same host. ``orch lab down`` SIGKILLs the init (which takes every process of
+the host with it) and, as a safety net, every process in the lab's network, mount or PID
+namespaces (sshd sessions, daemons started over ssh with setsid...), deletes the veths,
+bridge and namespaces, the state dir, and the mountpoints it created on the real root fs
+(/data, /etc/hccn.conf, /opt/orch-lab, /run/sshd, the /run/netns mount) once no other
+lab is left.
+
+PIDs: lab.json (holder_pid, sshd_pid), ``Lab.status()`` and ``orch lab status`` give
+pids as this machine's root PID namespace sees them (usable with kill/ps out here);
+h<i>/sshd.pid (sshd's own PidFile) and every pid seen on a host (``echo $!`` over ssh,
+``ps`` via ``Lab.exec``) are host-local, the init being PID 1. ``Lab.root_pid(i, pid)``
+turns a host-local pid into the root-namespace one. The process ``Lab.exec`` (or
+``lab sshd start``) runs has its parent, nsenter, outside the host; so on a timeout or an
+interrupt it is killed before nsenter, never orphaned to this machine's PID 1: the host's
+init could not reap it, and a PID namespace's dying init waits until all its processes
+are reaped (daemons it forks are the init's, as usual).
 
 PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environment
 (PermitUserEnvironment yes), which sets
@@ -142,6 +160,11 @@ _OPENMPI_EXES = (
     "mpirun.openmpi", "mpiexec.openmpi", "opal_wrapper", "mpicc", "mpicxx", "mpic++", "mpiCC",
     "mpif77", "mpif90", "mpifort",
 )
+# PID 1 of every lab host's PID namespace: h<i>/setup.sh execs <state dir>/orch-lab-init
+# (a python script, so its comm is this name). "sleep" is what older labs hold with.
+HOLDER_COMM = "orch-lab-init"
+_HOLDER_COMMS = (HOLDER_COMM, "sleep")
+
 _DIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]*")
 
@@ -162,6 +185,9 @@ class LabHost:
 
 @dataclass(frozen=True)
 class HostStatus:
+    """holder_pid and sshd_pid are pids in this machine's root PID namespace (not the host's);
+    sshd_pid is None unless sshd runs."""
+
     host: LabHost
     netns: bool
     holder_pid: int | None
@@ -341,6 +367,37 @@ def ompi_info_shim(real: str, real_version: str, version: str) -> str:
     )
 
 
+def init_script(python: str) -> str:
+    """Text of <state dir>/orch-lab-init: a host's PID 1, reaping every orphan as it exits.
+
+    Its stdio (the pipe `orch lab up` reads "ready" from) is closed only once it runs, so
+    an EOF on that pipe means the exec is done. SIGKILL from `down` ends it at once (and
+    the kernel then kills everything else in its PID namespace).
+    """
+    return (
+        f"#!{python} -IS\n"
+        "# orch lab: PID 1 of a lab host's PID namespace; reaps every orphan of the host.\n"
+        "import os\n"
+        "try:\n"
+        "    import _signal as sig  # what `signal` wraps, without its enum import: a faster start\n"
+        "except ImportError:\n"
+        "    import signal as sig\n"
+        "fd = os.open('/dev/null', os.O_RDWR)\n"
+        "for n in (0, 1, 2):\n"
+        "    os.dup2(fd, n)\n"
+        "if fd > 2:\n"
+        "    os.close(fd)\n"
+        "sig.pthread_sigmask(sig.SIG_BLOCK, {sig.SIGCHLD})\n"
+        "while True:\n"
+        "    try:\n"
+        "        while os.waitpid(-1, os.WNOHANG)[0]:\n"
+        "            pass\n"
+        "    except ChildProcessError:\n"
+        "        pass\n"
+        "    sig.sigtimedwait({sig.SIGCHLD}, 60)\n"
+    )
+
+
 def dist_metadata(name: str, version: str) -> str:
     return f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: orch lab stand-in\n"
 
@@ -399,6 +456,41 @@ def _run(argv: Sequence[str], *, input: str | None = None, timeout: float = 60, 
     return res
 
 
+def _nsenter_run(argv: Sequence[str], *, input: str | None = None, timeout: float = 60,
+                 env: Mapping[str, str] | None = None, what: str | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run for ``nsenter -p ...`` (text, captured), never orphaning nsenter's child.
+
+    nsenter stays out here and forks the command into the host's PID namespace. Were nsenter
+    killed first (subprocess.run's timeout does that), its child would be reparented to this
+    machine's PID 1, which the host's init cannot reap and which might never reap it. So on a
+    timeout or an interrupt the child is killed first and nsenter, which then exits, is waited for.
+    """
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except BaseException as exc:
+        deadline = time.monotonic() + 5
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                break
+            for child in _children(proc.pid):
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+            time.sleep(0.01)
+        for fh in (proc.stdin, proc.stdout, proc.stderr):
+            if fh:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise LabError(f"{what or argv[0]} timed out after {timeout:g}s") from None
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def _parallel(fn, items: Sequence, workers: int = 16) -> list:
     if len(items) <= 1:
         return [fn(x) for x in items]
@@ -421,6 +513,63 @@ def _pid_alive(pid: int | None, comm: str | None = None) -> bool:
         name = stat[stat.find("(") + 1: stat.rfind(")")]
         return name == comm
     return True
+
+
+def _holder_alive(pid: int | None) -> bool:
+    return any(_pid_alive(pid, comm) for comm in _HOLDER_COMMS)
+
+
+def _nspid(pid: int) -> int | None:
+    """pid's number in its own (innermost) PID namespace, from the NSpid line of its status."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """pid's child processes (needs CONFIG_PROC_CHILDREN; else a scan of PPid lines)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    out = []
+    for p in _proc_pids():
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        with contextlib.suppress(IndexError, ValueError):
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(p)
+    return out
+
+
+def _root_pid(holder: int, nspid: int) -> int | None:
+    """The pid (as this process sees it) of the process that is `nspid` in holder's PID namespace."""
+    ns = _ns_inode(f"/proc/{holder}/ns/pid")
+    if ns is None:
+        return None
+    if ns == _ns_inode("/proc/self/ns/pid"):  # a holder without a PID namespace of its own (older labs)
+        return nspid if _pid_alive(nspid) else None
+    if nspid == 1:
+        return holder
+    seen = set()
+    # daemons are children of the init; anything else (an nsenter child...) needs the full scan
+    for group in (_children(holder), _proc_pids()):
+        for pid in group:
+            if pid in seen:
+                continue
+            seen.add(pid)
+            if _nspid(pid) == nspid and _ns_inode(f"/proc/{pid}/ns/pid") == ns:
+                return pid
+    return None
 
 
 def _ns_inode(path: str) -> int | None:
@@ -567,6 +716,10 @@ class Lab:
     @property
     def state_path(self) -> Path:
         return self.state_dir / "lab.json"
+
+    @property
+    def init_path(self) -> Path:
+        return self.state_dir / HOLDER_COMM
 
     def sshd_log(self, i: int) -> Path:
         return self.host_dir(i) / "sshd.log"
@@ -772,6 +925,10 @@ class Lab:
         pathdirs = host_path_env(pydir, False, False).split("=", 1)[1].strip().split(":")
         hide_exes = _openmpi_names(pathdirs) if any(p.versions.get("openmpi") == "none" for p in plans) else {}
 
+        if re.search(r"\s", sys.executable) or len(sys.executable) > 200:
+            raise LabError(f"the lab's init runs with this python, but {sys.executable!r} cannot be a #! interpreter",
+                           hint="run orch from a python whose path has no spaces")
+        _write(self.init_path, init_script(sys.executable), 0o755)
         for p in plans:
             self._write_host(p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools)
 
@@ -796,20 +953,25 @@ class Lab:
                      "CONFIG_NET_NS/CONFIG_VETH/CONFIG_BRIDGE)",
             )
 
-        # holders: per host, one `ip netns exec .. unshare .. sh setup.sh`, in parallel
+        # holders: per host, one `ip netns exec .. unshare .. --pid sh -c 'sh setup.sh &'`, in parallel.
+        # unshare --pid without --fork: the outer sh stays in this PID namespace (so its $! is
+        # the holder's pid as seen from here) and its first child, setup.sh, is PID 1 of the new
+        # one; setup.sh prints "ready" and execs the init, which closes the pipe once it runs.
         unshare = tools["unshare"]
 
         def start_holder(p: _HostPlan) -> int:
             res = _run(["ip", "netns", "exec", p.host.netns, unshare, "--uts", "--mount", "--propagation", "private",
-                        "/bin/sh", str(p.dir / "setup.sh")], check=False, timeout=60, start_new_session=True)
-            out = res.stdout.strip().splitlines()
-            if res.returncode != 0 or not out or not out[-1].isdigit():
+                        "--pid", "/bin/sh", "-c", '/bin/sh "$1" & echo "$!"', "sh", str(p.dir / "setup.sh")],
+                       check=False, timeout=60, start_new_session=True)
+            out = res.stdout.split()
+            pids = [int(x) for x in out if x.isdigit()]
+            if res.returncode != 0 or "ready" not in out or len(pids) != 1 or not _pid_alive(pids[0], HOLDER_COMM):
                 raise LabError(
                     f"{p.host.name}: setting up the host failed (exit {res.returncode}): "
-                    f"{(res.stderr or res.stdout).strip()[-500:]}",
+                    f"{(res.stderr or res.stdout).strip()[-500:] or 'the init did not start'}",
                     hint=f"see {p.dir / 'setup.sh'}",
                 )
-            return int(out[-1])
+            return pids[0]
 
         holders = _parallel(start_holder, plans, workers=8)
         for rec, pid in zip(state["hosts"], holders):
@@ -895,7 +1057,8 @@ class Lab:
         q = shlex.quote
         script = [
             "set -e",
-            f"# orch lab: set up host {h.name} inside its fresh net+uts+mount namespaces",
+            f"# orch lab: set up host {h.name} inside its fresh net+uts+mount+pid namespaces (this is PID 1)",
+            "mount -t proc -o nosuid,nodev,noexec proc /proc",
             "ip link set lo up",
             f"ip addr add {h.address}/24 dev eth0",
             "ip link set eth0 up",
@@ -924,8 +1087,9 @@ class Lab:
         script += [f"rm -rf {q(str(dist))}" for dist in hide_dists]
         script += [
             f"mount --bind {q(str(tmp))} /tmp",
-            "sleep infinity </dev/null >/dev/null 2>&1 &",
-            "echo $!",
+            "cd /",
+            "echo ready",
+            f"exec {q(str(self.init_path))} </dev/null",
         ]
         _write(d / "setup.sh", "\n".join(script) + "\n", 0o755)
 
@@ -935,12 +1099,17 @@ class Lab:
         rec = self._host_record(i)
         pid = rec.get("holder_pid")
         ns = _ns_inode(f"{_NETNS_DIR}/{rec['netns']}")
-        if not _pid_alive(pid, "sleep") or ns is None or _ns_inode(f"/proc/{pid}/ns/net") != ns:
+        if not _holder_alive(pid) or ns is None or _ns_inode(f"/proc/{pid}/ns/net") != ns:
             raise LabError(
                 f"{rec['name']}: the lab host is gone (its namespace holder, pid {pid}, is not running)",
                 hint=f"recreate the lab: orch lab up N --name {self.name}",
             )
         return pid
+
+    @staticmethod
+    def _enter(holder: int) -> list[str]:
+        """nsenter argv prefix into a host's net+uts+mount+pid namespaces (nsenter forks for -p)."""
+        return ["nsenter", "-t", str(holder), "-n", "-u", "-m", "-p"]
 
     def _start_sshd(self, h: LabHost, wait: bool = True) -> int | None:
         d = self.host_dir(h.index)
@@ -948,22 +1117,43 @@ class Lab:
         with contextlib.suppress(FileNotFoundError):
             (d / "sshd.pid").unlink()
         sshd = _which("sshd") or "/usr/sbin/sshd"
-        res = _run(["nsenter", "-t", str(holder), "-n", "-u", "-m", sshd, "-f", str(d / "sshd_config"),
-                    "-E", str(d / "sshd.log")], check=False, timeout=30, start_new_session=True)
+        # sshd daemonises at once: its daemon is reparented to the host's init, the short-lived
+        # first sshd (nsenter's child, in the host's PID namespace) is reaped by nsenter.
+        res = _nsenter_run([*self._enter(holder), sshd, "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")],
+                           timeout=30, what=f"{h.name}: starting sshd")
         if res.returncode != 0:
             raise LabError(
                 f"{h.name}: sshd did not start (exit {res.returncode}): {self._log_tail(h.index)}",
                 hint=f"see {d / 'sshd.log'} and {d / 'sshd_config'}",
             )
         if wait:
-            return self._wait_sshd(h, time.monotonic() + 15)
+            return self._wait_sshd(h, time.monotonic() + 15, holder)
         return None
 
-    def _wait_sshd(self, h: LabHost, deadline: float) -> int:
-        pidfile = self.host_dir(h.index) / "sshd.pid"
+    def _sshd_pid(self, i: int, holder: int | None = None) -> int | None:
+        """Root-namespace pid of host i's running sshd (its PidFile holds the host-local one)."""
+        nspid = _read_pid(self.host_dir(i) / "sshd.pid")
+        if not nspid:
+            return None
+        if holder is None:
+            holder = self._host_record(i).get("holder_pid")
+        if not _holder_alive(holder):
+            return None
+        pid = _root_pid(holder, nspid)
+        return pid if _pid_alive(pid, "sshd") else None
+
+    def root_pid(self, i: int, pid: int) -> int | None:
+        """The pid, as this machine's root PID namespace sees it, of the process that is `pid` on host i
+        (what ``echo $!`` printed over ssh); None if there is no such process."""
+        found = _root_pid(self._holder(i), int(pid))
+        return found if _pid_alive(found) else None
+
+    def _wait_sshd(self, h: LabHost, deadline: float, holder: int | None = None) -> int:
+        if holder is None:
+            holder = self._holder(h.index)
         while True:
-            pid = _read_pid(pidfile)
-            if pid and _pid_alive(pid):
+            pid = self._sshd_pid(h.index, holder)
+            if pid:
                 break
             if time.monotonic() > deadline:
                 raise LabError(f"{h.name}: sshd did not come up: {self._log_tail(h.index)}",
@@ -993,14 +1183,14 @@ class Lab:
         h = self.host(i)
         pidfile = self.host_dir(i) / "sshd.pid"
         state = self.state()
-        pid = _read_pid(pidfile)
+        pid = self._sshd_pid(i)
         if on:
-            if pid and _pid_alive(pid, "sshd"):
+            if pid:
                 return
             new = self._start_sshd(h)
             state["hosts"][i - 1]["sshd_pid"] = new
         else:
-            if pid and _pid_alive(pid, "sshd"):
+            if pid:
                 os.kill(pid, signal.SIGTERM)
                 deadline = time.monotonic() + 5
                 while _pid_alive(pid) and time.monotonic() < deadline:
@@ -1031,14 +1221,14 @@ class Lab:
 
     def exec(self, i: int, argv: Sequence[str], *, input: str | None = None, timeout: float = 60,
              check: bool = False, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run argv inside host i's net+uts+mount namespaces (as root, cwd /). Text output."""
+        """Run argv on host i: inside its net+uts+mount+pid namespaces (as root, cwd /).
+
+        Text output. ``ps``/``/proc`` show the host's processes; pids are host-local.
+        """
         holder = self._holder(i)
-        cmd = ["nsenter", "-t", str(holder), "-n", "-u", "-m", "--", *argv]
-        try:
-            res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
-                                 env=dict(env) if env is not None else None)
-        except subprocess.TimeoutExpired:
-            raise LabError(f"{self.host_name(i)}: {shlex.join(argv)} timed out after {timeout:g}s") from None
+        res = _nsenter_run([*self._enter(holder), "--", *argv], input=input, timeout=timeout,
+                           env=dict(env) if env is not None else None,
+                           what=f"{self.host_name(i)}: {shlex.join(argv)}")
         if check and res.returncode != 0:
             raise LabError(f"{self.host_name(i)}: {shlex.join(argv)} failed (exit {res.returncode}): "
                            f"{res.stderr.strip()[-300:]}")
@@ -1074,14 +1264,14 @@ class Lab:
         out = []
         for rec in self.state()["hosts"]:
             h = self._host_from(rec)
-            pid = _read_pid(self.host_dir(h.index) / "sshd.pid")
+            pid = self._sshd_pid(h.index, rec.get("holder_pid"))
             out.append(HostStatus(
                 host=h,
                 netns=os.path.exists(f"{_NETNS_DIR}/{h.netns}"),
                 holder_pid=rec.get("holder_pid"),
-                holder_alive=_pid_alive(rec.get("holder_pid"), "sleep"),
+                holder_alive=_holder_alive(rec.get("holder_pid")),
                 sshd_pid=pid,
-                sshd_alive=_pid_alive(pid, "sshd"),
+                sshd_alive=pid is not None,
                 link_up=self._link_up(h.veth),
             ))
         return out
@@ -1099,25 +1289,33 @@ class Lab:
                     if ino:
                         net_inodes.add(ino)
         # A holder whose netns name is already gone (an interrupted down) still counts.
+        # Its PID namespace counts too, unless it is ours (a holder of an older lab has none).
         mnt_inodes = set()
+        pid_inodes = set()
         my_mnt = _ns_inode("/proc/self/ns/mnt")
+        my_pidns = _ns_inode("/proc/self/ns/pid")
         for i, pid in holders:
-            if not _pid_alive(pid, "sleep"):
+            if not _holder_alive(pid):
                 continue
             mnt = _ns_inode(f"/proc/{pid}/ns/mnt")
             net = _ns_inode(f"/proc/{pid}/ns/net")
+            pidns = _ns_inode(f"/proc/{pid}/ns/pid")
             if not mnt or not net or mnt == my_mnt:
                 continue
             if net in net_inodes or _same_file(f"/proc/{pid}/root/data", self.host_dir(i) / "data"):
                 mnt_inodes.add(mnt)
                 net_inodes.add(net)
+                if pidns and pidns != my_pidns:
+                    pid_inodes.add(pidns)
         marker = (str(self.state_dir) + "/").encode()
+        init = str(self.init_path).encode()
         me = os.getpid()
         found = set()
         for pid in _proc_pids():
             if pid == me:
                 continue
-            if _ns_inode(f"/proc/{pid}/ns/net") in net_inodes or _ns_inode(f"/proc/{pid}/ns/mnt") in mnt_inodes:
+            if (_ns_inode(f"/proc/{pid}/ns/net") in net_inodes or _ns_inode(f"/proc/{pid}/ns/mnt") in mnt_inodes
+                    or _ns_inode(f"/proc/{pid}/ns/pid") in pid_inodes):
                 found.add(pid)
                 continue
             try:
@@ -1125,7 +1323,8 @@ class Lab:
                     cmdline = fh.read()
             except OSError:
                 continue
-            if marker in cmdline and os.path.basename(cmdline.split(b"\0", 1)[0]) in (b"sshd", b"sleep"):
+            argv = cmdline.split(b"\0")
+            if marker in cmdline and (os.path.basename(argv[0]) in (b"sshd", b"sleep") or init in argv[1:3]):
                 found.add(pid)
         return {p for p in found if _pid_alive(p)}
 

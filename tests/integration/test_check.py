@@ -194,15 +194,13 @@ def test_link_down_times_out_within_connect_budget(lab, tmp_path):
 
 
 def test_stale_run_processes_warn_with_orch_down(lab, tmp_path):
-    import signal
-
     rid = f"chktest-{os.getpid()}"
     r = lab.ssh(2, f"ORCH_RUN_ID={rid} setsid sleep 60 >/dev/null 2>&1 </dev/null & echo $!")
     pid = int(r.stdout.split()[-1])
     try:
         res, _ = orch_check(write(lab, tmp_path), "--hosts", h(lab, 2), "--json")
     finally:
-        os.kill(pid, signal.SIGKILL)
+        lab.ssh(2, f"kill -9 {pid}")  # a host-local pid: each lab host has its own PID namespace
     doc = results(res)
     (w,) = [r for r in by(doc, "stale", lab.host_name(2)) if rid in r["message"]]
     assert w["status"] == "warn" and f"orch down --run {rid}" in w["message"] and str(pid) in w["message"]

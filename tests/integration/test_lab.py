@@ -16,6 +16,7 @@ import yaml
 from orchestrator import lab as labmod
 from orchestrator.errors import LabError
 from orchestrator.lab import Lab
+from orchestrator.launch import RUN_VAR, sweep_script
 
 pytestmark = pytest.mark.lab
 
@@ -131,6 +132,94 @@ def test_sshd_stop_and_start_keep_the_same_host(lab):
     assert res.stdout.split() == [lab.host(2).name, f"/data/{marker}"]
 
 
+def wait_for(fn, timeout: float = 5.0, step: float = 0.1):
+    """fn() until it is truthy or timeout; returns the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        val = fn()
+        if val or time.monotonic() > deadline:
+            return val
+        time.sleep(step)
+
+
+def root_state(pid: int) -> str | None:
+    """The state letter of pid out here (None: no such process)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_each_host_has_its_own_pid_namespace(lab):
+    tag = uuid.uuid4().hex[:12]
+    secs = 100000 + int(tag[:4], 16)  # a sleep argv no other process has
+    start = f"{RUN_VAR}={tag} setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo $!"
+    res = system_ssh(lab, 1, start)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout)
+    root = lab.root_pid(1, pid)
+    try:
+        # out here it is a process with another pid, in host 1's PID namespace only
+        assert root and root != pid
+        assert wait_for(lambda: labmod._pid_alive(root, "sleep"))  # setsid has exec'd sleep
+        assert Path(f"/proc/{root}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", str(secs).encode()]
+        for i in (1, 2, 3):
+            ps = system_ssh(lab, i, "ps -e -o pid=,args=; echo /proc; cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            assert ps.returncode == 0, ps.stderr
+            listed, proc = ps.stdout.split("/proc\n")
+            rows = [line.split(None, 1) for line in listed.strip().splitlines()]
+            # PID 1 is the host's init; a host has only its own handful of processes
+            assert rows[0][0] == "1" and rows[0][1].endswith(str(lab.init_path)), rows
+            assert len(rows) < 15, rows
+            sees = f"sleep {secs}" in listed
+            assert sees == (i == 1), (i, listed)
+            assert (f"sleep {secs} " in proc) == (i == 1), (i, proc)
+            shown = lab.exec(i, ["ps", "-o", "args=", "-p", str(pid)]).stdout.strip()
+            assert (shown == f"sleep {secs}") == (i == 1), (i, shown)
+        # orch's own "stop this run on this host" on hosts 2 and 3 finds nothing; on host 1 it stops it
+        for i in (2, 3):
+            res = system_ssh(lab, i, sweep_script(tag, "TERM", grace=2))
+            assert res.stdout.strip() == "none", (i, res.stdout, res.stderr)
+        assert labmod._pid_alive(root, "sleep")
+        res = system_ssh(lab, 1, sweep_script(tag, "TERM", grace=2))
+        assert res.stdout.strip() == "stopped", res.stdout + res.stderr
+        assert wait_for(lambda: not labmod._pid_alive(root))
+    finally:
+        system_ssh(lab, 1, f"kill -9 {pid} 2>/dev/null")
+
+
+def test_killed_orphans_are_reaped_not_left_as_zombies(lab):
+    # a daemon whose parent exits at once: the host's init adopts it
+    res = system_ssh(lab, 3, "sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo $!'")
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout)
+    root = lab.root_pid(3, pid)
+    assert root and wait_for(lambda: labmod._pid_alive(root, "sleep"))
+    ps = system_ssh(lab, 3, f"ps -o ppid=,stat=,comm= -p {pid}; ps -o comm= -p 1")
+    assert ps.stdout.split() == ["1", "S", "sleep", labmod.HOLDER_COMM], ps.stdout
+    assert system_ssh(lab, 3, f"kill -9 {pid}").returncode == 0
+
+    # the host's init reaps it at once (this machine's PID 1 might take its time, or never)
+    reaped = wait_for(lambda: system_ssh(lab, 3, f"ps -o stat= -p {pid} || echo reaped").stdout.strip() == "reaped",
+                      timeout=2)
+    assert reaped, f"pid {pid} on host 3 was not reaped: {system_ssh(lab, 3, f'ps -o stat= -p {pid}').stdout}"
+    assert root_state(root) != "Z"
+    # the same through Lab.exec, whose ps shows the host's view too
+    out = lab.exec(3, ["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"]).stdout
+    pid = int(out)
+    assert lab.exec(3, ["ps", "-o", "ppid=", "-p", str(pid)]).stdout.strip() == "1"
+    lab.exec(3, ["kill", "-9", str(pid)])
+    assert wait_for(lambda: lab.exec(3, ["ps", "-o", "stat=", "-p", str(pid)]).returncode == 1, timeout=3)
+
+
+def test_exec_timeout_leaves_nothing_behind(lab):
+    tag = uuid.uuid4().hex[:8]
+    with pytest.raises(LabError, match="timed out"):
+        lab.exec(2, ["sh", "-c", f"exec sleep 2{int(tag[:4], 16)}"], timeout=0.5)
+    listed = lab.exec(2, ["ps", "-e", "-o", "stat=,args="]).stdout
+    assert f"sleep 2{int(tag[:4], 16)}" not in listed and not re.search(r"^Z", listed, re.M), listed
+
+
 def test_link_down_makes_host_unreachable_until_up(lab):
     r = orch("lab", "link", "down", "3", "--name", lab.name)
     assert r.returncode == 0, r.stderr
@@ -226,7 +315,7 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     old_holders = [h["holder_pid"] for h in w.state()["hosts"]]
     # a daemon started over ssh (setsid, detached) must not survive replace or down
     daemon = "sh -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'"
-    pid = int(system_ssh(w, 2, daemon).stdout)
+    pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))  # $! is host 2's pid
     assert labmod._pid_alive(pid, "sleep")
 
     r = orch("lab", "up", "2", "--name", name)
@@ -235,7 +324,7 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     assert not any(labmod._pid_alive(p) for p in old_holders)
     assert not os.path.exists(f"/run/netns/olab-{name}-3")
     assert not labmod._pid_alive(pid)
-    pid = int(system_ssh(w, 2, daemon).stdout)
+    pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))
     assert labmod._pid_alive(pid, "sleep")
     holders = [h["holder_pid"] for h in w.state()["hosts"]]
 
