@@ -359,6 +359,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
             device_ips = launch.read_device_ips(rp, pool)
         run = create_run(cluster, rp.to_dict())
+        run.hold_controller()  # `orch down` from elsewhere then leaves the record to this process
         lc = launch.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
         outcome = None
         try:
@@ -377,7 +378,10 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                 if lc.procs:
                     events.step("stopping every process of the run" if outcome.state != "succeeded"
                                 else "checking nothing is left running")
-                    lc.stop()
+                    for host, what in lc.stop().items():
+                        if what.startswith("could not stop"):
+                            events.warning(f"{host}: {what}; once it is reachable, run "
+                                           f"`orch down --run {run.id}`")
                 lc.gather()
                 lc.finish(outcome)
             else:
@@ -406,7 +410,7 @@ def _report_outcome(lc, outcome, run) -> None:
             click.echo(tail, err=True)
             click.echo("---", err=True)
     click.echo(f"orch: {where}", err=True)
-    ctx.exit(130 if outcome.state == "interrupted" else 1)
+    ctx.exit(130 if outcome.state in ("interrupted", "stopped") else 1)
 
 
 def _run_option(f):
@@ -458,7 +462,11 @@ def down_command(run_id: str | None) -> None:
         click.echo(f"{host}: {what}", err=True)
     for host, err in unreachable.items():
         click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
-    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}", err=True)
+    if run.controller_alive():
+        click.echo(f"orch: run {run.id} stopped; the `orch up` following it records the outcome and "
+                   f"gathers the logs into {run.logs_dir}", err=True)
+    else:
+        click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}", err=True)
     if unreachable:
         click.get_current_context().exit(1)
 

@@ -12,6 +12,8 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import posixpath
 import re
 import shlex
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from . import render
-from .errors import ConnectError, HostError, OrchError
+from .errors import OrchError
 from .fanout import fan_out
 from .plan import RankPlan
 from .runs import Run, mask_text
@@ -35,6 +37,33 @@ RUN_VAR = "ORCH_RUN_ID"
 RC_VAR = "ORCH_RC_DIR"
 POLL_INTERVAL = 0.5
 STOP_GRACE = 5.0
+LOST_AFTER = 2           # consecutive failed polls before a host is declared lost
+POLL_TIMEOUT_MIN = 5.0   # seconds; a poll is a tiny script, see poll_timeout()
+
+
+def poll_timeout(ssh) -> float:
+    """How long one poll may take. A poll reads a few small files, so a host that needs longer
+    is in trouble (not busy with the job): min(command_timeout, max(5 s, 2 x connect_timeout)).
+    With LOST_AFTER failed polls, a vanished host is declared lost within about
+    poll_timeout + connect_timeout x retries."""
+    return min(ssh.command_timeout, max(POLL_TIMEOUT_MIN, 2 * ssh.connect_timeout))
+
+
+def rank_ranges(ranks) -> str:
+    """[4, 5, 6, 9] -> 'ranks 4-6,9'; [3] -> 'rank 3'."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    parts: list[str] = []
+    start = prev = None
+    for r in ranks + [None]:
+        if r is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return "ranks " + ",".join(parts)
 
 # --------------------------------------------------------------------------- remote paths (pure)
 
@@ -44,9 +73,9 @@ def run_dir(cluster: Cluster, run_id: str) -> str:
     return posixpath.join(cluster.job.workdir, ".orch", run_id)
 
 
-_RANK_RC = re.compile(r"^rank\.(\d+)\.rc$")
-_RANK_LOG = re.compile(r"/rank\.0*(\d+)/stdout$")
-_WORKER_LOG = re.compile(r"/worker_0*(\d+)\.log$")
+_RANK_RC = re.compile(r"^rank\.([0-9]+)\.rc$")
+_RANK_LOG = re.compile(r"/rank\.0*([0-9]+)/stdout$")
+_WORKER_LOG = re.compile(r"/worker_0*([0-9]+)\.log$")
 
 
 def log_glob(cluster: Cluster) -> str:
@@ -82,10 +111,13 @@ def poll_script(cluster: Cluster, run_id: str, pids: list[int], with_logs: bool)
     """One round trip: the exit codes written so far, which of our process groups are alive,
     and (optionally) the size of every rank log on the host."""
     rd = shlex.quote(run_dir(cluster, run_id))
-    lines = [f"for f in {rd}/*.rc; do [ -f \"$f\" ] && echo \"rc ${{f##*/}} $(cat \"$f\")\"; done",
-             "alive=$(ps -e -o sid=,stat= 2>/dev/null | awk '$2 !~ /^Z/ {print $1}')"]
+    # Liveness first, exit codes second: a process writes its exit code before it exits, so one
+    # seen dead here has its code in the listing below (the other order races with a rank ending).
+    lines = ["alive=$(ps -e -o sid=,stat= 2>/dev/null | awk '$2 !~ /^Z/ {print $1}')"]
     for pid in pids:
         lines.append(f"echo \"$alive\" | grep -qx {int(pid)} && echo alive {int(pid)}")
+    lines.append(f"for f in {rd}/*.rc; do [ -f \"$f\" ] && echo \"rc ${{f##*/}} $(cat \"$f\") "
+                 f"$(stat -c %.9Y \"$f\" 2>/dev/null || stat -c %Y \"$f\" 2>/dev/null)\"; done")
     if with_logs:
         lines.append(f"for f in {log_glob(cluster)}; do [ -f \"$f\" ] && echo \"log $(stat -c %s \"$f\") $f\"; done")
     lines.append("exit 0")
@@ -97,24 +129,60 @@ class HostPoll:
     rcs: dict[str, int] = field(default_factory=dict)   # rc file name -> exit code
     alive: set[int] = field(default_factory=set)
     logs: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (size, path)
+    rc_times: dict[str, float] = field(default_factory=dict)  # rc file name -> when it was written (host clock)
+
+
+_INT = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+
+
+def _int(text: str) -> int | None:
+    """An ASCII integer, or None (str.isdigit() also accepts '²', which int() refuses)."""
+    text = text.strip()
+    return int(text) if _INT.fullmatch(text) else None
 
 
 def parse_poll(text: str) -> HostPoll:
+    """The poll script's output -> HostPoll. Lines it does not understand are ignored."""
     p = HostPoll()
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "rc":
-            name, _, code = rest.partition(" ")
-            if code.strip().lstrip("-").isdigit():
-                p.rcs[name] = int(code)
-        elif kind == "alive" and rest.strip().isdigit():
-            p.alive.add(int(rest))
+            name, _, rest = rest.partition(" ")
+            code, _, when = rest.strip().partition(" ")
+            if _int(code) is not None:
+                p.rcs[name] = _int(code)
+                try:
+                    p.rc_times[name] = float(when)
+                except ValueError:
+                    pass
+        elif kind == "alive" and _int(rest) is not None:
+            p.alive.add(_int(rest))
         elif kind == "log":
             size, _, path = rest.partition(" ")
             rank = rank_of_log(path)
-            if rank is not None and size.isdigit():
-                p.logs[rank] = (int(size), path)
+            if rank is not None and _int(size) is not None:
+                p.logs[rank] = (_int(size), path)
     return p
+
+
+def parse_status(text: str) -> tuple[dict[int, int], dict[int, int], bool]:
+    """status_script's output -> ({rank: exit code}, {rank: pid}, whether any process of the run
+    lives there). Lines it does not understand are ignored."""
+    rcs: dict[int, int] = {}
+    pids: dict[int, int] = {}
+    live = False
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["rc"] and len(parts) == 3:
+            m = _RANK_RC.match(parts[1])
+            if m and _int(parts[2]) is not None:
+                rcs[int(m.group(1))] = _int(parts[2])
+        elif parts[:1] == ["pid"] and len(parts) == 3 and _int(parts[1]) is not None:
+            live = True
+            rank = _int(parts[2])
+            if rank is not None and rank >= 0:
+                pids[rank] = max(pids.get(rank, 0), _int(parts[1]))
+    return rcs, pids, live
 
 
 def describe_exit(code: int | None) -> str:
@@ -223,10 +291,32 @@ class RanktableLauncher(Launcher):
 
 
 class MsrunLauncher(Launcher):
+    # msrun itself exits with one code per host (1 whichever worker failed, after killing its
+    # siblings), and it starts nothing but python. So each worker starts as
+    # `python -c <exec sh> <interpreter> script args`: that python at once becomes a sh wrapper
+    # which runs the script and records the rank's own exit code on its host, as mpirun's ranks
+    # do. msrun starts its scheduler with the same command (MS_ROLE=MS_SCHED): that one runs as is.
+    RANK_WRAPPER = ('if [ "$MS_ROLE" = MS_SCHED ] || [ -z "$RANK_ID" ]; then exec "$@"; fi; '
+                    '"$@"; c=$?; f="$ORCH_RC_DIR/rank.$RANK_ID.rc"; '
+                    'echo $c > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $c')
+
+    def task(self) -> list[str]:
+        """What msrun runs for every worker (and its scheduler), in place of `script args`."""
+        command = list(self.cluster.job.command)
+        script = render.msrun_script(command)
+        interp = command[0] if len(command) > len(script) else "python"  # msrun's own default
+        exec_sh = ("import os,sys; os.execv('/bin/sh', ['sh', '-c', %r, 'orch-rank'] + sys.argv[1:])"
+                   % self.RANK_WRAPPER)
+        # msrun runs `python`/`python3` given as the script as is (anything else: `python X`)
+        starter = "python3" if posixpath.basename(interp).startswith("python3") else "python"
+        return [starter, "-c", exec_sh, interp, *script]
+
     def specs(self):
         out = {}
+        n = len(render.msrun_script(self.cluster.job.command))
         for h in self.plan.hosts:
             argv = render.msrun_argv(self.cluster, self.plan, h.name)
+            argv = argv[:len(argv) - n] + self.task()
             env = render.msrun_env(self.cluster, self.plan, h.name)
             log = posixpath.join(self.rd, "msrun.log")
             out[h.name] = [(f"msrun.{h.name}", None, self._spec(argv, log, env, f"msrun.{h.name}.rc"))]
@@ -256,7 +346,7 @@ class Events:
 
 @dataclass
 class Outcome:
-    state: str                       # succeeded | failed | interrupted | timeout | detached
+    state: str                       # succeeded | failed | interrupted | stopped | timeout | detached
     exit_codes: dict[int, int | None]
     message: str = ""
     first_failure: dict | None = None
@@ -354,7 +444,7 @@ class Lifecycle:
 
         def one(h):
             script = poll_script(self.cluster, self.run.id, by_host.get(h.name, []), with_logs=False)
-            return parse_poll(self._t(h).run(script, timeout=self.cluster.ssh.command_timeout).check("polling").out)
+            return parse_poll(self._t(h).run(script, timeout=poll_timeout(self.cluster.ssh)).check("polling").out)
 
         return {n: (o.value if o.ok else o.error) for n, o in self._fan(one, hosts).items()}
 
@@ -366,16 +456,22 @@ class Lifecycle:
         total = self.plan.size
         while True:
             polls = self.poll()
+            stopper = self.run.stop_requested()
+            if stopper:  # asked before anything was signalled, so seen before what it did
+                return Outcome("stopped", self.exit_codes, f"stopped by {stopper}")
+            newly_lost: dict[str, OrchError] = {}
             for name, p in polls.items():
                 if isinstance(p, OrchError):
-                    if isinstance(p, ConnectError) or isinstance(p, HostError):
-                        self.suspect[name] = self.suspect.get(name, 0) + 1
-                        if self.suspect[name] >= 2:
-                            self.lost.add(name)
-                            return Outcome("failed", self.exit_codes, f"lost contact with host {name}: {p}")
+                    # a host that fails LOST_AFTER polls in a row is lost (one failure may be a blip)
+                    self.suspect[name] = self.suspect.get(name, 0) + 1
+                    if self.suspect[name] >= LOST_AFTER:
+                        newly_lost[name] = p
                     continue
                 self.suspect.pop(name, None)
-                self._absorb(name, p)
+            self.absorb(polls)
+            if newly_lost:
+                self.lost.update(newly_lost)
+                return Outcome("failed", self.exit_codes, self._lost_message(newly_lost))
             if self.follow_rank is not None:
                 self._stream(self.follow_rank)
             done, alive = self._finished(polls)
@@ -406,18 +502,42 @@ class Lifecycle:
                            self.first_failure)
         return Outcome("succeeded", self.exit_codes, f"all {total} ranks exited 0")
 
-    def _absorb(self, host: str, p: HostPoll) -> None:
+    def _lost_message(self, lost: Mapping[str, OrchError]) -> str:
+        lines = []
+        for name, err in lost.items():
+            reason = err.message[len(name) + 2:] if err.message.startswith(f"{name}: ") else err.message
+            ranks = rank_ranges(r.rank for r in self.plan.by_host(name))
+            lines.append(f"lost contact with host {name} ({ranks}): {reason}")
+        names = ", ".join(lost)
+        return ("; ".join(lines) + f". The job was stopped on every other host. What runs on {names} could "
+                f"not be stopped: once it is reachable again, run `orch down --run {self.run.id}`")
+
+    def absorb(self, polls: Mapping[str, "HostPoll | OrchError"]) -> None:
+        """Take in one round of polls (errors are skipped); the earliest failure among them,
+        by the time its exit code was written, becomes first_failure if there is none yet."""
+        candidates: list[tuple[float, int, int | None, str]] = []
+        for name, p in polls.items():
+            if not isinstance(p, OrchError):
+                candidates += self._absorb(name, p)
+        if candidates and self.first_failure is None:
+            _, rank, code, how = min(candidates, key=lambda c: (c[0], c[1]))
+            r = self.plan.ranks[rank]
+            self.first_failure = {"rank": rank, "host": r.host, "device": r.device_id, "exit_code": code,
+                                  "how": how}
+
+    def _absorb(self, host: str, p: HostPoll) -> list[tuple[float, int, int | None, str]]:
+        """One host's poll -> exit codes recorded; returns the new failures as (when, rank, code, how)."""
+        now = time.time()
+        failed: list[tuple[float, int, int | None, str]] = []
         top = self.run.data.setdefault("top_rc", {})
         for name, code in p.rcs.items():
             m = _RANK_RC.match(name)
             if m:
                 rank = int(m.group(1))
-                if self.exit_codes.get(rank) is None:
+                if rank < self.plan.size and self.exit_codes.get(rank) is None:
                     self.exit_codes[rank] = code
-                    if code != 0 and self.first_failure is None:
-                        r = self.plan.ranks[rank]
-                        self.first_failure = {"rank": rank, "host": r.host, "device": r.device_id,
-                                              "exit_code": code, "how": describe_exit(code)}
+                    if code != 0:
+                        failed.append((p.rc_times.get(name, now), rank, code, describe_exit(code)))
         for proc in self.procs:
             if proc.host != host:
                 continue
@@ -427,20 +547,18 @@ class Lifecycle:
                 top[proc.key] = None  # gone without an exit code: killed
                 if proc.rank is not None and self.exit_codes.get(proc.rank) is None:
                     self.exit_codes[proc.rank] = None
-                    if self.first_failure is None:
-                        r = self.plan.ranks[proc.rank]
-                        self.first_failure = {"rank": proc.rank, "host": r.host, "device": r.device_id,
-                                              "exit_code": None, "how": describe_exit(None)}
-        if self.cluster.job.launcher == "msrun":  # msrun reports per host: its ranks share its code
+                    failed.append((now, proc.rank, None, describe_exit(None)))
+        if self.cluster.job.launcher == "msrun":  # each rank wrote its own code (MsrunLauncher)
             for proc in self.procs:
                 if proc.host == host and top.get(proc.key) is not None:
                     for r in self.plan.by_host(host):
-                        self.exit_codes.setdefault(r.rank, top[proc.key])
-                    if top[proc.key] != 0 and self.first_failure is None:
+                        # no code of its own: msrun failed and killed it (or never started it)
+                        self.exit_codes.setdefault(r.rank, 0 if top[proc.key] == 0 else None)
+                    if top[proc.key] != 0:
                         r = self.plan.by_host(host)[0]
-                        self.first_failure = {"rank": r.rank, "host": host, "device": r.device_id,
-                                              "exit_code": top[proc.key],
-                                              "how": f"msrun on {host}: {describe_exit(top[proc.key])}"}
+                        failed.append((p.rc_times.get(proc.rc_name, now), r.rank, top[proc.key],
+                                       f"msrun on {host}: {describe_exit(top[proc.key])}"))
+        return failed
 
     def _finished(self, polls) -> tuple[bool, int]:
         top = self.run.data.get("top_rc", {})
@@ -448,24 +566,43 @@ class Lifecycle:
         return alive == 0, alive
 
     def _stream(self, rank: int) -> None:
+        """Fetch the rank's new bytes and pass them on, a block at a time (a log may be huge).
+        self.offsets[rank] is how far it was passed on: bytes another command gathered count too."""
         if rank >= self.plan.size:
             return
         r = self.plan.ranks[rank]
         if r.host in self.lost:
             return
-        local = self.run.local_log(rank)
-        before = local.stat().st_size if local.exists() else 0
         try:
             self._fetch(rank)
         except OrchError:
             return
-        if local.exists() and local.stat().st_size > before:
-            with open(local, "rb") as fh:
-                fh.seek(before)
-                self.events.output(rank, fh.read())
+        local = self.run.local_log(rank)
+        size = local.stat().st_size if local.exists() else 0
+        pos = self.offsets.get(rank, 0)
+        if size < pos:  # the remote log was rewritten and fetched again from its start
+            pos = 0
+        for block in read_blocks(local, pos, size):
+            self.events.output(rank, block)
+            pos += len(block)
+        self.offsets[rank] = pos
 
     def _fetch(self, rank: int, path: str | None = None, size: int | None = None) -> int:
-        """Bring the local copy of a rank's log up to date (only the new bytes move)."""
+        """Bring the local copy of a rank's log up to date (only the new bytes move).
+
+        Under an exclusive lock on the rank's local directory: `orch up`, `orch logs -f` and
+        `orch down` may gather the same run at once, and two appends of the same new bytes
+        would duplicate them."""
+        local = self.run.local_log(rank)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(local.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return self._fetch_locked(rank, path, size)
+        finally:
+            os.close(fd)
+
+    def _fetch_locked(self, rank: int, path: str | None, size: int | None) -> int:
         r = self.plan.ranks[rank]
         local = self.run.local_log(rank)
         have = local.stat().st_size if local.exists() else 0
@@ -473,8 +610,8 @@ class Lifecycle:
             path = render.rank_log_path(self.cluster, rank) if self.cluster.job.launcher != "msrun" else \
                 posixpath.join(render.log_dir_path(self.cluster), f"worker_{rank}.log")
             res = self._t(r.host).run(["sh", "-c", 'stat -c %s "$1" 2>/dev/null || echo -1', "-", path])
-            size = int(res.out.strip() or -1)
-            if size < 0:
+            size = _int(res.out) if res.ok else None
+            if size is None or size < 0:
                 return 0
         if size is not None and size < have:  # rewritten remotely: start again
             have = 0
@@ -539,7 +676,9 @@ class Lifecycle:
         local = self.run.local_log(rank)
         if not local.exists():
             return ""
-        data = local.read_bytes()[-65536:]
+        with open(local, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
+            data = fh.read()
         return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")
 
 
@@ -613,14 +752,12 @@ def run_status(run: Run) -> tuple[list[dict], dict[str, str]]:
         if not o.ok:
             unreachable[name] = str(o.error).splitlines()[0]
             continue
-        for line in o.value.splitlines():
-            parts = line.split()
-            if parts[:1] == ["rc"] and len(parts) == 3 and _RANK_RC.match(parts[1]):
-                rcs[int(_RANK_RC.match(parts[1]).group(1))] = int(parts[2])
-            elif parts[:1] == ["pid"] and len(parts) == 3:
-                live_hosts.add(name)
-                if parts[2].isdigit():
-                    pids[int(parts[2])] = max(pids.get(int(parts[2]), 0), int(parts[1]))
+        host_rcs, host_pids, live = parse_status(o.value)
+        rcs.update(host_rcs)
+        for rank, pid in host_pids.items():
+            pids[rank] = max(pids.get(rank, 0), pid)
+        if live:
+            live_hosts.add(name)
     recorded = {int(k): v for k, v in run.data.get("exit_codes", {}).items()}
     rows = []
     for r in lc.plan.ranks:
@@ -641,14 +778,20 @@ def run_status(run: Run) -> tuple[list[dict], dict[str, str]]:
 
 
 def run_down(run: Run) -> tuple[dict[str, str], dict[str, str]]:
-    """Stop every process of the run on every host, gather its logs, record it. Idempotent."""
+    """Stop every process of the run on every host, gather its logs, record it. Idempotent.
+
+    If the `orch up` that started the run still follows it, that controller is told first
+    (Run.request_stop) and records the outcome and gathers the logs itself, so the two never
+    write the run record at once."""
+    run.request_stop("`orch down`")
     with Pool(run.cluster()) as pool:
         lc = lifecycle_for(run, pool)
         lc.lost.clear()
         result = lc.stop()
-        lc.gather()
-        if not run.finished:
-            lc.finish(Outcome("stopped", lc.exit_codes, "stopped by orch down"))
+        if not run.controller_alive():
+            lc.gather()
+            if not run.finished:
+                lc.finish(Outcome("stopped", lc.exit_codes, "stopped by `orch down`"))
     done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
     failed = {h: r for h, r in result.items() if r.startswith("could not stop")}
     return done, failed
@@ -670,54 +813,107 @@ def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
     return [r["rank"] for r in ranks]
 
 
-def _tail_bytes(data: bytes, n: int) -> bytes:
-    lines = data.splitlines(keepends=True)
-    return b"".join(lines[-n:]) if n > 0 else b""
+READ_BLOCK = 1 << 20   # logs are read and passed on in blocks of this size, never whole
+LINE_CAP = 4 << 20     # interleaved views: a longer line is broken (a newline added) to bound memory
+
+
+def read_blocks(path: Path, start: int, end: int | None = None):
+    """The bytes of `path` from `start` to `end` (default: its size now), READ_BLOCK at a time."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        if end is None:
+            end = fh.seek(0, os.SEEK_END)
+        fh.seek(start)
+        pos = start
+        while pos < end:
+            block = fh.read(min(READ_BLOCK, end - pos))
+            if not block:
+                return
+            pos += len(block)
+            yield block
+
+
+def tail_offset(path: Path, n: int) -> int:
+    """Where the last `n` lines of `path` start, found by reading backwards from its end."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if n <= 0:
+            return end
+        pos, newlines = end, 0
+        last_is_newline = None
+        while pos > 0:
+            step = min(READ_BLOCK, pos)
+            fh.seek(pos - step)
+            block = fh.read(step)
+            if last_is_newline is None:
+                last_is_newline = block.endswith(b"\n")
+                if last_is_newline:  # the final newline ends the last line; it does not start one
+                    block, pos = block[:-1], pos - 1
+                    step -= 1
+            i = len(block)
+            while True:
+                i = block.rfind(b"\n", 0, i)
+                if i < 0:
+                    break
+                newlines += 1
+                if newlines == n:
+                    return pos - step + i + 1
+            pos -= step
+        return 0
 
 
 def _prefixed(rank: int, data: bytes, pending: dict[int, bytes]) -> bytes:
-    """Prefix each complete line with its rank; keep a partial last line for later."""
+    """Prefix each complete line with its rank; keep a partial last line for later (up to LINE_CAP)."""
     data = pending.pop(rank, b"") + data
     lines = data.splitlines(keepends=True)
     if lines and not lines[-1].endswith((b"\n", b"\r")):
-        pending[rank] = lines.pop()
+        if len(lines[-1]) < LINE_CAP:
+            pending[rank] = lines.pop()
+        else:
+            lines[-1] += b"\n"
     return b"".join(b"[rank %d] " % rank + ln for ln in lines)
 
 
 def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | None = None,
               prefix: bool = False, interval: float = POLL_INTERVAL):
-    """Yield log bytes. A finished run is served from the gathered copies without touching the
-    hosts; a running one is gathered first (only new bytes move), and with `follow`, polled
-    until every selected rank has ended."""
+    """Yield log bytes, a block at a time (memory stays bounded whatever the log size). A finished
+    run is served from the gathered copies without touching the hosts; a running one is gathered
+    first (only new bytes move), and with `follow`, polled until every selected rank has ended."""
     offsets: dict[int, int] = {}
     pending: dict[int, bytes] = {}
+
+    def emit_from(r: int, start: int):
+        offsets[r] = start
+        for block in read_blocks(run.local_log(r), start):
+            offsets[r] += len(block)
+            out = _prefixed(r, block, pending) if prefix else block
+            if out:
+                yield out
 
     def emit_new():
         for r in ranks:
             path = run.local_log(r)
-            if not path.exists():
-                continue
-            with open(path, "rb") as fh:
-                fh.seek(offsets.get(r, 0))
-                data = fh.read()
-            offsets[r] = offsets.get(r, 0) + len(data)
-            if data:
-                yield _prefixed(r, data, pending) if prefix else data
+            if path.exists() and path.stat().st_size < offsets.get(r, 0):
+                offsets[r] = 0  # gathered again from the start (the remote log was rewritten)
+            yield from emit_from(r, offsets.get(r, 0))
 
     def first_pass():
         for r in ranks:
             path = run.local_log(r)
-            data = path.read_bytes() if path.exists() else b""
-            offsets[r] = len(data)
-            if tail is not None:
-                data = _tail_bytes(data, tail)
-            if data:
-                yield _prefixed(r, data, pending) if prefix else data
+            start = tail_offset(path, tail) if tail is not None and path.exists() else 0
+            yield from emit_from(r, start)
+
+    def flush_pending():
+        if prefix:
+            yield from (b"[rank %d] " % r + rest + b"\n" for r, rest in sorted(pending.items()))
+            pending.clear()
 
     if run.finished:
         yield from first_pass()
-        if prefix:
-            yield from (b"[rank %d] " % r + rest + b"\n" for r, rest in sorted(pending.items()))
+        yield from flush_pending()
         return
     with Pool(run.cluster()) as pool:
         lc = lifecycle_for(run, pool)
@@ -725,9 +921,7 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
         yield from first_pass()
         while follow:
             polls = lc.poll()
-            for name, p in polls.items():
-                if not isinstance(p, OrchError):
-                    lc._absorb(name, p)
+            lc.absorb(polls)
             lc.gather()
             yield from emit_new()
             if all(lc.exit_codes.get(r) is not None for r in ranks) or lc._finished(polls)[0]:
@@ -735,5 +929,4 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
                 yield from emit_new()
                 break
             time.sleep(interval)
-    if prefix:
-        yield from (b"[rank %d] " % r + rest + b"\n" for r, rest in sorted(pending.items()))
+    yield from flush_pending()

@@ -9,6 +9,7 @@ directory at once never share a file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -23,6 +24,8 @@ from .spec import Cluster, Host, Job, SshSettings
 
 RUNS_DIR = Path(".orch") / "runs"
 MASK = "***"
+CONTROLLER_LOCK = "controller.lock"
+STOP_FILE = "stop-requested"
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -51,10 +54,60 @@ def mask_env(job: Job, env: dict[str, str]) -> dict[str, str]:
 
 
 def mask_text(job: Job, env: dict[str, str], text: str) -> str:
-    """Replace the values of secret variables wherever they appear in `text`."""
-    for k, v in env.items():
-        if v and job.is_secret(k) and len(v) >= 3:
+    """Replace the values of `env`'s secret variables wherever they appear in `text`."""
+    return mask_values(text, [v for k, v in env.items() if job.is_secret(k)])
+
+
+MIN_MASKED = 6  # shorter values are not masked by text search: they would hit unrelated text
+
+
+def mask_values(text: str, secrets) -> str:
+    """Replace each of `secrets` (and each line of a multi-line one) in `text` by MASK.
+    A search over free text: values shorter than MIN_MASKED are left (see mask_yaml for the
+    cluster file, where every secret is found by its key, whatever its length)."""
+    values = set()
+    for v in secrets:
+        values.add(v)
+        values.update(ln.strip() for ln in v.splitlines())
+    for v in sorted(values, key=len, reverse=True):
+        if len(v) >= MIN_MASKED:
             text = text.replace(v, MASK)
+    return text
+
+
+def secret_values(cluster: Cluster) -> list[str]:
+    """The value of every secret variable of the job and of every host."""
+    job = cluster.job
+    return [v for env in (job.env, *(h.env for h in cluster.hosts)) for k, v in env.items() if job.is_secret(k)]
+
+
+def mask_yaml(text: str, job: Job) -> str:
+    """A cluster file's text with the value of every secret variable under any `env:` mapping
+    (job.env, inventory defaults and hosts) replaced by MASK, whatever its YAML spelling
+    (quoted, escaped, a number, a block scalar)."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return text
+    spans: set[tuple[int, int]] = set()
+
+    def walk(node, key) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key == "env" and isinstance(name, str) and job.is_secret(name):
+                    spans.add((v.start_mark.index, v.end_mark.index))
+                else:
+                    walk(v, name)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, None)
+
+    walk(root, None)
+    for start, end in sorted(spans, reverse=True):
+        text = text[:start] + f"'{MASK}'" + ("\n" if text[start:end].endswith("\n") else "") + text[end:]
     return text
 
 
@@ -90,6 +143,42 @@ class Run:
         path = self.dir / name
         write_atomic(path, text, 0o600 if self.secret else 0o644)
         return path
+
+    # ---- who is following the run
+    # The `orch up` that started a run holds an exclusive lock on CONTROLLER_LOCK until it exits
+    # (the kernel drops it even on SIGKILL). Another command (`orch down`) can so tell whether
+    # that controller will still record the outcome, and ask it to stop through STOP_FILE.
+    def hold_controller(self) -> None:
+        """Mark this process as the run's controller, for as long as it lives."""
+        fd = os.open(self.dir / CONTROLLER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._controller_fd = fd
+
+    def controller_alive(self) -> bool:
+        """Is the `orch up` that started this run still following it (in any process)?"""
+        if getattr(self, "_controller_fd", None) is not None:
+            return True
+        try:
+            fd = os.open(self.dir / CONTROLLER_LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def request_stop(self, by: str) -> None:
+        write_atomic(self.dir / STOP_FILE, f"{by}\n{time.time()}\n", 0o600)
+
+    def stop_requested(self) -> str | None:
+        """Who asked the run to stop (`orch down`), or None."""
+        try:
+            return (self.dir / STOP_FILE).read_text().splitlines()[0]
+        except (OSError, IndexError):
+            return None
 
     # ---- rebuilding what status/down/logs need
     def hosts(self) -> tuple[Host, ...]:
@@ -133,15 +222,17 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         d["device_ips"] = {str(k): v for k, v in h.device_ips.items()}
         d["env"] = mask_env(job, dict(h.env))
         hosts.append(d)
+    secrets = secret_values(cluster)
     try:
-        cluster_text = cluster.path.read_text()
-    except OSError:
+        cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
+    except (OSError, UnicodeDecodeError):
         cluster_text = None
     data = {
         "id": run_id, "name": cluster.name, "cluster_file": str(cluster.path),
-        "cluster_text": mask_text(job, dict(job.env), cluster_text) if cluster_text else None,
+        "cluster_text": cluster_text,
         "has_secrets": secret, "state": "starting", "started": time.time(), "ended": None,
-        "job": {"workdir": job.workdir, "command": list(job.command), "launcher": job.launcher,
+        "job": {"workdir": job.workdir, "command": [mask_values(a, secrets) for a in job.command],
+                "launcher": job.launcher,
                 "platform": job.platform, "log_dir": job.log_dir, "on_failure": job.on_failure,
                 "env": mask_env(job, dict(job.env)), "timeout": job.timeout},
         "ssh": asdict(cluster.ssh), "hosts": hosts, "plan": plan_doc,

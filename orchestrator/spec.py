@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Mapping
 
-from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
 
 from .errors import Location, SpecError, UsageError
@@ -25,6 +25,7 @@ KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", 
 KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
                 "workdir", "disk", "files", "ports", "stale", "clock")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MPIRUN_UNSAFE = frozenset('$`"\\!')  # special inside double quotes (sh, csh)
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
 
 # --------------------------------------------------------------------------- raw shapes
@@ -44,8 +45,11 @@ def _env_check(value: Mapping[str, Any] | None) -> dict[str, str] | None:
     for k, v in value.items():
         if not isinstance(k, str) or not ENV_NAME.match(k):
             raise ValueError(f"environment variable name {k!r} is not valid (letters, digits, _; not starting with a digit)")
-        if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+        if isinstance(v, bool):
             raise ValueError(f"value of {k} must be a string or a number (quote it: {k}: \"{v}\")")
+        if v is None or isinstance(v, (list, dict)):  # never echoed: it may be a secret
+            what = "empty" if v is None else f"a {type(v).__name__}"
+            raise ValueError(f"value of {k} must be a string or a number, not {what} (quote it)")
         out[k] = str(v)
     return out
 
@@ -259,9 +263,11 @@ class Cluster:
         """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
         if not pattern:
             return self
+        if any(pattern == h.name for h in self.hosts):  # an exact name, whatever it holds
+            return replace(self, hosts=tuple(h for h in self.hosts if h.name == pattern))
         wanted: set[str] = set()
         try:
-            for part in NodeSet(pattern, resolver=_NO_GROUPS):
+            for part in expand(pattern):
                 if part in self.groups:
                     wanted.update(self.groups[part])
                 else:
@@ -281,16 +287,69 @@ class Cluster:
         return replace(self, hosts=chosen)
 
 
-_NO_GROUPS = None  # NodeSet's group resolver: orch resolves its own groups
+# NodeSet must never consult ClusterShell's group sources (/etc/clustershell/groups*): orch
+# resolves its own groups, and `*` or `@x` in an inventory must not expand to this machine's groups.
+_NO_GROUPS = RESOLVER_NOGROUP
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
 
 
 def fold(names) -> str:
-    """node01,node02,node03 -> node[01-03] (ClusterShell's folding)."""
+    """node01,node02,node03 -> node[01-03] (ClusterShell's folding). Names that are not plain
+    host names (spaces, quotes, NodeSet operators...) are listed as they are, never parsed."""
     names = [str(n) for n in names]
+    if not all(_PLAIN_NAME.match(n) for n in names):
+        return ",".join(names)
     try:
         return str(NodeSet.fromlist(names, resolver=_NO_GROUPS))
     except NodeSetParseError:
         return ",".join(names)
+
+
+MAX_EXPANSION = 100_000  # hosts one pattern may expand to (more is a typo, and would take forever)
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+
+
+def range_size(pattern: str) -> int | None:
+    """How many names a NodeSet pattern gives, counted without expanding it (NodeSet itself
+    builds every member, so `n[1-99999999]` would take minutes). None: not countable here
+    (NodeSet will report what is wrong with it)."""
+    total = 0
+    for part in re.split(r",(?![^\[]*\])", pattern):  # commas outside brackets
+        n = 1
+        for group in _BRACKETS.findall(part):
+            count = 0
+            for item in group.split(","):
+                lo, sep, hi = item.partition("-")
+                hi, _, step = hi.partition("/")
+                if not lo.strip().isascii() or not lo.strip().isdigit():
+                    return None
+                if not sep:
+                    count += 1
+                    continue
+                if not hi.strip().isascii() or not hi.strip().isdigit():
+                    return None
+                st = int(step) if step.strip().isascii() and step.strip().isdigit() and int(step) > 0 else 1
+                count += max(0, (int(hi) - int(lo)) // st + 1)
+            n *= count
+        total += n
+    return total
+
+
+def expand(pattern: str) -> list[str]:
+    """A NodeSet pattern (`node[01-16]`, `10.0.0.[1-4],10.0.1.1`) -> names, at most MAX_EXPANSION.
+    Raises NodeSetParseError for a bad pattern."""
+    n = range_size(pattern)
+    if n is not None and n > MAX_EXPANSION:
+        raise NodeSetParseError(pattern, f"it expands to {n} names; at most {MAX_EXPANSION} are allowed")
+    return list(NodeSet(pattern, resolver=_NO_GROUPS))
+
+
+def expand_names(name: str) -> list[str]:
+    """A host `name` from the inventory: a range (`node[1-4]`, any text with `[`) expands like an
+    address; anything else is taken literally, whatever characters it holds."""
+    if "[" not in name:
+        return [name]
+    return expand(name)
 
 
 # --------------------------------------------------------------------------- loading
@@ -410,6 +469,18 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
     ld = PurePosixPath(rj.log_dir)
     if ld.is_absolute() or ".." in ld.parts or not rj.log_dir.strip():
         problems.add(src.loc(("job", "log_dir")), f"log_dir {rj.log_dir!r} must be a relative path inside workdir")
+    elif "\0" in rj.log_dir or "\n" in rj.log_dir:
+        problems.add(src.loc(("job", "log_dir")), "log_dir must not contain NUL or newline characters")
+    if rj.launcher == "mpirun":
+        # mpirun hands its output directory (workdir/log_dir) to every other host's shell inside
+        # double quotes (`orted ... -mca orte_output_filename "..."` over ssh): these characters
+        # would be expanded or executed there, so they are refused rather than passed on.
+        for key, value in (("workdir", rj.workdir), ("log_dir", rj.log_dir)):
+            bad = sorted({c for c in value if c in MPIRUN_UNSAFE})
+            if bad:
+                problems.add(src.loc(("job", key)), f"{key} {value!r} contains {' '.join(bad)}: mpirun passes "
+                             f"it to a shell on the other hosts inside double quotes, where {' '.join(bad)} would "
+                             "be expanded (or run); use a path without them, or launcher: ranktable")
     if isinstance(rj.command, str):
         try:
             command = tuple(shlex.split(rj.command))
@@ -450,7 +521,7 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
         if "env" in defaults and rh.env is not None:
             merged["env"] = {**defaults["env"], **rh.env}
         try:
-            addresses = list(NodeSet(rh.address, resolver=_NO_GROUPS))
+            addresses = expand(rh.address)
         except NodeSetParseError as exc:
             problems.add(sub.loc(("hosts", i, "address")), f"bad address range {rh.address!r}: {exc}")
             continue
@@ -458,7 +529,7 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
             names = addresses
         else:
             try:
-                names = list(NodeSet(rh.name, resolver=_NO_GROUPS))
+                names = expand_names(rh.name)
             except NodeSetParseError as exc:
                 problems.add(sub.loc(("hosts", i, "name")), f"bad name {rh.name!r}: {exc}")
                 continue
@@ -492,6 +563,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
         for name, addr in zip(names, addresses):
             if not name.strip() or "\n" in name or "\0" in name:
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
+            elif "/" in name:  # names become file names (msrun's per-host records and logs)
+                problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} must not contain '/'")
             h = Host(name=name, address=addr, user=merged.get("user") or _local_user(),
                      port=merged.get("port", 22), identity_file=ident, known_hosts=kh,
                      connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
@@ -514,7 +587,7 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
         expanded: list[str] = []
         for m in members:
             try:
-                expanded.extend(NodeSet(m, resolver=_NO_GROUPS))
+                expanded.extend([m] if m in names else expand(m))  # a host's exact name is literal
             except NodeSetParseError as exc:
                 problems.add(sub.loc(("groups", g)), f"bad member {m!r}: {exc}")
         missing = [m for m in expanded if m not in names]

@@ -59,20 +59,25 @@ def manifest(base: Path, sync: tuple[str, ...], cluster_file: str) -> list[Entry
 
 
 def _hash_script(workdir: str, rels: list[str]) -> str:
+    """Create workdir; print `INDEX SHA256` for each of `rels` that exists there. By index, not
+    name: sha256sum escapes names holding a backslash or a newline, and any name is allowed."""
     q = shlex.quote(workdir)
     files = " ".join(shlex.quote(r) for r in rels)
     body = f"mkdir -p {q} || exit 41\ncd {q} || exit 41\ntest -w . || exit 42\n"
     if rels:
-        body += f"for f in {files}; do [ -f \"$f\" ] && sha256sum \"$f\"; done\n"
+        body += (f"i=0\nfor f in {files}; do\n"
+                 "  [ -f \"$f\" ] && printf '%s %s\\n' \"$i\" \"$(sha256sum < \"$f\" | cut -c1-64)\"\n"
+                 "  i=$((i+1))\ndone\n")
     return body + "exit 0"
 
 
-def _parse_hashes(text: str) -> dict[str, str]:
+def _parse_hashes(text: str, rels: list[str]) -> dict[str, str]:
+    """_hash_script's output -> {relative path: sha256}."""
     out = {}
     for line in text.splitlines():
-        digest, _, name = line.partition("  ")
-        if len(digest) == 64 and name:
-            out[name] = digest
+        index, _, digest = line.partition(" ")
+        if index.isascii() and index.isdigit() and int(index) < len(rels) and len(digest) == 64:
+            out[rels[int(index)]] = digest
     return out
 
 
@@ -95,7 +100,7 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
     if res.exit_code == 42:
         raise HostError(host, f"workdir {workdir} is not writable by {t.host.user}")
     res.check(f"hashing files in {workdir}")
-    have = _parse_hashes(res.out)
+    have = _parse_hashes(res.out, rels)
     copied, unchanged = [], []
     for e in entries:
         if have.get(e.rel) == e.sha256:
@@ -106,7 +111,7 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
     for rel, data in (extra or {}).items():
         _put(t, data, posixpath.join(workdir, rel), 0o644)
     if copied:
-        after = _parse_hashes(t.run(_hash_script(workdir, copied)).check("verifying copied files").out)
+        after = _parse_hashes(t.run(_hash_script(workdir, copied)).check("verifying copied files").out, copied)
         bad = [e.rel for e in entries if e.rel in copied and after.get(e.rel) != e.sha256]
         if bad:
             raise HostError(host, f"checksum mismatch after copying {', '.join(bad)} to {workdir}",

@@ -5,6 +5,13 @@ POSIX sh script on the host, feeding it stdin and collecting its output.
 run/put/get/spawn/kill are built on that primitive here, once, so both
 transports behave identically (quoting, atomic writes, detached processes).
 Scripts are data: built by the pure functions at the bottom of this module.
+
+Scripts carry environment values, secrets included, and any user of a host can
+read every process's command line (`ps`). So a script never travels on a command
+line when it can help it: `run` sends it on stdin to a constant bootstrap
+(BOOTSTRAP) unless stdin carries data (`put`, whose scripts hold no values), and
+a detached process's long-lived `sh -c` holds its command and log paths but not
+its environment, which it inherits instead.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from ..errors import HostError, RemoteCommandError
 from ..spec import Host
 
 CHUNK = 1 << 16
+# What runs on the remote command line when the script comes on stdin: read it all (stdin is
+# then at EOF for the script's commands, as it would be without a script on it), then run it.
+BOOTSTRAP = 'eval "$(cat)"'
 
 
 @dataclass(frozen=True)
@@ -98,11 +108,15 @@ class Transport(ABC):
     def run(self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, timeout: float | None = None, stdin: bytes | BinaryIO | None = None,
             sink: BinaryIO | None = None) -> Result:
-        """Run a command. A sequence is an argv (every item quoted); a string is a sh snippet."""
+        """Run a command. A sequence is an argv (every item quoted); a string is a sh snippet.
+        Without `stdin`, the script itself goes on stdin (see BOOTSTRAP): never on a command line."""
         script = build_script(command, env=env, cwd=cwd)
         start = time.monotonic()
-        rc, out, err = self._exec(script, stdin=stdin, sink=sink,
-                                  timeout=timeout if timeout is not None else self.command_timeout)
+        timeout = timeout if timeout is not None else self.command_timeout
+        if stdin is None:
+            rc, out, err = self._exec(BOOTSTRAP, stdin=script.encode(), sink=sink, timeout=timeout)
+        else:
+            rc, out, err = self._exec(script, stdin=stdin, sink=sink, timeout=timeout)
         return Result(self.host.name, script, rc, out, err, time.monotonic() - start)
 
     def put(self, data: bytes | str | os.PathLike, remote: str, *, mode: int | None = None,
@@ -156,11 +170,11 @@ class Transport(ABC):
 
     def spawn_many(self, specs: Sequence["SpawnSpec"], *, timeout: float | None = None) -> list[Spawned]:
         """Start several detached processes in ONE round trip (e.g. every rank of a host)."""
-        script = "\n".join(spawn_script(build_script(s.command, env=s.env, cwd=s.cwd), s.log, s.rc_file, s.marker)
+        script = "\n".join(spawn_script(build_script(s.command, cwd=s.cwd), s.log, s.rc_file, s.marker, env=s.env)
                            for s in specs)
         res = self.run(script, timeout=timeout).check("starting processes")
         pids = res.out.split()
-        if len(pids) != len(specs) or not all(p.isdigit() for p in pids):
+        if len(pids) != len(specs) or not all(p.isascii() and p.isdigit() for p in pids):
             raise HostError(self.host.name, f"could not start processes: unexpected reply {res.out!r}")
         return [Spawned(self.host.name, int(p), s.log, s.rc_file) for p, s in zip(pids, specs)]
 
@@ -178,13 +192,19 @@ def quote_argv(argv: Iterable[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def build_script(command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None) -> str:
+def env_exports(env: Mapping[str, str] | None) -> list[str]:
+    """`export NAME='value'` lines (every value quoted); a bad name is a bug, never quoted away."""
     parts = []
     for k, v in (env or {}).items():
-        if not k.replace("_", "a").isalnum() or k[0].isdigit():
+        if not k.replace("_", "a").isalnum() or k[0].isdigit() or not k.isascii():
             raise ValueError(f"bad environment variable name {k!r}")
         parts.append(f"export {k}={shlex.quote(str(v))}")
+    return parts
+
+
+def build_script(command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None) -> str:
+    parts = env_exports(env)
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} || exit 125")
     parts.append(command if isinstance(command, str) else quote_argv(command))
@@ -203,7 +223,13 @@ def get_script(remote: str, offset: int) -> str:
     return f"exec tail -c +{int(offset) + 1} {shlex.quote(remote)}"
 
 
-def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, str] | None = None) -> str:
+def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, str] | None = None,
+                 env: Mapping[str, str] | None = None) -> str:
+    """Start `inner` detached: its own session (setsid), output to `log`, exit code to `rc_file`.
+
+    `env` and `marker` are exported by a subshell that then execs setsid, so the detached
+    `sh -c` (alive for the whole job, its command line visible in `ps`) inherits them instead
+    of carrying them in its text."""
     body = inner if rc_file is None else (
         f"( {inner}\n)\nrc=$?\necho $rc > {shlex.quote(rc_file + '.tmp')} && "
         f"mv -f {shlex.quote(rc_file + '.tmp')} {shlex.quote(rc_file)}\nexit $rc")
@@ -211,14 +237,13 @@ def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, s
     mk = f"mkdir -p {shlex.quote(os.path.dirname(log) or '.')}"
     if rc_file:
         mk += f" {shlex.quote(os.path.dirname(rc_file) or '.')} && rm -f {shlex.quote(rc_file)}"
-    mark = ""
-    if marker is not None:
-        if not marker[0].replace("_", "a").isalnum():
-            raise ValueError(f"bad marker name {marker[0]!r}")
-        mark = f"{marker[0]}={shlex.quote(marker[1])} "
-    # In a non-interactive sh a background job is not a group leader, so setsid does
-    # not fork: $! is the new session's leader, and its pid is the process group id.
-    return f"{mk} || exit 1\n{mark}setsid sh -c {shlex.quote(body)} > {ql} 2>&1 < /dev/null &\necho $!"
+    exports = env_exports({**(env or {}), **(dict([marker]) if marker is not None else {})})
+    # In a non-interactive sh a background job is not a group leader, so setsid does not
+    # fork: $! (the subshell, which execs setsid and then sh) is the new session's leader,
+    # and its pid is the process group id.
+    pre = "".join(e + "\n" for e in exports)
+    return (f"{mk} || exit 1\n(\n{pre}exec setsid sh -c {shlex.quote(body)} > {ql} 2>&1 < /dev/null\n) &\n"
+            "echo $!")
 
 
 def kill_script(pgid: int, signal: str, marker: tuple[str, str] | None) -> str:
