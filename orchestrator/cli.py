@@ -24,7 +24,21 @@ def _save_traceback() -> str:
 
 
 class OrchGroup(click.Group):
-    """Maps OrchError subclasses to exit codes; an unexpected crash saves its traceback."""
+    """Maps OrchError subclasses to exit codes; an unexpected crash saves its traceback.
+    `lab` is imported only when used (it is big and no other command needs it)."""
+
+    lazy = {"lab": ("orchestrator.lab", "lab_group")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in self.lazy and name not in self.commands:
+            import importlib
+
+            module, attr = self.lazy[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -490,15 +504,6 @@ def logs_command(run_id: str | None, rank: int | None, host: str | None, follow:
         out.write(data)
         out.flush()
 
-
-
-def _register() -> None:
-    from .lab import lab_group
-
-    cli.add_command(lab_group, "lab")
-
-
-_register()
 
 
 def main() -> None:
