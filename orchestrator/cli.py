@@ -471,12 +471,12 @@ def down_command(run_id: str | None) -> None:
     from .runs import load_run
 
     run = load_run(run_id)
-    stopped, unreachable = launch.run_down(run)
+    stopped, unreachable, deferred = launch.run_down(run)
     for host, what in stopped.items():
         click.echo(f"{host}: {what}", err=True)
     for host, err in unreachable.items():
         click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
-    if run.controller_alive():
+    if deferred:
         click.echo(f"orch: run {run.id} stopped; the `orch up` following it records the outcome and "
                    f"gathers the logs into {run.logs_dir}", err=True)
     else:

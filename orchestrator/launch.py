@@ -249,7 +249,11 @@ class MpirunLauncher(Launcher):
 
     def specs(self):
         # Each rank runs under a tiny sh wrapper that records its exit code on its own host.
-        wrapper = ("\"$@\"; c=$?; f=\"$ORCH_RC_DIR/rank.$OMPI_COMM_WORLD_RANK.rc\"; "
+        # Its own stderr is /dev/null, the rank's is the rank's: a shell's note about a child killed
+        # by a signal ("Killed", "Terminated") is the shell's, and must not land in the rank's log.
+        # (The rank's stderr is set inside a subshell: dash applies `cmd 2>&3` in the parent too.)
+        wrapper = ("exec 3>&2 2>/dev/null; ( exec 2>&3 3>&-; exec \"$@\" ); c=$?; "
+                   "f=\"$ORCH_RC_DIR/rank.$OMPI_COMM_WORLD_RANK.rc\"; "
                    "echo $c > \"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; exit $c")
         job = replace(self.cluster.job, command=("sh", "-c", wrapper, "orch-rank", *self.cluster.job.command))
         cluster = replace(self.cluster, job=job)
@@ -285,7 +289,9 @@ class RanktableLauncher(Launcher):
             log = render.rank_log_path(self.cluster, r.rank)
             envlog = posixpath.join(posixpath.dirname(log), "env.log")
             # seed 001 saves each rank's environment beside its log
-            cmd = f"(umask 077; env > {shlex.quote(envlog)})\n" + " ".join(shlex.quote(a) for a in self.cluster.job.command)
+            # then exec: no shell of orch's waits on the rank (see Transport.spawn_many)
+            cmd = ["sh", "-c", '(umask 077; env > "$1"); shift; exec "$@"', "orch-rank", envlog,
+                   *self.cluster.job.command]
             out[r.host].append((f"rank.{r.rank}", r.rank, self._spec(cmd, log, env, f"rank.{r.rank}.rc")))
         return out
 
@@ -777,24 +783,31 @@ def run_status(run: Run) -> tuple[list[dict], dict[str, str]]:
     return rows, unreachable
 
 
-def run_down(run: Run) -> tuple[dict[str, str], dict[str, str]]:
+def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], bool]:
     """Stop every process of the run on every host, gather its logs, record it. Idempotent.
+    Returns ({host: what was done}, {host: why it could not be stopped}, whether the record
+    and the logs were left to the run's controller).
 
     If the `orch up` that started the run still follows it, that controller is told first
     (Run.request_stop) and records the outcome and gathers the logs itself, so the two never
     write the run record at once."""
     run.request_stop("`orch down`")
+    # Decided now, before anything is signalled: a controller alive at this point sees the request
+    # at its next poll (or is finishing anyway) and records the outcome, even if it has exited by
+    # the time the processes are stopped here.
+    deferred = run.controller_alive()
     with Pool(run.cluster()) as pool:
         lc = lifecycle_for(run, pool)
         lc.lost.clear()
         result = lc.stop()
-        if not run.controller_alive():
+        if not deferred:
             lc.gather()
+            run.reload()
             if not run.finished:
                 lc.finish(Outcome("stopped", lc.exit_codes, "stopped by `orch down`"))
     done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
     failed = {h: r for h, r in result.items() if r.startswith("could not stop")}
-    return done, failed
+    return done, failed, deferred
 
 
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:

@@ -170,6 +170,13 @@ class Run:
         finally:
             os.close(fd)
 
+    def reload(self) -> None:
+        """Read run.json again (another command may have written it since)."""
+        try:
+            self.data = json.loads((self.dir / "run.json").read_text())
+        except (OSError, ValueError):
+            pass
+
     def request_stop(self, by: str) -> None:
         write_atomic(self.dir / STOP_FILE, f"{by}\n{time.time()}\n", 0o600)
 

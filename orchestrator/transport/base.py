@@ -170,8 +170,8 @@ class Transport(ABC):
 
     def spawn_many(self, specs: Sequence["SpawnSpec"], *, timeout: float | None = None) -> list[Spawned]:
         """Start several detached processes in ONE round trip (e.g. every rank of a host)."""
-        script = "\n".join(spawn_script(build_script(s.command, cwd=s.cwd), s.log, s.rc_file, s.marker, env=s.env)
-                           for s in specs)
+        script = "\n".join(spawn_script(build_script(s.command, cwd=s.cwd, exec_argv=True), s.log, s.rc_file,
+                                         s.marker, env=s.env) for s in specs)
         res = self.run(script, timeout=timeout).check("starting processes")
         pids = res.out.split()
         if len(pids) != len(specs) or not all(p.isascii() and p.isdigit() for p in pids):
@@ -203,11 +203,16 @@ def env_exports(env: Mapping[str, str] | None) -> list[str]:
 
 
 def build_script(command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None) -> str:
+                 cwd: str | None = None, exec_argv: bool = False) -> str:
+    """env exports, cd, then the command: a sh snippet as is, an argv quoted (and with
+    `exec_argv`, exec'd: the shell becomes the command instead of waiting for it)."""
     parts = env_exports(env)
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} || exit 125")
-    parts.append(command if isinstance(command, str) else quote_argv(command))
+    if isinstance(command, str):
+        parts.append(command)
+    else:
+        parts.append(("exec " if exec_argv else "") + quote_argv(command))
     return "\n".join(parts)
 
 
@@ -230,9 +235,13 @@ def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, s
     `env` and `marker` are exported by a subshell that then execs setsid, so the detached
     `sh -c` (alive for the whole job, its command line visible in `ps`) inherits them instead
     of carrying them in its text."""
+    # With an rc file, a wrapper shell waits for `inner` (exec'ing its argv, see build_script) to
+    # record its exit code. The wrapper's own stderr is /dev/null: its note about a child killed by
+    # a signal ("Killed", "Terminated") is not the process's output and must not land in its log.
     body = inner if rc_file is None else (
-        f"( {inner}\n)\nrc=$?\necho $rc > {shlex.quote(rc_file + '.tmp')} && "
-        f"mv -f {shlex.quote(rc_file + '.tmp')} {shlex.quote(rc_file)}\nexit $rc")
+        f"exec 3>&2 2>/dev/null\n( exec 2>&3 3>&-\n{inner}\n)\nrc=$?\n"
+        f"echo $rc > {shlex.quote(rc_file + '.tmp')} && mv -f {shlex.quote(rc_file + '.tmp')} "
+        f"{shlex.quote(rc_file)}\nexit $rc")
     ql = shlex.quote(log)
     mk = f"mkdir -p {shlex.quote(os.path.dirname(log) or '.')}"
     if rc_file:

@@ -1,0 +1,173 @@
+"""Scenarios 1-2: hosts that vanish, during `orch check` and in the middle of a job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from .helpers import leftovers, orch, run_record, running, spawn_orch, wait_until, write_cluster
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def net(fx_lab):
+    return fx_lab("n", 3)
+
+
+def host_procs(lab, i: int, run_id: str) -> list[str]:
+    """Processes of the run on lab host i (its own PID namespace)."""
+    res = lab.exec(i, ["sh", "-c", f"grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null; true"])
+    return res.stdout.split()
+
+
+def _statuses(report: dict, host: str) -> dict[str, str]:
+    return {r["check"]: r["status"] for r in report["results"] if r["host"] == host}
+
+
+def test_check_unreachable_host_is_reported_within_connect_budget(net, tmp_path):
+    """Scenario 1. `orch check` with one host's link down reports that host as unreachable
+    (naming it and its address) within connect_timeout x retries, and every other host's
+    results are the ones a healthy run gives (only the mesh check, which tries to reach the
+    dead host, names it)."""
+    write_cluster(net, tmp_path, ssh={"connect_timeout": 1, "retries": 2, "command_timeout": 20},
+                  checks={"versions": ["python"]})
+    t0 = time.monotonic()
+    healthy = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=0).stdout)
+    healthy_took = time.monotonic() - t0
+    dead = net.host(2)
+    net.link(2, False)
+    try:
+        t0 = time.monotonic()
+        res = orch("check", "--json", cwd=tmp_path, timeout=60, check_rc=1)
+        took = time.monotonic() - t0
+    finally:
+        net.link(2, True)
+    report = json.loads(res.stdout)
+    ssh = [r for r in report["results"] if r["check"] == "ssh" and r["host"] == dead.name]
+    assert ssh and ssh[0]["status"] in ("fail", "error"), ssh
+    assert dead.address in ssh[0]["message"]
+    assert "timed out" in ssh[0]["message"] or "could not connect" in ssh[0]["message"]
+    # 1 s x 2 attempts on top of what a healthy check costs, plus slack that grows with how
+    # slow this machine is right now (a loaded CI runner), measured by that healthy check
+    print(f"healthy check {healthy_took:.1f}s, with a dead host {took:.1f}s (budget 1 s x 2 attempts)")
+    assert took - healthy_took < 1 * 2 + max(1.5, healthy_took), f"dead host cost {took - healthy_took:.1f}s"
+    for i in (1, 3):
+        name = net.host(i).name
+        want = {c: s for c, s in _statuses(healthy, name).items() if c != "mesh"}
+        got = {c: s for c, s in _statuses(report, name).items() if c != "mesh"}
+        assert got == want, (name, got, want)
+    mesh = [r for r in report["results"] if r["check"] == "mesh" and r["status"] != "pass"]
+    assert all(dead.name in r["message"] for r in mesh), mesh
+
+
+SLEEPER = ["sh", "-c", "echo start $RANK_ID; exec sleep 60"]  # exec: no shell of the rank to say "Terminated"
+
+
+def _start(lab, tmp_path, workdir: str, command=SLEEPER, **kw) -> tuple[subprocess.Popen, str]:
+    write_cluster(lab, tmp_path, workdir=workdir, launcher="ranktable", command=command,
+                  ssh={"connect_timeout": 2, "retries": 2, "command_timeout": 10}, **kw)
+    proc = spawn_orch("up", "-q", cwd=tmp_path)
+    try:
+        assert wait_until(lambda: running(tmp_path), 60), proc.stderr.read1().decode() if proc.poll() else ""
+        run_id = run_record(tmp_path)["id"]
+        assert wait_until(lambda: all(host_procs(lab, i, run_id) for i in (1, 2, 3)), 30)
+        time.sleep(1)  # every rank has printed its first line
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, run_id
+
+
+def _lost_host_outcome(lab, tmp_path, proc, run_id, t_fault: float, how: str) -> str:
+    try:
+        rc = proc.wait(60)
+    finally:
+        proc.kill()
+    took = time.monotonic() - t_fault
+    err = proc.stderr.read().decode()
+    print(f"{how}: detected and stopped in {took:.1f}s")
+    lost = lab.host(3)
+    assert rc == 1, err
+    assert f"lost contact with host {lost.name}" in err and "ranks 4-5" in err, err
+    assert f"orch down --run {run_id}" in err, err  # what to do about the ranks out of reach
+    rec = run_record(tmp_path, run_id)
+    assert rec["state"] == "failed" and rec["lost"] == [lost.name]
+    for i in (1, 2):  # stopped on every other host
+        assert host_procs(lab, i, run_id) == [], f"processes left on {lab.host(i).name}"
+    logs = tmp_path / ".orch" / "runs" / run_id / "logs"
+    for r in range(4):  # the reachable hosts' logs were gathered
+        assert (logs / f"rank.{r}" / "stdout").read_bytes() == f"start {r}\n".encode()
+    return err
+
+
+def test_link_cut_mid_job_stops_the_rest_names_the_host(net, tmp_path):
+    """Scenario 2 (link cut). A non-launch host vanishing from the network mid-job is
+    detected within a bounded time (one poll timeout + connect_timeout x retries), the job
+    is stopped on every other host, their logs gathered, the lost host (and its ranks)
+    named, exit 1; once the host is back, `orch status` shows its ranks and `orch down`
+    stops them, leaving nothing."""
+    proc, run_id = _start(net, tmp_path, "/data/fx-linkcut")
+    t0 = time.monotonic()
+    net.link(3, False)
+    try:
+        _lost_host_outcome(net, tmp_path, proc, run_id, t0, "link cut")
+        # budget: one poll timeout (5 s) + connect_timeout x retries (4 s), then stop and gather;
+        # well under the job's 60 s (waiting for the job, or for TCP to give up, is the bug)
+        assert time.monotonic() - t0 < 30
+        assert host_procs(net, 3, run_id), "the lost host's ranks were out of reach, so still running"
+    finally:
+        net.link(3, True)
+    st = json.loads(orch("status", "--json", "--run", run_id, cwd=tmp_path, check_rc=0).stdout)
+    assert [r["state"] for r in st["ranks"]][4:] == ["running", "running"], st
+    orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
+    assert leftovers(run_id) == []
+
+
+def test_sshd_and_its_sessions_killed_mid_job_is_a_lost_host(net, tmp_path):
+    """Scenario 2 (sshd dead, sessions included: the host runs but cannot be reached over
+    SSH). Detected at the next polls (connection refused), the job is stopped on every other
+    host, their logs gathered, the host named, exit 1; `orch down` after sshd is back
+    leaves nothing."""
+    proc, run_id = _start(net, tmp_path, "/data/fx-sshdead")
+    t0 = time.monotonic()
+    net.sshd(3, False)
+    try:
+        ps = net.exec(3, ["ps", "-e", "-o", "pid=,comm="]).stdout.split("\n")
+        for line in ps:  # the open sessions too (orch's among them), each by its pid
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == "sshd":
+                net.exec(3, ["kill", "-KILL", parts[0]])
+        err = _lost_host_outcome(net, tmp_path, proc, run_id, t0, "sshd killed")
+        assert "refused" in err, err
+        assert time.monotonic() - t0 < 30
+    finally:
+        net.sshd(3, True)
+    orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
+    assert leftovers(run_id) == []
+
+
+def test_sshd_listener_stopped_mid_job_does_not_harm_the_job(net, tmp_path):
+    """Scenario 2 (sshd stopped, open sessions live on, as in an sshd restart or upgrade).
+    The host is not lost: its ranks run on and orch keeps following them over the
+    connection it already has, so the job succeeds (exit 0) with every rank's log
+    gathered. (A host that cannot be reached at all is the lost-host case above.)"""
+    quick = ["sh", "-c", "echo start $RANK_ID; sleep 5; echo end $RANK_ID"]
+    proc, run_id = _start(net, tmp_path, "/data/fx-sshdstop", command=quick)
+    net.sshd(3, False)
+    try:
+        rc = proc.wait(60)
+        err = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        net.sshd(3, True)
+    assert rc == 0, err
+    rec = run_record(tmp_path, run_id)
+    assert rec["state"] == "succeeded" and rec["exit_codes"] == {str(r): 0 for r in range(6)}
+    logs = tmp_path / ".orch" / "runs" / run_id / "logs"
+    for r in range(6):
+        assert (logs / f"rank.{r}" / "stdout").read_bytes() == f"start {r}\nend {r}\n".encode()
+    assert leftovers(run_id) == []

@@ -1,0 +1,117 @@
+"""Scenarios 3-4: refused keys and host keys, as a user sees them through the CLI."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .helpers import leftovers, orch, run_ids, run_record, sshd_lines, write_cluster
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def sec(fx_lab):
+    """3 hosts; host 2 does not accept the lab's key."""
+    return fx_lab("s", 3, refuse_key=[2])
+
+
+def _controller(lab) -> str:
+    return lab.subnet.rsplit(".", 1)[0] + ".1"
+
+
+def _auth_failures(lab, i: int) -> int:
+    """Failed public-key logins on host i coming from this machine (not from the other hosts' mesh check)."""
+    ctl = _controller(lab)
+    return sum(1 for ln in sshd_lines(lab, i) if "Failed publickey" in ln and f"from {ctl} " in ln)
+
+
+def _out(res) -> str:
+    return res.stdout.decode(errors="replace") + res.stderr.decode(errors="replace")
+
+
+def test_auth_refused_is_one_clear_message_never_retried(sec, tmp_path):
+    """Scenario 3. A host that refuses the key gives ONE message naming user@host and the key
+    that was tried, with what to do (ssh-copy-id); the login is tried once (never retried,
+    retries: 3 notwithstanding), in `orch check` (exit 1), `orch up` (exit 3, nothing started)
+    and `orch up --skip-checks` (exit 1, nothing started)."""
+    h2 = sec.host(2)
+    key = str(sec.key_path)
+    write_cluster(sec, tmp_path, ssh={"retries": 3, "connect_timeout": 2}, checks={"versions": ["python"]})
+    want = f"password-free SSH to root@{h2.address} failed: key {key} was refused"
+    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 1)):
+        before = _auth_failures(sec, 2)
+        res = orch(*args, cwd=tmp_path, check_rc=rc)
+        out = _out(res)
+        assert out.count(want) == 1, (args, out)
+        assert "ssh-copy-id" in out, out
+        assert _auth_failures(sec, 2) - before == 1, f"{args}: the refused login was retried"
+        if args[0] == "up":
+            assert "nothing was started" in out, out
+    # only the --skip-checks run got as far as a run record, and it started nothing
+    assert len(run_ids(tmp_path)) == 1
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["procs"] == [] and leftovers(rec["id"]) == []
+
+
+def _other_key(lab, victim: int, donor: int) -> str:
+    """A known_hosts line claiming host `victim` has host `donor`'s key (as if victim's key changed)."""
+    lines = Path(lab.known_hosts_path).read_text().splitlines()
+    donor_key = next(ln for ln in lines if ln.split()[0].split(",")[0] == lab.host(donor).address).split(None, 1)[1]
+    return f"{lab.host(victim).address} {donor_key}\n"
+
+
+@pytest.mark.parametrize("policy", ["strict", "accept-new"])
+def test_changed_host_key_is_refused_under_every_policy(sec, tmp_path, policy):
+    """Scenario 4 (changed key). A host whose key differs from known_hosts is refused under
+    strict AND accept-new, with a warning that this could be an attack and how to clear the
+    old key if the change is expected; known_hosts is left untouched; `orch up` starts nothing."""
+    kh = tmp_path / "known_hosts"
+    forged = _other_key(sec, 1, 3)
+    good = [ln + "\n" for ln in Path(sec.known_hosts_path).read_text().splitlines()
+            if ln.split()[0].split(",")[0] == sec.host(3).address]
+    kh.write_text(forged + "".join(good))
+    write_cluster(sec, tmp_path, hosts=1, inventory={"defaults": {
+        **_defaults(sec), "known_hosts": str(kh)}}, ssh={"host_key_policy": policy},
+        checks={"versions": ["python"]})
+    before = kh.read_text()
+    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 1)):
+        out = _out(orch(*args, cwd=tmp_path, check_rc=rc))
+        assert "HOST KEY CHANGED" in out and "man-in-the-middle" in out, out
+        assert "ssh-keygen -R" in out, out
+        assert kh.read_text() == before
+    rec = run_record(tmp_path)
+    assert rec["procs"] == [] and leftovers(rec["id"]) == []
+
+
+def _defaults(lab) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(lab.inventory_path).read_text())["defaults"]
+
+
+def test_unknown_host_key_strict_refuses_accept_new_records(sec, tmp_path):
+    """Scenario 4 (unknown key). Under strict an unknown host is refused, showing the key's
+    fingerprint and how to accept it (ssh-keyscan, or accept-new); nothing is written.
+    Under accept-new it is recorded in known_hosts (the host's real key) and then verified
+    under strict too."""
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    inv = {"defaults": {**_defaults(sec), "known_hosts": str(kh)}}
+    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
+    out = _out(orch("check", cwd=tmp_path, check_rc=1))
+    assert re.search(r"SHA256:[A-Za-z0-9+/]{20,}", out), out
+    assert "not in" in out and "ssh-keyscan" in out and "accept-new" in out, out
+    assert kh.read_text() == ""
+    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]},
+                  ssh={"host_key_policy": "accept-new"})
+    orch("check", cwd=tmp_path, check_rc=0)
+    recorded = kh.read_text().split()
+    h1 = sec.host(1)
+    real = next(ln.split()[1:3] for ln in Path(sec.known_hosts_path).read_text().splitlines()
+                if ln.split()[0].split(",")[0] == h1.address)
+    assert recorded[0] == h1.address and recorded[1:3] == real
+    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
+    orch("check", cwd=tmp_path, check_rc=0)
