@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.labutil import leftovers
+
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
@@ -51,19 +53,6 @@ def orch(*args, cwd, timeout=300):
                           timeout=timeout)
 
 
-def leftovers(run_id: str) -> list[str]:
-    """Processes anywhere on this machine (so on every lab host) that belong to the run."""
-    needle = f"ORCH_RUN_ID={run_id}".encode()
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != "Z":
-            out.append(pid)
-    return out
 
 
 def playbook(lab, tmp_path: Path, cluster_file: str, inventory_args: list[str], *, documented: bool = True,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.integration.labutil import leftovers  # noqa: F401 - re-exported for the fault tests
+
 REPO = Path(__file__).resolve().parents[2]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -45,19 +47,6 @@ def run_record(cwd: Path, run_id: str | None = None) -> dict:
     return json.loads((runs_dir(cwd) / chosen / "run.json").read_text())
 
 
-def leftovers(run_id: str) -> list[str]:
-    """Live processes anywhere on this machine (so on every lab host) that belong to the run."""
-    needle = f"ORCH_RUN_ID={run_id}".encode()
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and stat != "Z":
-            out.append(pid)
-    return out
 
 
 def wait_until(pred, timeout: float = 30.0, interval: float = 0.1) -> bool:

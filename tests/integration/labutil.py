@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -36,3 +37,18 @@ def write_cluster(lab, tmp_path: Path, *, name: str = "cluster.yaml", ssh: dict 
 
 def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
     return load_cluster(write_cluster(lab, tmp_path, **kw))
+
+
+def leftovers(run_id: str) -> list[str]:
+    """Live processes anywhere on this machine (so on every lab host) that belong to the run."""
+    needle = f"ORCH_RUN_ID={run_id}".encode()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            out.append(pid)
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .labutil import write_cluster
+from .labutil import leftovers, write_cluster
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -42,19 +41,6 @@ def run_record(cwd: Path, run_id: str | None = None) -> dict:
     return json.loads(path.read_text())
 
 
-def leftovers(run_id: str) -> list[str]:
-    """Processes anywhere on this machine (so on every lab host) that belong to the run."""
-    needle = f"ORCH_RUN_ID={run_id}".encode()
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and stat != "Z":
-            out.append(pid)
-    return out
 
 
 def wait_until(pred, timeout=30.0, interval=0.2):
