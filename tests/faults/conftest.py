@@ -1,4 +1,4 @@
-"""Fixtures for the fault suite: the lab fixtures of tests/integration, plus `fx_lab`.
+"""Fixtures for the fault suite: `fx_lab` (the shared lab fixtures are in tests/conftest.py).
 
 `fx_lab("a", 3, refuse_key=[2])` makes a lab named ``fxa<pid base 36>`` (at most 8
 characters, never clashing with other engineers' labs), torn down at the end of the
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.integration.conftest import _require_lab, lab, lab_factory  # noqa: F401
+from tests.conftest import _require_lab
 
 
 def _b36(n: int) -> str:

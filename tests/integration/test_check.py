@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import _require_lab
+from tests.conftest import _require_lab
 
 pytestmark = pytest.mark.lab
 

@@ -9,7 +9,6 @@ import pytest
 
 from orchestrator.errors import AuthError, HostKeyError, TransientNetworkError
 from orchestrator.fanout import fan_out
-from orchestrator.spec import SshSettings
 from orchestrator.transport import Pool, make_transport
 
 from .labutil import lab_cluster

@@ -1,4 +1,4 @@
-"""Fixtures for tests against the simulated cluster (orchestrator/lab.py).
+"""Fixtures for every test directory that uses the simulated cluster (orchestrator/lab.py).
 
 `lab`: a session-wide 3-host lab (name ``t<pid>``), torn down at the end.
 `lab_factory(letter, n, vary=..., refuse_key=...)`: more labs (name ``<letter><pid>``),
