@@ -59,7 +59,7 @@ PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environ
 ``PATH=/opt/orch-lab/bin:<dir of sys.executable>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
 (plus PYTHONPATH=/opt/orch-lab/site / LD_LIBRARY_PATH=/opt/orch-lab/lib where a
 --vary put something there). So ``python3`` over ssh is the very interpreter that ran
-``orch lab up`` (with its site-packages: ``import orchestrator`` works on every host)
+``orch lab up`` (with its site-packages; a checkout under /tmp is not visible: /tmp is per host)
 unless ``--vary I:python=X`` puts a version shim first. Because bash sources
 ~/.bashrc for ssh commands and this machine's /root/.bashrc prepends pyenv shims,
 each host's /root/.bashrc (in its /root overlay; the real file is untouched) returns
