@@ -480,7 +480,7 @@ class Lifecycle:
                 return Outcome("failed", self.exit_codes, self._lost_message(newly_lost))
             if self.follow_rank is not None:
                 self._stream(self.follow_rank)
-            done, alive = self._finished(polls)
+            done, alive = self._finished()
             self.events.progress(alive, len([c for c in self.exit_codes.values() if c is not None]), total,
                                  time.monotonic() - t0)
             if self.first_failure and self.cluster.job.on_failure == "stop":
@@ -566,7 +566,7 @@ class Lifecycle:
                                        f"msrun on {host}: {describe_exit(top[proc.key])}"))
         return failed
 
-    def _finished(self, polls) -> tuple[bool, int]:
+    def _finished(self) -> tuple[bool, int]:
         top = self.run.data.get("top_rc", {})
         alive = sum(1 for p in self.procs if p.key not in top)
         return alive == 0, alive
@@ -650,19 +650,14 @@ class Lifecycle:
 
         hosts = [h for h in self.plan.hosts if h.name not in self.lost]
         res = self._fan(one, hosts)
-        for h in self.plan.hosts:  # mpirun's own log helps when it failed before any rank ran
-            if h.name in self.lost:
-                continue
-        self._fetch_launcher_logs()
+        self._fetch_launcher_logs()  # mpirun's own log helps when it failed before any rank ran
         return {n: ("ok" if o.ok else str(o.error)) for n, o in res.items()}
 
     def _fetch_launcher_logs(self) -> None:
         for p in self.procs:
             if p.rank is not None or p.host in self.lost:
                 continue
-            name = p.rc_name.replace(".rc", ".log") if p.key != "mpirun" else "mpirun.log"
-            if p.key.startswith("msrun."):
-                name = "msrun.log"
+            name = "msrun.log" if p.key.startswith("msrun.") else "mpirun.log"  # the only non-rank procs
             try:
                 self._t(p.host).get(posixpath.join(run_dir(self.cluster, self.run.id), name),
                                     self.run.dir / "launcher" / f"{p.key}.log")
@@ -937,7 +932,7 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             lc.absorb(polls)
             lc.gather()
             yield from emit_new()
-            if all(lc.exit_codes.get(r) is not None for r in ranks) or lc._finished(polls)[0]:
+            if all(lc.exit_codes.get(r) is not None for r in ranks) or lc._finished()[0]:
                 lc.gather()
                 yield from emit_new()
                 break
