@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from tests.integration.labutil import leftovers  # noqa: F401 - re-exported for the fault tests
+from tests.integration.labutil import leftovers, wait_until  # noqa: F401 - re-exported for the fault tests
 
 REPO = Path(__file__).resolve().parents[2]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
@@ -48,14 +47,6 @@ def run_record(cwd: Path, run_id: str | None = None) -> dict:
 
 
 
-
-def wait_until(pred, timeout: float = 30.0, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def running(cwd: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import yaml
@@ -52,3 +53,13 @@ def leftovers(run_id: str) -> list[str]:
         if needle in env and state != "Z":
             out.append(pid)
     return out
+
+
+def wait_until(pred, timeout: float = 30.0, interval: float = 0.1) -> bool:
+    """Poll `pred` until it is true or `timeout` seconds pass; says which."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return False

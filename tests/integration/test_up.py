@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .labutil import leftovers, write_cluster
+from .labutil import leftovers, wait_until, write_cluster
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
@@ -42,14 +42,6 @@ def run_record(cwd: Path, run_id: str | None = None) -> dict:
 
 
 
-
-def wait_until(pred, timeout=30.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return False
 
 
 @pytest.fixture
