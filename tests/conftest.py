@@ -55,8 +55,8 @@ def lab_factory():
 
     made: list[Lab] = []
 
-    def make(letter: str, n: int, vary=None, refuse_key=()) -> Lab:
-        lab = Lab(_name(letter))
+    def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None) -> Lab:
+        lab = Lab(name or _name(letter))
         made.append(lab)
         return lab.up(n, vary=vary, refuse_key=refuse_key)
 

@@ -12,7 +12,6 @@ import os
 
 import pytest
 
-from tests.conftest import _require_lab
 
 
 def _b36(n: int) -> str:
@@ -26,27 +25,15 @@ def _b36(n: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def fx_lab():
-    """Make labs named fx<letter><pid>: ``fx_lab("n", 3)`` -> a running Lab."""
-    _require_lab()
-    from orchestrator.lab import Lab
+def fx_lab(lab_factory):
+    """Make labs named fx<letter><pid>: ``fx_lab("n", 3)`` -> a running Lab, made once per name
+    and torn down by `lab_factory` at the end of the session."""
+    made = {}
 
-    made: dict[str, Lab] = {}
-
-    def make(letter: str, n: int, vary=None, refuse_key=()) -> Lab:
+    def make(letter: str, n: int, vary=None, refuse_key=()):
         name = f"fx{letter}{_b36(os.getpid())}"[:8]
-        if name in made:
-            return made[name]
-        lab_ = Lab(name)
-        made[name] = lab_
-        return lab_.up(n, vary=vary, refuse_key=refuse_key)
+        if name not in made:
+            made[name] = lab_factory(letter, n, vary=vary, refuse_key=refuse_key, name=name)
+        return made[name]
 
-    yield make
-    errors = []
-    for lab_ in reversed(list(made.values())):
-        try:
-            lab_.down()
-        except Exception as exc:  # noqa: BLE001 - tear down every lab, report all failures
-            errors.append(f"{lab_.name}: {exc}")
-    if errors:
-        pytest.fail("lab teardown failed: " + "; ".join(errors))
+    return make
