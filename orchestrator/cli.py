@@ -106,8 +106,8 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     (unless --probe)."""
     from pathlib import Path
 
+    from . import launchers, render
     from . import plan as planning
-    from . import render
     from .errors import PlanError
 
     cluster = load(file, hosts)
@@ -127,7 +127,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     elif probe:
         click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} needs no device IPs", err=True)
 
-    files = render.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root",
+    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root",
                               interface=interface)
     if as_json:
         click.echo(files["plan.json"], nl=False)
@@ -329,19 +329,22 @@ class _CliEvents:
 @cli.command("up")
 @cluster_file_argument
 @hosts_option
-@click.option("--detach", is_flag=True, help="return after launch, printing the run id; the job runs on")
+@click.option("--detach", is_flag=True, help="return after launch, printing the run id; the job runs on, "
+              "supervised on the cluster")
 @click.option("--skip-checks", is_flag=True, help="do not run the preflight checks first")
+@click.option("--force", is_flag=True, help="stop a run still live in the same workdir on these hosts first")
 @click.option("--follow-rank", type=int, default=0, show_default=True, help="stream this rank's output")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no rank output, only the verdict")
-def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, follow_rank: int,
+def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, force: bool, follow_rank: int,
                quiet: bool) -> None:
     """Check, render, distribute, launch, follow and gather a job.
 
-    Exit code: 0 every rank exited 0; 1 the job failed; 2 bad file/usage; 3 preflight failed
-    (nothing started); 130 interrupted (every rank stopped)."""
+    Exit code: 0 every rank exited 0; 1 the job failed (or was lost, stalled, timed out);
+    2 bad file/usage, or another run is live in the workdir; 3 preflight failed (nothing
+    started); 130 interrupted or stopped (every rank stopped)."""
     import signal as _signal
 
-    from . import launch
+    from . import launchers, lifecycle
     from .errors import PreflightFailed
     from .plan import make_plan
     from .runs import create_run
@@ -371,35 +374,37 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
         device_ips = None
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
-            device_ips = launch.read_device_ips(rp, pool)
+            device_ips = lifecycle.read_device_ips(rp, pool)
+        roots = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
         run = create_run(cluster, rp.to_dict())
-        run.hold_controller()  # `orch down` from elsewhere then leaves the record to this process
-        lc = launch.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
+        run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
+        launch = launchers.build(cluster, rp, run.id, root=roots, device_ips=device_ips)
+        lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
         outcome = None
         try:
-            lc.distribute(device_ips)
-            lc.start()
-            outcome = lc.follow(detach=detach)
+            lc.distribute(launch)
+            lc.start(launch)
+            outcome = lifecycle.Outcome("detached") if detach else lc.follow()
         except KeyboardInterrupt:
-            outcome = launch.Outcome("interrupted", lc.exit_codes, "interrupted: every rank was stopped")
-        except launch.LaunchError as exc:
-            outcome = launch.Outcome("failed", lc.exit_codes, str(exc))
+            outcome = lifecycle.Outcome("interrupted", "every rank was stopped")
+        except lifecycle.LaunchError as exc:
+            outcome = lifecycle.Outcome("failed", str(exc))
         finally:
             _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)  # finish stopping and gathering
             if outcome is None:
-                outcome = launch.Outcome("failed", lc.exit_codes, "orch itself failed; every rank was stopped")
+                outcome = lifecycle.Outcome("failed", "orch itself failed; every rank was stopped")
             if outcome.state != "detached":
-                if lc.procs:
-                    events.step("stopping every process of the run" if outcome.state != "succeeded"
-                                else "checking nothing is left running")
-                    for host, what in lc.stop().items():
+                if lc.started and outcome.view is None:  # not ended on the cluster's word: stop it
+                    events.step("stopping every process of the run")
+                    for host, what in lc.stop("interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted"
+                                              else outcome.message).items():
                         if what.startswith("could not stop"):
                             events.warning(f"{host}: {what}; once it is reachable, run "
                                            f"`orch down --run {run.id}`")
+                    view = lc.status()
+                    outcome.view = view
                 lc.gather()
-                lc.finish(outcome)
-            else:
-                lc.finish(outcome)
+            lc.finish(outcome)
             _signal.signal(_signal.SIGTERM, old)
     _report_outcome(lc, outcome, run)
 
@@ -408,10 +413,15 @@ def _report_outcome(lc, outcome, run) -> None:
     ctx = click.get_current_context()
     if outcome.state == "detached":
         click.echo(run.id)
-        click.echo(f"orch: run {run.id} started; follow it with `orch logs --run {run.id} -f`, "
-                   f"stop it with `orch down --run {run.id}`", err=True)
+        click.echo(f"orch: run {run.id} started; it is supervised on the cluster: follow it with "
+                   f"`orch logs --run {run.id} -f`, see it with `orch status`, stop it with "
+                   f"`orch down --run {run.id}`", err=True)
         ctx.exit(0)
     where = f"logs in {run.logs_dir}"
+    view = outcome.view
+    if view is not None and len(view.attempts) > 1:
+        for a in view.attempts:
+            click.echo(f"orch: attempt {a['attempt']}: {a['state']}: {a.get('message') or ''}", err=True)
     if outcome.state == "succeeded":
         click.secho(f"orch: run {run.id} succeeded: {outcome.message} ({where})", fg="green", err=True)
         ctx.exit(0)
@@ -433,54 +443,78 @@ def _run_option(f):
 
 
 @cli.command("status")
+@click.argument("file", required=False, default=None, type=click.Path(dir_okay=False))
 @_run_option
 @click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
-def status_command(run_id: str | None, as_json: bool) -> None:
-    """Each rank of a run: host, device, pid, state, exit code."""
+def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
+    """Each rank of a run: host, device, pid, state, exit code; and the run's state, read from
+    the cluster. With FILE (and no run recorded here), the latest run on FILE's hosts.
+
+    Exit code: 0 running or succeeded; 1 failed, lost, stalled or timed out; 4 stopped;
+    2 no such run."""
     import json as _json
 
     from rich.console import Console
     from rich.table import Table
 
-    from . import launch
+    from . import lifecycle, runstate
     from .runs import load_run
 
-    run = load_run(run_id)
-    rows, unreachable = launch.run_status(run)
+    if file is not None or (run_id is None and not _has_runs()):
+        from .plan import make_plan
+
+        cluster = load(file or "cluster.yaml", None)
+        rid, view = lifecycle.cluster_status(cluster, make_plan(cluster))
+        name = cluster.name
+    else:
+        run = load_run(run_id)
+        view = lifecycle.run_status(run)
+        rid, name = run.id, run.data.get("name")
     if as_json:
-        click.echo(_json.dumps({"run": run.id, "state": run.data.get("state"), "ranks": rows,
-                                "unreachable": unreachable}))
-        return
-    console = Console(highlight=False)
-    table = Table("rank", "host", "device", "pid", "state", "exit code",
-                  title=f"run {run.id} ({run.data.get('name')}): {run.data.get('state')}", title_justify="left")
-    for r in rows:
-        table.add_row(str(r["rank"]), r["host"], str(r["device"]), str(r["pid"] or "-"), r["state"],
-                      "-" if r["exit_code"] is None else str(r["exit_code"]))
-    console.print(table)
-    for host, err in unreachable.items():
-        console.print(f"[yellow]{host}: unreachable: {err}[/]")
+        click.echo(_json.dumps({"run": rid, **view.to_dict()}))
+    else:
+        console = Console(highlight=False)
+        title = f"run {rid} ({name}): {view.state}" + (f", attempt {view.attempt}" if view.attempt > 1 else "")
+        table = Table("rank", "host", "device", "pid", "state", "exit", title=title, title_justify="left")
+        for r in view.ranks:
+            how = "-" if r["exit_code"] is None and not r.get("signal") else (
+                runstate.describe(r["exit_code"], r.get("signal")))
+            table.add_row(str(r["rank"]), r["host"], str(r["device"]), str(r["pid"] or "-"), r["state"], how)
+        console.print(table)
+        if view.message:
+            console.print(view.message, soft_wrap=True)
+        for host, err in view.unreachable.items():
+            console.print(f"[yellow]{host}: unreachable: {err}[/]")
+    click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
+
+
+def _has_runs() -> bool:
+    from pathlib import Path
+
+    from .runs import RUNS_DIR
+
+    root = Path.cwd() / RUNS_DIR
+    return root.is_dir() and any((p / "run.json").is_file() for p in root.iterdir())
 
 
 @cli.command("down")
 @_run_option
 def down_command(run_id: str | None) -> None:
-    """Stop every process of a run on every host (TERM, then KILL after a grace period), and
-    gather its logs. Only that run's processes are touched. Safe to repeat."""
-    from . import launch
+    """Stop every process of a run on every host (its supervisor stops the ranks: TERM, then
+    KILL after a grace period; then anything left is swept), and gather its logs. Only that
+    run's processes are touched. Safe to repeat."""
+    from . import lifecycle
     from .runs import load_run
 
     run = load_run(run_id)
-    stopped, unreachable, deferred = launch.run_down(run)
+    following = " (the `orch up` following it records the outcome too, and exits 130)" \
+        if run.controller_alive() else ""
+    stopped, unreachable, _ = lifecycle.run_down(run)
     for host, what in stopped.items():
         click.echo(f"{host}: {what}", err=True)
     for host, err in unreachable.items():
         click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
-    if deferred:
-        click.echo(f"orch: run {run.id} stopped; the `orch up` following it records the outcome and "
-                   f"gathers the logs into {run.logs_dir}", err=True)
-    else:
-        click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}", err=True)
+    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}{following}", err=True)
     if unreachable:
         click.get_current_context().exit(1)
 
@@ -489,21 +523,28 @@ def down_command(run_id: str | None) -> None:
 @_run_option
 @click.option("--rank", type=int, default=None, help="exactly this rank's bytes (pipe-able)")
 @click.option("--host", "host", default=None, help="only the ranks of this host")
-@click.option("-f", "--follow", is_flag=True, help="follow live until the ranks end")
+@click.option("--attempt", type=int, default=None, help="this attempt's output (job.restarts); default: the last")
+@click.option("-f", "--follow", is_flag=True, help="follow live until the ranks end; exit 1 if one failed")
 @click.option("--tail", type=int, default=None, metavar="N", help="only the last N lines")
-def logs_command(run_id: str | None, rank: int | None, host: str | None, follow: bool, tail: int | None) -> None:
+def logs_command(run_id: str | None, rank: int | None, host: str | None, attempt: int | None, follow: bool,
+                 tail: int | None) -> None:
     """A rank's output (or every rank's, each line prefixed with its rank)."""
-    from . import launch
+    from . import logs
     from .runs import load_run
 
     run = load_run(run_id)
-    ranks = launch.select_ranks(run, rank, host)
+    ranks = logs.select_ranks(run, rank, host)
+    if attempt is not None and attempt < 1:
+        raise UsageError(f"--attempt {attempt}: attempts are numbered from 1")
     out = sys.stdout.buffer
+    follower = logs.Follow(run, ranks, attempt or 1) if follow else None
     # one rank: its exact bytes; several: every line prefixed with its rank
-    for data in launch.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None):
+    for data in logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt,
+                               follower=follower):
         out.write(data)
         out.flush()
-
+    if follower is not None and not follower.exit_ok():
+        click.get_current_context().exit(1)
 
 
 def main() -> None:

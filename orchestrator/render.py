@@ -11,14 +11,13 @@ runs them. Same input -> same bytes (golden-file tested against the seeds).
 - `rank_env`                  one rank's environment for the ranktable launcher.
 - `mpirun_argv`/`mpirun_env`  the one mpirun command (run on the launch host).
 - `msrun_argv`/`msrun_env`    one msrun command per host.
-- `launch_commands`           every host's commands as records (for `orch plan --out`, run.json).
 
 Secret environment variables (Job.is_secret: listed in job.secret_env or named
 *_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv: mpirun gets `-x NAME`
 and the value travels in mpirun's own environment (`mpirun_env`), which the
 transport exports inside the script it runs, so it is not visible in `ps` or in
-the recorded command line. `launch_commands(..., redact=True)` replaces their
-values with REDACTED so that plan output and run records never hold them.
+the recorded command line. `launchers.launch_commands` (what `orch plan` shows) replaces
+their values with REDACTED so that plan output and run records never hold them.
 """
 
 from __future__ import annotations
@@ -189,7 +188,8 @@ def _mpirun_exports(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
 
 
 def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
-                interface: str | None = None) -> list[str]:
+                interface: str | None = None, output_dir: str | None = None,
+                pass_env: tuple[str, ...] = (), command: list[str] | None = None) -> list[str]:
     """The one mpirun command, run on the plan's launch host from any directory.
 
     Ranks start in workdir (--wdir) and write workdir/log_dir/1/rank.N/stdout. Environment:
@@ -197,7 +197,7 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
     `-x NAME` for secrets, whose values must be in mpirun's environment (mpirun_env)."""
     job = cluster.job
     argv = ["mpirun", "-n", str(plan.size), "--hostfile", hostfile_path, "--wdir", job.workdir,
-            "--output-filename", log_dir_path(cluster), "--merge-stderr-to-stdout"]
+            "--output-filename", output_dir or log_dir_path(cluster), "--merge-stderr-to-stdout"]
     if root:
         argv.append("--allow-run-as-root")
     if job.on_failure == "continue":
@@ -206,8 +206,10 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
         argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
     for name, value in _mpirun_exports(cluster, plan).items():
         argv += ["-x", name if job.is_secret(name) else f"{name}={value}"]
+    for name in pass_env:
+        argv += ["-x", name]
     argv += list(job.mpirun_args)
-    argv += list(job.command)
+    argv += list(job.command) if command is None else list(command)
     return argv
 
 
@@ -236,7 +238,7 @@ def msrun_script(command: tuple[str, ...] | list[str]) -> list[str]:
     return cmd
 
 
-def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str) -> list[str]:
+def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, *, log_dir: str | None = None) -> list[str]:
     """One host's msrun command (run in workdir). node_rank = the host's index in plan order;
     master = the plan's launch host."""
     job = cluster.job
@@ -247,7 +249,7 @@ def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str) -> list[str]:
             f"--master_addr={plan.launch_host.address}",
             f"--master_port={job.master_port}",
             f"--node_rank={plan.node_rank(host_name)}",
-            f"--log_dir={log_dir_path(cluster)}",
+            f"--log_dir={log_dir or log_dir_path(cluster)}",
             "--join=True",
             f"--cluster_time_out={MSRUN_CLUSTER_TIME_OUT}",
             *msrun_script(job.command)]
@@ -257,43 +259,6 @@ def msrun_env(cluster: Cluster, plan: RankPlan, host_name: str) -> dict[str, str
     """The environment of one host's msrun: job.env, host env, device selection."""
     host = plan.host(host_name)
     return {**host_env(cluster, host), **_visible_devices(cluster, host)}
-
-
-# --------------------------------------------------------------------------- every host's commands
-
-
-def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: str | None = None,
-                    redact: bool = True) -> dict[str, list[dict]]:
-    """{host name: [command record]} for the job's launcher, hosts in plan order.
-
-    A record is {"argv": [...], "env": {...}, "cwd": str} plus "rank" and "stdout" (its log)
-    for the ranktable launcher, whose every rank is one process. mpirun: one record, on the
-    launch host (mpirun starts the others); msrun: one per host. With `redact`, secret env
-    values are replaced by REDACTED."""
-    job = cluster.job
-    out: dict[str, list[dict]] = {h.name: [] for h in plan.hosts}
-
-    def env_of(env: dict[str, str]) -> dict[str, str]:
-        if not redact:
-            return env
-        return {k: (REDACTED if job.is_secret(k) else v) for k, v in env.items()}
-
-    if job.launcher == "mpirun":
-        out[plan.launch_host.name].append({
-            "argv": mpirun_argv(cluster, plan, hostfile_path=hostfile_path(cluster), root=root,
-                                interface=interface),
-            "env": env_of(mpirun_env(cluster, plan)), "cwd": job.workdir})
-    elif job.launcher == "msrun":
-        for h in plan.hosts:
-            out[h.name].append({"argv": msrun_argv(cluster, plan, h.name),
-                                "env": env_of(msrun_env(cluster, plan, h.name)), "cwd": job.workdir})
-    else:
-        table = rank_table_path(cluster)
-        for r in plan.ranks:
-            out[r.host].append({"rank": r.rank, "argv": list(job.command),
-                                "env": env_of(rank_env(cluster, plan, r, table)),
-                                "cwd": job.workdir, "stdout": rank_log_path(cluster, r.rank)})
-    return out
 
 
 # --------------------------------------------------------------------------- `orch plan --out`
@@ -308,19 +273,3 @@ def plan_document(cluster: Cluster, plan: RankPlan) -> dict:
     if plan.launcher == "mpirun":
         doc["hostfile"] = hostfile_path(cluster)
     return doc
-
-
-def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
-               root: bool, interface: str | None = None) -> dict[str, str]:
-    """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
-    plan.json, commands.json (secrets redacted), hostfile (mpirun), rank_table.json (ranktable,
-    only when device_ips is given)."""
-    files = {"plan.json": json.dumps(plan_document(cluster, plan), indent=2) + "\n"}
-    commands = {"launcher": plan.launcher,
-                "hosts": launch_commands(cluster, plan, root=root, interface=interface, redact=True)}
-    files["commands.json"] = json.dumps(commands, indent=2) + "\n"
-    if plan.launcher == "mpirun":
-        files[HOSTFILE] = hostfile(plan)
-    if plan.launcher == "ranktable" and device_ips is not None:
-        files[RANK_TABLE] = rank_table(cluster, plan, device_ips)
-    return files

@@ -25,11 +25,10 @@ from .spec import Cluster, Host, Job, SshSettings
 RUNS_DIR = Path(".orch") / "runs"
 MASK = "***"
 CONTROLLER_LOCK = "controller.lock"
-STOP_FILE = "stop-requested"
 
 
 def new_run_id(now: float | None = None) -> str:
-    t = time.localtime(now if now is not None else time.time())
+    t = time.gmtime(now if now is not None else time.time())  # UTC: ids sort by start time anywhere
     return time.strftime("%Y%m%d-%H%M%S", t) + "-" + secrets.token_hex(3)
 
 
@@ -127,8 +126,16 @@ class Run:
     def logs_dir(self) -> Path:
         return self.dir / "logs"
 
-    def local_log(self, rank: int) -> Path:
-        return self.logs_dir / f"rank.{rank}" / "stdout"
+    def local_log(self, rank: int, attempt: int = 1) -> Path:
+        """Attempt 1 (the only one without job.restarts) at logs/rank.N/stdout, attempt K > 1 at
+        logs/attempt-K/rank.N/stdout."""
+        base = self.logs_dir if attempt <= 1 else self.logs_dir / f"attempt-{attempt}"
+        return base / f"rank.{rank}" / "stdout"
+
+    @property
+    def attempt(self) -> int:
+        """The run's latest attempt (1 unless it was restarted)."""
+        return int(self.data.get("attempt") or 1)
 
     @property
     def secret(self) -> bool:
@@ -147,7 +154,7 @@ class Run:
     # ---- who is following the run
     # The `orch up` that started a run holds an exclusive lock on CONTROLLER_LOCK until it exits
     # (the kernel drops it even on SIGKILL). Another command (`orch down`) can so tell whether
-    # that controller will still record the outcome, and ask it to stop through STOP_FILE.
+    # that controller is still following the run (and will record its outcome too).
     def hold_controller(self) -> None:
         """Mark this process as the run's controller, for as long as it lives."""
         fd = os.open(self.dir / CONTROLLER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -177,16 +184,6 @@ class Run:
         except (OSError, ValueError):
             pass
 
-    def request_stop(self, by: str) -> None:
-        write_atomic(self.dir / STOP_FILE, f"{by}\n{time.time()}\n", 0o600)
-
-    def stop_requested(self) -> str | None:
-        """Who asked the run to stop (`orch down`), or None."""
-        try:
-            return (self.dir / STOP_FILE).read_text().splitlines()[0]
-        except (OSError, IndexError):
-            return None
-
     # ---- rebuilding what status/down/logs need
     def hosts(self) -> tuple[Host, ...]:
         out = []
@@ -200,7 +197,9 @@ class Run:
     def cluster(self) -> Cluster:
         j = self.data["job"]
         job = Job(workdir=j["workdir"], command=tuple(j["command"]), launcher=j["launcher"],
-                  platform=j["platform"], log_dir=j["log_dir"], on_failure=j.get("on_failure", "stop"))
+                  platform=j["platform"], log_dir=j["log_dir"], on_failure=j.get("on_failure", "stop"),
+                  timeout=j.get("timeout"), restarts=j.get("restarts", 0),
+                  restart_delay=j.get("restart_delay", 0.0), stall_timeout=j.get("stall_timeout"))
         return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=self.hosts(),
                        job=job, ssh=SshSettings(**self.data["ssh"]))
 
@@ -241,7 +240,8 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         "job": {"workdir": job.workdir, "command": [mask_values(a, secrets) for a in job.command],
                 "launcher": job.launcher,
                 "platform": job.platform, "log_dir": job.log_dir, "on_failure": job.on_failure,
-                "env": mask_env(job, dict(job.env)), "timeout": job.timeout},
+                "env": mask_env(job, dict(job.env)), "timeout": job.timeout,
+                "restarts": job.restarts, "restart_delay": job.restart_delay, "stall_timeout": job.stall_timeout},
         "ssh": asdict(cluster.ssh), "hosts": hosts, "plan": plan_doc,
         "commands": {}, "procs": [], "exit_codes": {}, "first_failure": None, "message": None,
     }

@@ -147,6 +147,9 @@ class RawJob(_Raw):
     mpirun_args: list[str] = []
     rank_table: RawRankTable = RawRankTable()
     master_port: int = 8118
+    restarts: int = 0
+    restart_delay: float = 0.0
+    stall_timeout: float | None = None
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
@@ -155,6 +158,27 @@ class RawJob(_Raw):
     def _timeout(cls, v):
         if v is not None and v <= 0:
             raise ValueError("timeout must be > 0 seconds")
+        return v
+
+    @field_validator("stall_timeout")
+    @classmethod
+    def _stall(cls, v):
+        if v is not None and v <= 0:
+            raise ValueError("stall_timeout must be > 0 seconds (leave it out to turn stall detection off)")
+        return v
+
+    @field_validator("restarts")
+    @classmethod
+    def _restarts(cls, v):
+        if not 0 <= v <= 1000:
+            raise ValueError("restarts must be between 0 and 1000")
+        return v
+
+    @field_validator("restart_delay")
+    @classmethod
+    def _delay(cls, v):
+        if not 0 <= v <= 86400:
+            raise ValueError("restart_delay must be between 0 and 86400 seconds")
         return v
 
     @field_validator("master_port")
@@ -226,6 +250,9 @@ class Job:
     mpirun_args: tuple[str, ...] = ()
     rank_table_version: Literal["1.0", "legacy"] = "1.0"
     master_port: int = 8118
+    restarts: int = 0
+    restart_delay: float = 0.0
+    stall_timeout: float | None = None
 
     def is_secret(self, name: str) -> bool:
         return name in self.secret_env or bool(SECRET_NAME.search(name))
@@ -500,7 +527,8 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
-               master_port=rj.master_port)
+               master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
+               stall_timeout=rj.stall_timeout)
 
 
 def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,

@@ -22,6 +22,8 @@ class LocalTransport(Transport):
             stdout=subprocess.PIPE if sink is None or not _has_fileno(sink) else sink,
             stderr=subprocess.PIPE, start_new_session=True)
         try:
+            if sink is not None and not _has_fileno(sink):
+                return self._stream(proc, bytes(stdin) if feed_bytes else None, sink, timeout)
             out, err = proc.communicate(input=bytes(stdin) if feed_bytes else None, timeout=timeout)
         except subprocess.TimeoutExpired:
             _killpg(proc)
@@ -37,6 +39,46 @@ class LocalTransport(Transport):
         if sink is not None and _has_fileno(sink):
             sink.seek(0, os.SEEK_END)
         return proc.returncode, out or b"", err or b""
+
+
+    def _stream(self, proc: subprocess.Popen, data: bytes | None, sink, timeout: float):
+        """Pass stdout on to `sink` as it comes; `timeout` bounds a silence, not the whole run
+        (as for SSH: a stream may be long)."""
+        import select
+        import threading
+        import time
+
+        def feed() -> None:
+            try:
+                if data:
+                    proc.stdin.write(data)
+                proc.stdin.close()
+            except OSError:
+                pass
+
+        errs: list[bytes] = []
+        if proc.stdin is not None:
+            threading.Thread(target=feed, daemon=True).start()
+        t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
+        t.start()
+        fd = proc.stdout.fileno()
+        last = time.monotonic()
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                sink.write(chunk)
+                last = time.monotonic()
+            elif time.monotonic() - last > timeout:
+                _killpg(proc)
+                proc.wait()
+                raise RemoteTimeout(self.host.name, f"no output for {timeout:g}s",
+                                    hint="raise ssh.command_timeout if the host is just slow")
+        proc.wait()
+        t.join(5)
+        return proc.returncode, b"", b"".join(errs)
 
 
 def _has_fileno(fh: BinaryIO) -> bool:

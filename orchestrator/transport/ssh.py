@@ -333,16 +333,23 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
     chan.exec_command("exec sh -c " + shlex.quote(script))
     if stdin is not None:
         chan.settimeout(max(0.1, deadline - time.monotonic()))
-        if isinstance(stdin, (bytes, bytearray)):
-            for i in range(0, len(stdin), CHUNK):
-                chan.sendall(stdin[i:i + CHUNK])
-        else:
-            while True:
-                block = stdin.read(CHUNK)
-                if not block:
-                    break
-                chan.sendall(block)
-    chan.shutdown_write()
+        try:
+            if isinstance(stdin, (bytes, bytearray)):
+                for i in range(0, len(stdin), CHUNK):
+                    chan.sendall(stdin[i:i + CHUNK])
+            else:
+                while True:
+                    block = stdin.read(CHUNK)
+                    if not block:
+                        break
+                    chan.sendall(block)
+        except OSError:
+            # The remote command stopped reading (e.g. its disk is full) and closed its end:
+            # what it said and its exit status, read below, are the error, not this.
+            if not chan.closed and not chan.exit_status_ready() and not chan.recv_stderr_ready():
+                raise
+    if not chan.closed:
+        chan.shutdown_write()
     out, err = bytearray(), bytearray()
     chan.settimeout(0.0)
     while True:

@@ -1,0 +1,196 @@
+"""Pure: how each launcher starts a job's ranks, as the processes each host's supervisor starts.
+
+A launcher says which processes run on which host (argv, environment, working directory,
+where their output goes) and which files they need (hostfile, rank table). Nothing else:
+starting, watching, stopping and restarting them is the supervisor's
+(`orchestrator/supervisor/agent.py`), the same for every launcher.
+
+- ranktable: every rank is a process of its host's supervisor (seeds 000/001);
+- mpirun:    one mpirun, a process of the launch host's supervisor; each rank runs under
+             `agent.py rank` (its pid and exit status reported to its own host's supervisor);
+- msrun:     one msrun per host, each worker under `agent.py rank` the same way.
+
+Paths inside an attempt (restarts make attempts 1, 2, ...) are relative to the attempt's
+directory on the host, `<workdir>/.orch/<run id>/a<K>`; ATTEMPT_DIR in an argv stands for it.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from . import render
+from .plan import RankPlan
+from .spec import Cluster
+
+RUN_VAR = "ORCH_RUN_ID"
+DIR_VAR = "ORCH_RUN_DIR"
+ATTEMPT_VAR = "ORCH_ATTEMPT"
+ATTEMPT_DIR = "@ORCH_ATTEMPT_DIR@"
+AGENT = "agent.py"
+
+
+def run_dir(cluster: Cluster, run_id: str) -> str:
+    """Where a run keeps its supervisor, state and (per attempt) logs on each host."""
+    return posixpath.join(cluster.job.workdir, ".orch", run_id)
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process a host's supervisor starts."""
+
+    key: str                        # rank.N | mpirun | msrun.<host>
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    log: str                        # relative to the attempt directory
+    rank: int | None = None
+    env_log: bool = False           # save the rank's environment beside its log (seed 001)
+
+    def to_config(self) -> dict:
+        return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
+                "log": self.log, "rank": self.rank, "env_log": self.env_log}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launcher needs on each host: the processes its supervisor starts, the files."""
+
+    procs: Mapping[str, tuple[Proc, ...]]
+    files: Mapping[str, Mapping[str, bytes]] = field(default_factory=dict)   # host -> {relpath: bytes}
+
+
+def _wrapped(rdir: str, command) -> list[str]:
+    """A rank's command under `agent.py rank` (mpirun and msrun start ranks, not the supervisor)."""
+    return ["python3", posixpath.join(rdir, AGENT), "rank", "--", *command]
+
+
+def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
+          device_ips: Mapping[str, Mapping[int, str]] | None = None, interface: str | None = None) -> Launch:
+    job = cluster.job
+    rdir = run_dir(cluster, run_id)
+    procs: dict[str, list[Proc]] = {h.name: [] for h in plan.hosts}
+    files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.hosts}
+    stall_env = {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}
+    if job.launcher == "mpirun":
+        head = plan.launch_host
+        files[head.name][render.HOSTFILE] = render.hostfile(plan).encode()
+        job_x = {**job.env, **stall_env}
+        c = _with_env(cluster, job_x)
+        argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
+                                  interface=interface, output_dir=ATTEMPT_DIR,
+                                  pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR),
+                                  command=_wrapped(rdir, job.command))
+        env = {**render.mpirun_env(c, plan), **_launcher_path_env(cluster, head.name)}
+        procs[head.name].append(Proc("mpirun", tuple(argv), env, job.workdir, "mpirun.log"))
+    elif job.launcher == "ranktable":
+        table = render.rank_table_path(cluster)
+        if job.platform == "ascend":
+            data = render.rank_table(cluster, plan, device_ips or {}).encode()
+            for h in plan.hosts:
+                files[h.name][render.RANK_TABLE] = data
+        head = plan.launch_host
+        for r in plan.ranks:
+            env = render.rank_env(cluster, plan, r, table)
+            if job.platform != "ascend":  # no rank table off Ascend
+                env.pop("RANK_TABLE_FILE", None)
+            # torch/gloo-style names too, so one script runs under any launcher
+            env.setdefault("MASTER_ADDR", head.address)
+            env.setdefault("MASTER_PORT", str(job.master_port))
+            env.update({"RANK": str(r.rank), "WORLD_SIZE": str(plan.size), "LOCAL_RANK": str(r.local_rank)})
+            env.update(stall_env)
+            procs[r.host].append(Proc(f"rank.{r.rank}", tuple(job.command), env, job.workdir,
+                                      f"1/rank.{r.rank}/stdout", rank=r.rank, env_log=True))
+    elif job.launcher == "msrun":
+        n = len(render.msrun_script(job.command))
+        for h in plan.hosts:
+            argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR)
+            argv = argv[:len(argv) - n] + msrun_task(job.command)
+            env = {**render.msrun_env(cluster, plan, h.name), **stall_env}
+            procs[h.name].append(Proc(f"msrun.{h.name}", tuple(argv), env, job.workdir, "msrun.log"))
+    else:  # pragma: no cover - the model allows no other
+        raise ValueError(job.launcher)
+    return Launch({k: tuple(v) for k, v in procs.items()}, files)
+
+
+# msrun starts every worker (and its scheduler) as `python script args`, and nothing but python.
+# So each worker starts as `python -c <this> <interpreter> script args`: that python at once
+# becomes `agent.py rank -- <interpreter> script args`, which records the rank's own exit status
+# on its host. The scheduler (MS_ROLE=MS_SCHED) runs as is.
+_MSRUN_EXEC = ("import os,sys; a=sys.argv[1:]; e=os.environ; "
+               "w=e.get('MS_ROLE')!='MS_SCHED' and e.get('RANK_ID'); "
+               "os.execvp(sys.executable if w else a[0], "
+               "[sys.executable, e['ORCH_RUN_DIR']+'/agent.py', 'rank', '--']+a if w else a)")
+
+
+def msrun_task(command) -> list[str]:
+    """What msrun runs for every worker, in place of `script args`."""
+    command = list(command)
+    script = render.msrun_script(command)
+    interp = command[0] if len(command) > len(script) else "python"  # msrun's own default
+    # msrun runs `python`/`python3` given as the script as is (anything else: `python X`)
+    starter = "python3" if posixpath.basename(interp).startswith("python3") else "python"
+    return [starter, "-c", _MSRUN_EXEC, interp, *script]
+
+
+def _with_env(cluster: Cluster, env: Mapping[str, str]) -> Cluster:
+    from dataclasses import replace
+
+    return replace(cluster, job=replace(cluster.job, env=dict(env)))
+
+
+def _launcher_path_env(cluster: Cluster, host: str) -> dict[str, str]:
+    """job.env / host env PATH applies to the launcher command itself (to find mpirun/msrun)."""
+    env = render.host_env(cluster, cluster.host(host))
+    return {k: env[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in env}
+
+
+# --------------------------------------------------------------------------- what `orch plan` shows
+
+PLAN_RUN_ID = "<run-id>"
+
+
+def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: str | None = None,
+                    redact: bool = True, device_ips: Mapping[str, Mapping[int, str]] | None = None,
+                    run_id: str = PLAN_RUN_ID) -> dict[str, list[dict]]:
+    """{host name: [process record]}: exactly what each host's supervisor starts for attempt 1
+    of a run (`orch up` runs these very argv lists), hosts in plan order. A record is
+    {"key", "argv", "env", "cwd", "stdout"} plus "rank" for a rank the supervisor starts
+    itself. With `redact`, secret env values are replaced by REDACTED."""
+    job = cluster.job
+    roots = {h.name: root for h in plan.hosts}
+    if job.launcher == "ranktable" and job.platform == "ascend" and device_ips is None:
+        device_ips = {h.name: {d: "<device ip>" for d in h.devices} for h in plan.hosts}
+    launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips, interface=interface)
+    adir = posixpath.join(run_dir(cluster, run_id), "a1")
+    out: dict[str, list[dict]] = {}
+    for h in plan.hosts:
+        recs = []
+        for p in launch.procs[h.name]:
+            env = {k: (render.REDACTED if redact and job.is_secret(k) else v) for k, v in p.env.items()}
+            rec = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in p.argv], "env": env,
+                   "cwd": p.cwd, "stdout": posixpath.join(adir, p.log)}
+            if p.rank is not None:
+                rec["rank"] = p.rank
+            recs.append(rec)
+        out[h.name] = recs
+    return out
+
+
+def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
+               root: bool, interface: str | None = None) -> dict[str, str]:
+    """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
+    plan.json, commands.json (secrets redacted; the very processes each host's supervisor
+    starts), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
+    files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
+    commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),
+                "hosts": launch_commands(cluster, plan, root=root, interface=interface, redact=True,
+                                         device_ips=device_ips)}
+    files["commands.json"] = json.dumps(commands, indent=2) + "\n"
+    if plan.launcher == "mpirun":
+        files[render.HOSTFILE] = render.hostfile(plan)
+    if plan.launcher == "ranktable" and device_ips is not None:
+        files[render.RANK_TABLE] = render.rank_table(cluster, plan, device_ips)
+    return files

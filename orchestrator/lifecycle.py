@@ -1,0 +1,415 @@
+"""The controller's part of a run: prepare -> distribute -> start -> follow -> stop -> gather -> record.
+
+Once started, a run supervises itself on the cluster (orchestrator/supervisor/agent.py):
+fail-fast, restarts, stalls, time-out and lost hosts are decided there, with or without a
+controller attached. The controller starts it, follows its events (one long-lived stream
+from one host: the head's state changes plus the followed rank's output, pushed as they
+happen), asks it to stop (Ctrl-C, `orch down`), gathers logs and records the outcome in
+run.json. Every process a run starts carries ORCH_RUN_ID=<run id>; after asking the head,
+stopping sweeps exactly those processes on every host, as a last resort.
+
+Nothing here prints: progress goes to an `Events` object the CLI provides.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import logs, runstate, supervisor
+from .errors import OrchError, UsageError
+from .fanout import fan_out
+from .launchers import Launch, run_dir
+from .plan import RankPlan
+from .runs import Run, mask_text
+from .runstate import RunView
+from .spec import Cluster
+from .sync import manifest, sync_host
+from .transport import Pool
+
+MIN_PYTHON = (3, 8)
+
+
+class Events:
+    """What the lifecycle reports. The CLI subclasses this to print; the default is silent."""
+
+    def step(self, message: str) -> None: ...
+    def progress(self, running: int, exited: int, total: int, elapsed: float) -> None: ...
+    def output(self, rank: int, data: bytes) -> None: ...
+    def warning(self, message: str) -> None: ...
+
+
+@dataclass
+class Outcome:
+    state: str                       # succeeded | failed | stopped | lost | stalled | timeout | interrupted | detached
+    message: str = ""
+    first_failure: dict | None = None
+    view: RunView | None = None
+
+    @property
+    def exit_codes(self) -> dict[int, int | None]:
+        return self.view.exit_codes if self.view else {}
+
+    @classmethod
+    def of(cls, view: RunView) -> "Outcome":
+        return cls(view.state, view.message, view.first_failure, view)
+
+
+class LaunchError(OrchError):
+    exit_code = 1
+
+
+class RunConflict(OrchError):
+    exit_code = 2
+
+
+def _fan(cluster: Cluster, hosts, fn: Callable, timeout: float | None = None):
+    return fan_out(hosts, fn, limit=cluster.ssh.fanout, timeout=timeout)
+
+
+def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
+            events: Events | None = None) -> dict[str, bool]:
+    """One round trip per host before anything is written: who we are there (root or not),
+    python3 for the supervisor, and no other live run in the workdir (unless `force`, which
+    stops it). Returns {host: the launch user is root}."""
+    events = events or Events()
+    res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
+        pool[h].run(supervisor.prepare_script(cluster)).check("preparing the launch").out))
+    bad = [o.error for o in res.values() if not o.ok]
+    if bad:
+        raise LaunchError("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
+    problems = []
+    for name, o in res.items():
+        py = o.value["python"]
+        if not py:
+            problems.append(f"{name}: no python3 on the non-interactive PATH (the run's supervisor needs "
+                            f"python3 >= {'.'.join(map(str, MIN_PYTHON))})")
+        elif tuple(int(x) for x in py.split(".")[:2] if x.isdigit()) < MIN_PYTHON:
+            problems.append(f"{name}: python3 is {py}; the run's supervisor needs "
+                            f">= {'.'.join(map(str, MIN_PYTHON))}")
+    if problems:
+        raise LaunchError("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
+    live: dict[str, list[str]] = {}
+    for name, o in res.items():
+        if o.value["live"]:
+            live.setdefault(o.value["live"], []).append(name)
+    for run_id, hosts in live.items():
+        where = f"{', '.join(hosts)} (workdir {cluster.job.workdir})"
+        if not force:
+            raise RunConflict(f"run {run_id} is still running on {where}; a second run there would mix "
+                              "or overwrite its logs",
+                              hint=f"stop it with `orch down --run {run_id}` (from the directory that started "
+                                   "it), wait for it to end, or pass --force to stop it first")
+        events.step(f"--force: stopping run {run_id} on {where}")
+        stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
+    return {n: o.value["uid"] == 0 for n, o in res.items()}
+
+
+def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,
+             lost: set[str] = frozenset()) -> dict[str, str]:
+    """Stop every process of a run on every host: ask its head (it stops every host, and
+    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}."""
+    reachable = [h for h in plan.hosts if h.name not in lost]
+    wait = supervisor.STOP_GRACE + 10
+    for h in reachable[:3]:  # any host of the run can reach its head
+        try:
+            res = pool[h].run(supervisor.agent_argv(cluster, run_id, "stop", reason),
+                              env={"ORCH_STOP_WAIT": str(int(wait))}, timeout=wait + cluster.ssh.command_timeout)
+            if res.ok:
+                break
+        except OrchError:
+            continue
+    res = _fan(cluster, reachable, lambda h: pool[h].run(
+        supervisor.sweep_script(run_id, "TERM"),
+        timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out.strip())
+    return {n: (o.value if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
+
+
+class Lifecycle:
+    def __init__(self, cluster: Cluster, plan: RankPlan, run: Run, pool: Pool, events: Events | None = None,
+                 follow_rank: int | None = 0):
+        self.cluster = cluster
+        self.plan = plan
+        self.run = run
+        self.pool = pool
+        self.events = events or Events()
+        self.follow_rank = follow_rank
+        self.started = False
+        self.view: RunView | None = None
+        self.t0 = time.monotonic()
+
+    def _fan(self, fn: Callable, hosts=None, timeout: float | None = None):
+        return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn, timeout)
+
+    # ---- steps
+    def distribute(self, launch: Launch) -> None:
+        entries = manifest(self.cluster.base_dir, self.cluster.job.sync, str(self.cluster.path))
+        for host_files in launch.files.values():
+            for name, data in host_files.items():
+                self.run.write_file(name, data.decode())
+        self.events.step(f"syncing {len(entries)} file(s) to {len(self.plan.hosts)} host(s)")
+        results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
+                                                dict(launch.files.get(h.name, {}))))
+        failed = [o for o in results.values() if not o.ok]
+        if failed:
+            raise LaunchError("distribution failed; nothing was started:\n" + "\n".join(
+                f"  {o.error}" for o in failed))
+        copied = sum(len(o.value.copied) for o in results.values())
+        self.events.step(f"synced: {copied} file copies, "
+                         f"{sum(len(o.value.unchanged) for o in results.values())} already up to date")
+
+    def start(self, launch: Launch) -> None:
+        """Start the run's supervisor on the launch host (the head), then on every other host,
+        which join it; the head starts the ranks once every host has joined."""
+        cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
+        job = self.cluster.job
+        self.run.data["commands"] = {
+            h: [{"key": p["key"], "command": mask_text(job, dict(p["env"]), shlex.join(p["argv"])),
+                 "cwd": p["cwd"]} for p in cfg["procs"]] for h, cfg in cfgs.items()}
+        head = self.plan.launch_host
+        res = self.pool[head].run(supervisor.start_script(cfgs[head.name])).check("starting the run's supervisor")
+        status, pid, port = supervisor.parse_start(res.out)
+        if status.startswith("busy:"):
+            raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
+                              hint=f"stop it with `orch down --run {status[5:]}`, or pass --force")
+        if status != "ok":
+            raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
+        self.started = True
+        self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
+                             procs=[{"key": "supervisor", "host": head.name, "pid": pid}])
+        self.run.save()
+
+        def member(h):
+            cfg = dict(cfgs[h.name], head_port=port)
+            r = self.pool[h].run(supervisor.start_script(cfg)).check("starting the run's supervisor")
+            st, mpid, _ = supervisor.parse_start(r.out)
+            if st != "ok":
+                raise LaunchError(f"{h.name}: the run's supervisor did not start: "
+                                  f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
+            return mpid
+
+        members = [h for h in self.plan.hosts if h.name != head.name]
+        results = self._fan(member, members)
+        self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
+        self.run.save()
+        failed = [o for o in results.values() if not o.ok]
+        if failed:
+            stop_run(self.cluster, self.plan, self.pool, self.run.id, "a host whose supervisor did not start")
+            raise LaunchError("could not start on every host (what started was stopped):\n" + "\n".join(
+                f"  {o.error}" for o in failed))
+        self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} host(s), "
+                         f"supervised from {head.name}")
+
+    # ---- following
+    def follow(self) -> Outcome:
+        """Follow the run's events until it ends: one stream from the host of the followed rank
+        (or the launch host), pushed by the cluster. A broken stream is opened again; a launch
+        host that stays unreachable for longer than the supervisors wait for each other means the
+        run is lost (the other hosts' supervisors stop their ranks themselves)."""
+        rank = self.follow_rank if self.follow_rank is not None and self.follow_rank < self.plan.size else None
+        host = self.plan.ranks[rank].host if rank is not None else self.plan.launch_host.name
+        window = supervisor.lost_after(self.cluster)
+        last_ok = time.monotonic()
+        pos: dict[tuple[int, int], int] = {}
+        state: dict = {}
+
+        def on_state(doc: dict) -> None:
+            state.clear()
+            state.update(doc)
+            ranks = doc.get("ranks") or []
+            running = sum(1 for r in ranks if r.get("state") == "running")
+            ended = sum(1 for r in ranks if r.get("end") is not None)
+            self.events.progress(running, ended, self.plan.size, time.monotonic() - self.t0)
+
+        def on_output(r: int, attempt: int, data: bytes) -> None:
+            at = pos.setdefault((r, attempt), self._local_size(r, attempt))
+            logs.append(self.run, r, attempt, at, data)
+            pos[(r, attempt)] = at + len(data)
+            self.events.output(r, data)
+
+        while True:
+            attempt = int(state.get("attempt") or 1)
+            args = ["watch"]
+            if rank is not None:
+                pos.setdefault((rank, attempt), self._local_size(rank, attempt))
+                args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",
+                         f"{rank}={pos[(rank, attempt)]}"]
+            stream = supervisor.EventStream(on_state, on_output)
+            err: OrchError | None = None
+            try:
+                self.pool[host].run(supervisor.agent_argv(self.cluster, self.run.id, *args),
+                                    env={"ORCH_LOST_AFTER": str(int(window))}, sink=stream, timeout=window + 5)
+                last_ok = time.monotonic()
+            except OrchError as exc:
+                err = exc
+            if stream.last_state and stream.last_state.get("state") in runstate.FINAL:
+                return Outcome.of(runstate.from_head(stream.last_state))
+            view = self.status()
+            if view.final:
+                return Outcome.of(view)
+            if self.plan.launch_host.name not in view.unreachable and view.state != "unknown":
+                last_ok = time.monotonic()
+            if time.monotonic() - last_ok > window:
+                why = view.unreachable.get(self.plan.launch_host.name) or (str(err) if err else view.message)
+                return Outcome("lost", f"lost contact with the launch host {self.plan.launch_host.name}: {why}. "
+                               "The supervisors on the other hosts stop their ranks when the launch host's is gone; "
+                               f"once it is reachable, run `orch down --run {self.run.id}`")
+            time.sleep(1.0)
+
+    def _local_size(self, rank: int, attempt: int) -> int:
+        p = self.run.local_log(rank, attempt)
+        return p.stat().st_size if p.exists() else 0
+
+    # ---- the cluster's word
+    def status(self) -> RunView:
+        """Every host's supervisor state, merged (one round trip per host)."""
+        res = self._fan(lambda h: supervisor.parse_json_line(
+            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out))
+        docs = {n: o.value for n, o in res.items() if o.ok}
+        unreachable = {n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}
+        self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
+                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
+        return self.view
+
+    def stop(self, reason: str) -> dict[str, str]:
+        return stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
+                        lost=set(self.view.unreachable) if self.view else set())
+
+    def gather(self) -> dict[str, str]:
+        """Fetch every rank's new log bytes from every reachable host. Never raises."""
+        lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
+        hosts = [h for h in self.plan.hosts if h.name not in lost]
+        out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts)
+        attempt = self.view.attempt if self.view and self.view.attempt else 1
+        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt)
+        missing = {n: why for n, why in out.items() if why != "ok"}
+        missing.update({n: "lost" for n in lost})
+        for name, why in missing.items():
+            self.events.warning(f"the logs of {name} could not be gathered ({why.splitlines()[0]}); "
+                                "`orch logs` fetches them once it is reachable")
+        self.run.data["logs_incomplete"] = sorted(missing)
+        return out
+
+    def finish(self, outcome: Outcome) -> None:
+        record(self.run, outcome)
+
+    def log_tail(self, rank: int, lines: int = 20) -> str:
+        return log_tail(self.run, rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)
+
+
+def record(run: Run, outcome: Outcome) -> None:
+    """The outcome into run.json (atomically)."""
+    view = outcome.view
+    data = {"state": outcome.state, "message": outcome.message, "first_failure": outcome.first_failure}
+    if outcome.state != "detached":
+        data["ended"] = time.time()
+    else:
+        data["state"] = "running"
+    if view is not None:
+        data.update(exit_codes={str(r["rank"]): r.get("exit_code") for r in view.ranks},
+                    signals={str(r["rank"]): r["signal"] for r in view.ranks if r.get("signal")},
+                    attempt=max(1, view.attempt), attempts=view.attempts, lost=view.lost,
+                    ranks=view.ranks)
+    run.data.update(data)
+    run.save()
+
+
+def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
+    local = run.local_log(rank, attempt)
+    if not local.exists():
+        return ""
+    with open(local, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, 2) - 65536))
+        data = fh.read()
+    return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- device IPs
+
+
+def read_device_ips(plan: RankPlan, pool: Pool) -> dict[str, dict[int, str]]:
+    """Device IPs for the rank table: the inventory's `device_ips`, else each host's
+    /etc/hccn.conf (read only from hosts that need it, over the open connections)."""
+    from .errors import PlanError
+    from .plan import HCCN_CONF, device_ips_for, parse_hccn_conf
+
+    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices)]
+    outcomes = fan_out(need, lambda h: parse_hccn_conf(pool[h].run(["cat", HCCN_CONF]).check(
+        f"reading {HCCN_CONF}").out), limit=pool.cluster.ssh.fanout)
+    failed = [o.error for o in outcomes.values() if not o.ok]
+    if failed:
+        raise PlanError(f"could not read {HCCN_CONF} on {len(failed)} host(s):\n"
+                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
+                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
+    return device_ips_for(plan, {n: o.value for n, o in outcomes.items()})
+
+
+# --------------------------------------------------------------------------- a recorded run
+
+
+def plan_from_run(run: Run) -> RankPlan:
+    from .plan import Rank
+
+    hosts = {h.name: h for h in run.hosts()}
+    doc = run.data["plan"]
+    return RankPlan(ranks=tuple(Rank(**r) for r in doc["ranks"]),
+                    hosts=tuple(hosts[h["name"]] for h in doc["hosts"]),
+                    launcher=doc["launcher"], platform=doc["platform"])
+
+
+def run_status(run: Run) -> RunView:
+    """The run as the cluster sees it now; a run that ended is recorded in run.json."""
+    cluster = run.cluster()
+    with Pool(cluster) as pool:
+        lc = Lifecycle(cluster, plan_from_run(run), run, pool)
+        view = lc.status()
+        if view.final and not run.finished:
+            run.reload()
+            if not run.finished:
+                lc.gather()
+                record(run, Outcome.of(view))
+    if not view.final and view.state == "unknown" and run.finished:
+        view.state = run.data.get("state") or "unknown"
+    return view
+
+
+def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
+    """Stop every process of the run on every host, gather its logs, record it. Idempotent.
+    Returns ({host: what was done}, {host: why it could not be stopped}, the run's final view)."""
+    cluster = run.cluster()
+    with Pool(cluster) as pool:
+        lc = Lifecycle(cluster, plan_from_run(run), run, pool)
+        result = lc.stop("`orch down`")
+        view = lc.status()
+        lc.gather()
+        run.reload()
+        if not run.finished:
+            if not view.final:
+                view.state, view.message = "stopped", "stopped by `orch down`"
+            record(run, Outcome.of(view))
+    done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
+    failed = {h: r[len("could not stop: "):] for h, r in result.items() if r.startswith("could not stop")}
+    return done, failed, view
+
+
+def cluster_status(cluster: Cluster, plan: RankPlan) -> tuple[str | None, RunView]:
+    """The latest run in the cluster's workdir, as its launch host's supervisor left it: for
+    `orch status FILE` on a machine that never ran `orch up` (no local record)."""
+    with Pool(cluster) as pool:
+        head = plan.launch_host
+        try:
+            doc = supervisor.parse_json_line(
+                pool[head].run(supervisor.status_script(cluster, None)).check("reading status").out)
+        except OrchError as exc:
+            raise UsageError(f"cannot read the run state on the launch host: {exc}") from None
+    if not doc.get("run"):
+        raise UsageError(f"no run found in {cluster.job.workdir} on {head.name}",
+                         hint="start one with `orch up`")
+    view = runstate.merge(head.name, {head.name: doc}, {}, [])
+    return doc["run"], view
+
+
+__all__ = ["Events", "LaunchError", "Lifecycle", "Outcome", "RunConflict", "cluster_status", "prepare",
+           "read_device_ips", "record", "run_dir", "run_down", "run_status", "stop_run"]

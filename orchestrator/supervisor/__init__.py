@@ -1,0 +1,218 @@
+"""The controller's side of the run supervisor (agent.py, which runs on the hosts).
+
+Pure: the supervisors' configurations, the shell scripts that start and query them, and
+the parser of the event stream `agent.py watch` writes. The transport runs the scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..launchers import AGENT, RUN_VAR, Launch, run_dir
+from ..plan import RankPlan
+from ..spec import Cluster
+
+STOP_GRACE = 5.0
+LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host counts as lost
+JOIN_TIMEOUT = 60.0
+
+
+@lru_cache(maxsize=1)
+def agent_source() -> str:
+    return Path(__file__).with_name("agent.py").read_text()
+
+
+def lost_after(cluster: Cluster) -> float:
+    """How long a silent supervisor (or the controller's watch stream) is waited for:
+    max(10 s, 2 x connect_timeout)."""
+    return max(LOST_AFTER_MIN, 2 * cluster.ssh.connect_timeout)
+
+
+def head_address(plan: RankPlan) -> str:
+    h = plan.launch_host
+    return "127.0.0.1" if h.connection == "local" else h.address
+
+
+def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> dict[str, dict]:
+    """{host name: the supervisor's configuration} (the head's is the launch host's)."""
+    job = cluster.job
+    rdir = run_dir(cluster, run_id)
+    token = secrets.token_hex(16)
+    all_ranks = [{"rank": r.rank, "host": r.host, "device": r.device_id, "pid": None, "state": "pending",
+                  "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0}
+                 for r in plan.ranks]
+    out = {}
+    for h in plan.hosts:
+        head = h.name == plan.launch_host.name
+        out[h.name] = {
+            "run_id": run_id, "host": h.name, "role": "head" if head else "member", "token": token,
+            "head_address": head_address(plan), "head_port": None,
+            "rundir": rdir, "workdir": job.workdir,
+            "log_link": f"{job.workdir.rstrip('/')}/{job.log_dir}".replace("//", "/"),
+            "launcher": job.launcher, "on_failure": job.on_failure, "restarts": job.restarts,
+            "restart_delay": job.restart_delay, "stall_timeout": job.stall_timeout, "timeout": job.timeout,
+            "grace": STOP_GRACE, "lost_after": lost_after(cluster), "join_timeout": JOIN_TIMEOUT,
+            "ranks": [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
+            "procs": [p.to_config() for p in launch.procs.get(h.name, ())],
+            **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
+        }
+    return out
+
+
+def start_script(cfg: Mapping) -> str:
+    """Write the supervisor into the run directory and start it (detached). The configuration,
+    secret env values included, goes on its stdin (never a command line, never a file).
+    Prints `ok PID PORT`, or `busy RUN` when another live run holds the workdir."""
+    rdir = cfg["rundir"]
+    q = shlex.quote
+    src = agent_source()
+    assert "\nORCH_AGENT_EOF\n" not in src
+    conf = json.dumps(cfg, separators=(",", ":"))
+    return (f"umask 022\nmkdir -p {q(rdir.rsplit('/', 1)[0])} || exit 1\n"
+            f"mkdir {q(rdir)} 2>/dev/null || [ -d {q(rdir)} ] && [ ! -L {q(rdir)} ] || exit 1\n"
+            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n"
+            f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
+            f"<<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
+
+
+def parse_start(text: str) -> tuple[str, int, int]:
+    """`ok PID PORT` -> ("ok", pid, port); `busy RUN` -> ("busy:RUN", 0, 0); else ("error", 0, 0)."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["ok"] and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            return "ok", int(parts[1]), int(parts[2])
+        if parts[:1] == ["busy"] and len(parts) == 2:
+            return "busy:" + parts[1], 0, 0
+    return "error", 0, 0
+
+
+_LIVE_PY = ("import sys,os,fcntl\nprint('py %d.%d' % sys.version_info[:2])\n"
+            "try:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n sys.exit(0)\n"
+            "try:\n fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
+            "except OSError:\n print('live',os.read(fd,200).decode('utf-8','replace').strip() or '?')\n")
+
+
+def prepare_script(cluster: Cluster) -> str:
+    """One round trip before anything is written: the user id, python3's version, and the run
+    that holds the workdir now (if one does)."""
+    lock = f"{cluster.job.workdir.rstrip('/')}/.orch/lock"
+    return (f"echo uid $(id -u)\ncommand -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
+            f"python3 -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
+
+
+def parse_prepare(text: str) -> dict:
+    out: dict = {"uid": None, "python": None, "live": None}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if kind == "uid" and rest.isdigit():
+            out["uid"] = int(rest)
+        elif kind == "py":
+            out["python"] = rest
+        elif kind == "nopython":
+            out["python"] = ""
+        elif kind == "live" and rest:
+            out["live"] = rest
+    return out
+
+
+def agent_argv(cluster: Cluster, run_id: str, *args: str) -> list[str]:
+    rdir = run_dir(cluster, run_id)
+    return ["python3", f"{rdir}/{AGENT}", args[0], rdir, *args[1:]]
+
+
+def status_script(cluster: Cluster, run_id: str | None) -> str:
+    """This host's view of a run (`agent.py status`); without a run id, the latest run in the
+    workdir (run ids sort by start time)."""
+    base = f"{cluster.job.workdir.rstrip('/')}/.orch"
+    if run_id is not None:
+        return shlex.join(agent_argv(cluster, run_id, "status")) + " 2>/dev/null || echo '{}'"
+    return (f"d=$(ls -1d {shlex.quote(base)}/*/state.json 2>/dev/null | sort | tail -n 1)\n"
+            "[ -n \"$d\" ] || { echo '{}'; exit 0; }\nd=${d%/state.json}\n"
+            "python3 \"$d/agent.py\" status \"$d\" 2>/dev/null || echo '{}'")
+
+
+def parse_json_line(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def sweep_script(run_id: str, signal_name: str | None, grace: float = STOP_GRACE) -> str:
+    """Signal every process of this run on a host (found by ORCH_RUN_ID in its environment),
+    supervisors included; with TERM, wait up to `grace` seconds, then KILL what is left.
+    The last resort after asking the run's head to stop it. Prints what it did."""
+    needle = shlex.quote(f"{RUN_VAR}={run_id}")
+    find = (f"find_pids() {{ grep -lzxF -- {needle} /proc/[0-9]*/environ 2>/dev/null | "
+            "cut -d/ -f3 | grep -vx \"$$\"; }\n")
+    if signal_name is None:
+        return find + "find_pids | tr '\\n' ' '\n"
+    steps = int(grace / 0.2)
+    return (find + "pids=$(find_pids)\n[ -z \"$pids\" ] && { echo none; exit 0; }\n"
+            f"kill -{signal_name} $pids 2>/dev/null\n"
+            f"i=0\nwhile [ $i -lt {steps} ]; do sleep 0.2; pids=$(find_pids); [ -z \"$pids\" ] && break; i=$((i+1)); done\n"
+            "if [ -n \"$pids\" ]; then kill -KILL $pids 2>/dev/null; echo killed $pids; else echo stopped; fi\n")
+
+
+class EventStream:
+    """A file-like sink for `agent.py watch`'s stdout: parses its frames as they arrive.
+
+        E <json>\\n                          the head's state -> on_state(doc)
+        O <rank> <attempt> <n>\\n<n bytes>   a rank's new output -> on_output(rank, attempt, data)
+        H\\n                                 a heartbeat
+        X <why>\\n                           the end of the stream -> self.end = why
+    """
+
+    def __init__(self, on_state: Callable[[dict], None], on_output: Callable[[int, int, bytes], None]):
+        self.on_state = on_state
+        self.on_output = on_output
+        self.buf = bytearray()
+        self.need: tuple[int, int, int] | None = None
+        self.end: str | None = None
+        self.last_state: dict | None = None
+
+    def write(self, data: bytes) -> int:
+        self.buf += data
+        while True:
+            if self.need is not None:
+                rank, attempt, n = self.need
+                if len(self.buf) < n:
+                    return len(data)
+                chunk = bytes(self.buf[:n])
+                del self.buf[:n]
+                self.need = None
+                self.on_output(rank, attempt, chunk)
+                continue
+            i = self.buf.find(b"\n")
+            if i < 0:
+                return len(data)
+            line = bytes(self.buf[:i])
+            del self.buf[:i + 1]
+            kind, _, rest = line.partition(b" ")
+            if kind == b"E":
+                try:
+                    doc = json.loads(rest)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and doc:
+                    self.last_state = doc
+                    self.on_state(doc)
+            elif kind == b"O":
+                parts = rest.split()
+                if len(parts) == 3 and all(p.isdigit() for p in parts):
+                    self.need = (int(parts[0]), int(parts[1]), int(parts[2]))
+            elif kind == b"X":
+                self.end = rest.decode("ascii", "replace") or "end"
+
+    def flush(self) -> None:
+        pass
