@@ -15,8 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.plan import device_ips_for, make_plan  # noqa: E402
+from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (  # noqa: E402
-    hostfile, launch_commands, mpirun_argv, msrun_argv, plan_files, rank_env, rank_table_legacy, rank_table_v1,
+    hostfile, mpirun_argv, msrun_argv, rank_env, rank_table_legacy, rank_table_v1,
 )
 from orchestrator.spec import Cluster, Host, Job  # noqa: E402
 

@@ -32,8 +32,12 @@ def fx_lab(lab_factory):
 
     def make(letter: str, n: int, vary=None, refuse_key=()):
         name = f"fx{letter}{_b36(os.getpid())}"[:8]
+        spec = (n, tuple(vary or ()), tuple(refuse_key))
         if name not in made:
-            made[name] = lab_factory(letter, n, vary=vary, refuse_key=refuse_key, name=name)
-        return made[name]
+            made[name] = (spec, lab_factory(letter, n, vary=vary, refuse_key=refuse_key, name=name))
+        if made[name][0] != spec:  # two modules asked for different labs under one letter
+            raise AssertionError(f"fx_lab({letter!r}) is already a lab of {made[name][0]}, not {spec}: "
+                                 "pick another letter")
+        return made[name][1]
 
     return make

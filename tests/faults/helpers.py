@@ -89,3 +89,9 @@ def sshd_lines(lab, i: int) -> list[str]:
         return lab.sshd_log(i).read_text(errors="replace").splitlines()
     except OSError:
         return []
+
+
+def host_procs(lab, i: int, run_id: str) -> list[str]:
+    """Processes of the run on lab host i (its own PID namespace)."""
+    res = lab.exec(i, ["sh", "-c", f"grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null; true"])
+    return res.stdout.split()

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import launch, plan, probes, render, runs, sync
+from orchestrator import launchers, logs, plan, probes, render, runs, supervisor, sync
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.spec import fold, load_cluster
 
@@ -122,7 +122,7 @@ def _exercise(cluster) -> None:
     except PlanError:
         return
     try:
-        files = render.plan_files(cluster, rp, device_ips=None, root=False)
+        files = launchers.plan_files(cluster, rp, device_ips=None, root=False)
     except PlanError:
         return
     json.loads(files["plan.json"])
@@ -283,12 +283,18 @@ def test_fuzz_hccn_conf(text):
 @FUZZ
 @given(text=host_output())
 def test_fuzz_lifecycle_replies(text):
-    """Poll and status replies and checksum listings of any content parse (garbage is ignored)."""
-    p = launch.parse_poll(text)
-    assert all(isinstance(v, int) for v in p.rcs.values()) and all(isinstance(v, int) for v in p.alive)
-    assert all(isinstance(s, int) and isinstance(path, str) for s, path in p.logs.values())
-    rcs, pids, _ = launch.parse_status(text)
-    assert all(isinstance(v, int) for v in [*rcs, *rcs.values(), *pids, *pids.values()])
+    """Supervisor replies, event streams, log listings and checksum listings of any content
+    parse (garbage is ignored)."""
+    for (attempt, rank), (size, path) in logs.parse_listing(text).items():
+        assert all(isinstance(v, int) for v in (attempt, rank, size)) and isinstance(path, str)
+    assert isinstance(supervisor.parse_json_line(text), dict)
+    assert isinstance(supervisor.parse_prepare(text), dict)
+    got = []
+    stream = supervisor.EventStream(got.append, lambda r, a, d: got.append((r, a, d)))
+    data = text.encode("utf-8", "surrogateescape")
+    for i in range(0, len(data), 7):
+        stream.write(data[i:i + 7])
+    assert all(isinstance(g, (dict, tuple)) for g in got)
     hashes = sync._parse_hashes(text, ["a", "b c", "d\ne"])
     assert set(hashes) <= {"a", "b c", "d\ne"}
 

@@ -37,11 +37,17 @@ RANK_PY = GEN + """
 import os
 if os.environ.get("RANK_ID") == "0":
     out = sys.stdout.buffer
+    half = int(os.environ["BIG_MB"]) // 2
     for i, b in enumerate(blocks(int(os.environ["BIG_MB"]))):
         out.write(b)
         out.flush()
         if i % 8 == 0:
             time.sleep(0.02)
+        if i == half and os.environ.get("GATE"):  # wait (bounded) until the test saw the copy grow
+            for _ in range(2400):
+                if os.path.exists("seen-growing"):
+                    break
+                time.sleep(0.05)
 else:
     print("small rank", os.environ.get("RANK_ID"))
 """
@@ -96,15 +102,21 @@ def test_huge_binary_log_is_gathered_byte_exact_incrementally_in_bounded_memory(
     processes peaks far below the log's size (< 150 MB RSS): logs are streamed, never held."""
     digest, size, last = expected
     write_cluster(llab, tmp_path, workdir="/data/fx-biglog", launcher="ranktable", command="python3 rank.py",
-                  sync=["rank.py"], env={"BIG_MB": str(BIG_MB)})
+                  sync=["rank.py"], env={"BIG_MB": str(BIG_MB), "GATE": "1"})
     (tmp_path / "rank.py").write_text(RANK_PY)
+    llab.exec(1, ["rm", "-f", "/data/fx-biglog/seen-growing"])
     seen: list[int] = []
     done = threading.Event()
 
     def watch() -> None:  # the controller's copy, sampled while the job runs
+        # Synchronised on a marker, not on time: rank 0 stops halfway until this has seen the
+        # controller's copy of its log grow, so a loaded machine cannot race past it.
         while not done.is_set():
             for p in runs_dir(tmp_path).glob("*/logs/rank.0/stdout") if runs_dir(tmp_path).is_dir() else []:
                 seen.append(p.stat().st_size)
+                if 0 < seen[-1] < size:
+                    llab.exec(1, ["touch", "/data/fx-biglog/seen-growing"])
+                    return
             time.sleep(0.05)
 
     t = threading.Thread(target=watch, daemon=True)

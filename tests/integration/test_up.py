@@ -154,8 +154,8 @@ def test_detach_status_down_and_logs_follow(lab, job, tmp_path):
         assert bystander.poll() is None, "orch down killed a process that was not part of the run"
     finally:
         bystander.kill()
-    st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=0).stdout)
-    assert {r["state"] for r in st["ranks"]} == {"killed"}
+    st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=4).stdout)  # 4: stopped
+    assert st["state"] == "stopped" and {r["state"] for r in st["ranks"]} == {"stopped"}
     assert orch("logs", "--rank", "2", cwd=tmp_path, check_rc=0).stdout == b"start\n"
     orch("down", cwd=tmp_path, check_rc=0)  # idempotent
 

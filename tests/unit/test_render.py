@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError
 from orchestrator.plan import device_ips_for, make_plan, parse_hccn_conf, server_key
+from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (
-    REDACTED, hostfile, launch_commands, mpirun_argv, mpirun_env, msrun_argv, msrun_env, msrun_script,
-    plan_files, rank_env, rank_table, rank_table_filename, rank_table_legacy, rank_table_v1,
+    REDACTED, hostfile, mpirun_argv, mpirun_env, msrun_argv, msrun_env, msrun_script,
+    rank_env, rank_table, rank_table_filename, rank_table_legacy, rank_table_v1,
 )
 from orchestrator.spec import Cluster, Host, Job
 
@@ -256,17 +257,20 @@ def test_launch_commands_ranktable_redacts_secrets():
     rec = cmds["10.0.0.2"][1]
     assert rec["rank"] == 3 and rec["argv"] == ["python", "net.py"] and rec["cwd"] == "/data/job"
     assert rec["env"]["API_KEY"] == REDACTED and rec["env"]["LR"] == "0.1" and rec["env"]["DEVICE_ID"] == "1"
-    assert rec["stdout"] == "/data/job/log_output/1/rank.3/stdout"
+    assert rec["stdout"] == "/data/job/.orch/<run-id>/a1/1/rank.3/stdout"
     assert launch_commands(c, plan, root=False, redact=False)["10.0.0.2"][1]["env"]["API_KEY"] == "k"
 
 
-def test_launch_commands_msrun_and_mpirun_shapes():
+def test_launch_commands_msrun_and_mpirun_shapes_are_what_up_runs():
     c = cluster(host("10.0.0.1", range(2)), host("10.0.0.2", range(2)), launcher="msrun")
     cmds = launch_commands(c, make_plan(c), root=False)
     assert [len(v) for v in cmds.values()] == [1, 1] and cmds["10.0.0.2"][0]["argv"][0] == "msrun"
+    assert "--log_dir=/data/job/.orch/<run-id>/a1" in cmds["10.0.0.2"][0]["argv"]
     c = cluster(host("10.0.0.1", range(2)), host("10.0.0.2", range(2)))
     cmds = launch_commands(c, make_plan(c), root=True)
-    assert cmds["10.0.0.2"] == [] and "--allow-run-as-root" in cmds["10.0.0.1"][0]["argv"]
+    argv = cmds["10.0.0.1"][0]["argv"]
+    assert cmds["10.0.0.2"] == [] and "--allow-run-as-root" in argv
+    assert argv[-6:-2] == ["python3", "/data/job/.orch/<run-id>/agent.py", "rank", "--"]  # the rank wrapper
 
 
 def test_plan_files_per_launcher():

@@ -1,0 +1,112 @@
+"""Launchers (pure) and the rank wrapper every mpirun/msrun rank runs under (agent.py rank)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launchers
+from orchestrator.plan import make_plan
+from orchestrator.render import msrun_argv
+from orchestrator.spec import Cluster, Host, Job
+
+AGENT = Path(launchers.__file__).parent / "supervisor" / "agent.py"
+
+
+def cluster(command, launcher="msrun", n_hosts=2, slots=2, **job) -> Cluster:
+    hosts = tuple(Host(name=f"h{i}", address=f"10.0.0.{i}", user="root", slots=slots, devices=tuple(range(slots)))
+                  for i in range(1, n_hosts + 1))
+    return Cluster(name="t", path=Path("/tmp/cluster.yaml"), hosts=hosts,
+                   job=Job(workdir="/data/job", command=tuple(command), launcher=launcher, platform="cpu", **job))
+
+
+@pytest.mark.parametrize("command,starter,interp,script", [
+    (["python", "train.py", "--lr", "1"], "python", "python", ["train.py", "--lr", "1"]),
+    (["python3", "train.py"], "python3", "python3", ["train.py"]),
+    (["/usr/bin/python3.11", "x/net.py"], "python3", "/usr/bin/python3.11", ["x/net.py"]),
+    (["train.py"], "python", "python", ["train.py"]),  # msrun's own default interpreter
+])
+def test_msrun_task_wraps_the_script_and_keeps_its_interpreter(command, starter, interp, script):
+    task = launchers.msrun_task(command)
+    assert task[0] == starter and task[1] == "-c" and task[3:] == [interp, *script]
+
+
+def test_msrun_one_per_host_with_the_wrapped_task_and_the_attempt_log_dir():
+    c = cluster(["python", "train.py", "a"])
+    plan = make_plan(c)
+    launch = launchers.build(c, plan, "RUN1", root={})
+    assert list(launch.procs) == ["h1", "h2"]
+    for name, [proc] in launch.procs.items():
+        plain = msrun_argv(c, plan, name, log_dir=launchers.ATTEMPT_DIR)
+        assert proc.key == f"msrun.{name}" and proc.rank is None and proc.log == "msrun.log"
+        assert list(proc.argv[:len(plain) - 2]) == plain[:-2]  # every msrun option as rendered
+        assert list(proc.argv[len(plain) - 2:]) == launchers.msrun_task(c.job.command)
+
+
+def test_mpirun_one_process_on_the_launch_host_ranks_wrapped_run_vars_passed():
+    c = cluster(["python3", "x.py"], launcher="mpirun")
+    launch = launchers.build(c, make_plan(c), "RUN1", root={"h1": True})
+    assert launch.procs["h2"] == ()
+    [proc] = launch.procs["h1"]
+    argv = list(proc.argv)
+    assert argv[0] == "mpirun" and "--allow-run-as-root" in argv
+    assert argv[argv.index("--output-filename") + 1] == launchers.ATTEMPT_DIR
+    for var in (launchers.RUN_VAR, launchers.DIR_VAR, launchers.ATTEMPT_VAR):
+        assert argv[argv.index(var) - 1] == "-x"
+    assert argv[-6:] == ["python3", "/data/job/.orch/RUN1/agent.py", "rank", "--", "python3", "x.py"]
+    assert launch.files["h1"]["hostfile"].startswith(b"# orch")
+
+
+def test_ranktable_every_rank_a_process_of_its_host_with_its_env_and_log():
+    c = cluster(["python3", "x.py"], launcher="ranktable", stall_timeout=30)
+    launch = launchers.build(c, make_plan(c), "RUN1", root={})
+    p3 = launch.procs["h2"][1]
+    assert (p3.key, p3.rank, p3.log, p3.env_log) == ("rank.3", 3, "1/rank.3/stdout", True)
+    assert p3.env["RANK_ID"] == "3" and p3.env["RANK_SIZE"] == "4" and p3.env["MASTER_ADDR"] == "10.0.0.1"
+    assert p3.env["PYTHONFAULTHANDLER"] == "1"  # stall_timeout: stacks on SIGABRT
+    assert "RANK_TABLE_FILE" not in p3.env      # cpu: no rank table
+
+
+def run_rank(tmp_path, env, inner):
+    """Run a rank under the wrapper as mpirun or msrun would."""
+    shutil.copy(AGENT, tmp_path / "agent.py")
+    (tmp_path / "a1").mkdir(exist_ok=True)
+    return subprocess.run(["python3", str(tmp_path / "agent.py"), "rank", "--", *inner],
+                          env={"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1", **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_wrapper_records_the_ranks_exit_code_and_pid(tmp_path):
+    res = run_rank(tmp_path, {"RANK_ID": "5"}, ["sh", "-c", "echo hi $0 $1; exit 7", "a", "b"])
+    assert res.returncode == 7 and res.stdout == "hi a b\n"
+    ex = json.loads((tmp_path / "a1" / "rank.5.exit").read_text())
+    assert ex["exit_code"] == 7 and ex["signal"] is None
+    assert json.loads((tmp_path / "a1" / "rank.5.pid").read_text())["pid"] > 0
+    assert not list((tmp_path / "a1").glob("*.tmp"))
+
+
+def test_wrapper_tells_a_signal_from_an_exit_code(tmp_path):
+    res = run_rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "2"}, ["sh", "-c", "kill -9 $$"])
+    assert res.returncode == -9  # the wrapper dies of the same signal, as mpirun expects
+    ex = json.loads((tmp_path / "a1" / "rank.2.exit").read_text())
+    assert ex["signal"] == 9 and ex["exit_code"] is None
+    res = run_rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "3"}, ["sh", "-c", "exit 137"])
+    ex = json.loads((tmp_path / "a1" / "rank.3.exit").read_text())
+    assert res.returncode == 137 and ex["exit_code"] == 137 and ex["signal"] is None
+
+
+def test_msrun_scheduler_runs_unwrapped(tmp_path):
+    shutil.copy(AGENT, tmp_path / "agent.py")
+    task = launchers.msrun_task(["python3", "train.py"])
+    env = {"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1"}
+    sched = subprocess.run(["python3", task[1], task[2], "sh", "-c", "exit 3"], env={**env, "RANK_ID": "0",
+                           "MS_ROLE": "MS_SCHED"}, capture_output=True, timeout=30)
+    assert sched.returncode == 3 and not (tmp_path / "a1").exists()
+    (tmp_path / "a1").mkdir()
+    worker = subprocess.run(["python3", task[1], task[2], "sh", "-c", "exit 4"], env={**env, "RANK_ID": "1",
+                            "MS_ROLE": "MS_WORKER"}, capture_output=True, timeout=30)
+    assert worker.returncode == 4 and json.loads((tmp_path / "a1" / "rank.1.exit").read_text())["exit_code"] == 4
