@@ -16,7 +16,8 @@ import yaml
 from orchestrator import lab as labmod
 from orchestrator.errors import LabError
 from orchestrator.lab import Lab
-from orchestrator.launch import RUN_VAR, sweep_script
+from orchestrator.launchers import RUN_VAR
+from orchestrator.supervisor import sweep_script
 
 pytestmark = pytest.mark.lab
 
@@ -317,7 +318,7 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     # a daemon started over ssh (setsid, detached) must not survive replace or down
     daemon = "sh -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'"
     pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))  # $! is host 2's pid
-    assert labmod._pid_alive(pid, "sleep")
+    assert wait_for(lambda: labmod._pid_alive(pid, "sleep"))  # once setsid has exec'd sleep
 
     r = orch("lab", "up", "2", "--name", name)
     assert r.returncode == 0, r.stderr
@@ -326,7 +327,7 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     assert not os.path.exists(f"/run/netns/olab-{name}-3")
     assert not labmod._pid_alive(pid)
     pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))
-    assert labmod._pid_alive(pid, "sleep")
+    assert wait_for(lambda: labmod._pid_alive(pid, "sleep"))
     holders = [h["holder_pid"] for h in w.state()["hosts"]]
 
     r = orch("lab", "down", "--name", name)
