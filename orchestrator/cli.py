@@ -344,17 +344,14 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     started); 130 interrupted or stopped (every rank stopped)."""
     import signal as _signal
 
-    from . import launchers, lifecycle
-    from .errors import PreflightFailed
+    from . import slurm
     from .plan import make_plan
-    from .runs import create_run
-    from .transport import Pool
+    from .spec import fold
+    from .supervisor import lost_after
 
     cluster = load(file, hosts)
-    rp = make_plan(cluster)
     events = _CliEvents(quiet)
-    for w in rp.warnings:
-        events.warning(w)
+    rp = make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
     if follow_rank >= rp.size or follow_rank < 0:
         raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
 
@@ -362,6 +359,52 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
         raise KeyboardInterrupt
 
     old = _signal.signal(_signal.SIGTERM, on_term)
+    client = job = None
+    if cluster.slurm is not None:
+        client = slurm.Client(cluster)
+        events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
+        try:
+            cluster, job = slurm.allocate(cluster, client, lambda jid, why: events.step(
+                f"Slurm job {jid} is pending ({why}); Ctrl-C cancels it"))
+        except KeyboardInterrupt:
+            client.close()
+            _signal.signal(_signal.SIGTERM, old)
+            click.secho("orch: interrupted while queued: the Slurm request was cancelled", fg="red", err=True)
+            click.get_current_context().exit(130)
+        except BaseException:
+            client.close()
+            _signal.signal(_signal.SIGTERM, old)
+            raise
+        events.step(f"Slurm job {job.job_id}: {len(job.nodes)} node(s) {fold(job.nodes)}")
+        rp = make_plan(cluster)
+    for w in rp.warnings:
+        events.warning(w)
+    outcome = None
+    try:
+        outcome = _up_on(cluster, rp, events, client, job, skip_checks, force, detach, quiet, follow_rank)
+    finally:
+        if client is not None:
+            assert job is not None
+            if outcome is None or outcome[1].state != "detached":
+                wait = 0 if outcome is None or not outcome[0].started else lost_after(cluster) + 15
+                info = slurm.release(client, job.job_id, wait)
+                if info.live:
+                    events.warning(f"Slurm job {job.job_id} is still {info.state}; cancel it with "
+                                   f"`scancel {job.job_id}`")
+            client.close()
+        _signal.signal(_signal.SIGTERM, old)
+    _report_outcome(*outcome)
+
+
+def _up_on(cluster, rp, events, client, job, skip_checks, force, detach, quiet, follow_rank):
+    """`orch up` once the hosts are known: (the Lifecycle, its Outcome, the Run)."""
+    import signal as _signal
+
+    from . import launchers, lifecycle, slurm
+    from .errors import PreflightFailed
+    from .runs import create_run
+    from .transport import Pool
+
     with Pool(cluster) as pool:
         if not skip_checks:
             from . import checks
@@ -377,6 +420,9 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
             device_ips = lifecycle.read_device_ips(rp, pool)
         roots = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
         run = create_run(cluster, rp.to_dict())
+        if job is not None:
+            run.data["slurm"] = slurm.record(client, job)
+            run.save()
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
         launch = launchers.build(cluster, rp, run.id, root=roots, device_ips=device_ips)
         lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
@@ -405,8 +451,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                     outcome.view = view
                 lc.gather()
             lc.finish(outcome)
-            _signal.signal(_signal.SIGTERM, old)
-    _report_outcome(lc, outcome, run)
+    return lc, outcome, run
 
 
 def _report_outcome(lc, outcome, run) -> None:

@@ -119,6 +119,7 @@ from typing import Iterable, Mapping, Sequence
 
 import click
 
+from . import labslurm
 from .errors import LabError
 
 DEFAULT_ROOT = "/var/tmp/orch-lab"
@@ -431,7 +432,7 @@ def preflight(tools: Sequence[str] = _UP_TOOLS) -> dict[str, str]:
         else:
             found[tool] = path
     if missing:
-        pkgs = sorted({_TOOLS[t] for t in missing})
+        pkgs = sorted({_TOOLS.get(t) or labslurm.TOOLS[t] for t in missing})
         raise LabError(
             f"orch lab needs {', '.join(missing)}, not found on PATH",
             hint="install it: apt-get install " + " ".join(pkgs),
@@ -706,6 +707,16 @@ class Lab:
         return self.state_dir / "inventory.yaml"
 
     @property
+    def slurm_inventory_path(self) -> Path:
+        """The inventory of a lab made with --slurm: hosts from a Slurm allocation."""
+        return self.state_dir / "slurm-inventory.yaml"
+
+    @property
+    def slurm_conf(self) -> str | None:
+        """SLURM_CONF for a lab made with --slurm (None otherwise)."""
+        return (self.state().get("slurm") or {}).get("conf")
+
+    @property
     def key_path(self) -> Path:
         return self.state_dir / "id_ed25519"
 
@@ -769,9 +780,11 @@ class Lab:
 
     # ---- up
 
-    def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = ()) -> "Lab":
-        """Replace any lab of this name with n fresh hosts; returns self."""
-        tools = preflight()
+    def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
+           slurm: bool = False) -> "Lab":
+        """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
+        returns self."""
+        tools = preflight(_UP_TOOLS + (tuple(labslurm.TOOLS) if slurm else ()))
         if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
         plan_vary = parse_vary(vary)
@@ -816,6 +829,12 @@ class Lab:
             self._save_state(state)
         try:
             self._build(state, hosts, plan_vary, refuse, tools)
+            if slurm:
+                state["slurm"] = labslurm.start(self.state_dir, self.name, k, state["gateway"], hosts, _run,
+                                                lambda i: self._enter(self._holder(i)), _nsenter_run, _which)
+                _write(self.slurm_inventory_path, labslurm.inventory_yaml(
+                    self.name, n, Path(state["slurm"]["conf"]), self.key_path, self.known_hosts_path, SLOTS))
+                self._save_state(state)
         except BaseException as exc:
             if os.environ.get("ORCH_LAB_KEEP_FAILED"):
                 raise
@@ -960,7 +979,10 @@ class Lab:
         unshare = tools["unshare"]
 
         def start_holder(p: _HostPlan) -> int:
-            res = _run(["ip", "netns", "exec", p.host.netns, unshare, "--uts", "--mount", "--propagation", "private",
+            # nsenter --net, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup (which
+            # slurmd needs); setup.sh mounts the namespace's own sysfs and keeps the cgroup tree.
+            res = _run(["nsenter", f"--net={_NETNS_DIR}/{p.host.netns}", unshare, "--uts", "--mount",
+                        "--propagation", "private",
                         "--pid", "/bin/sh", "-c", '/bin/sh "$1" & echo "$!"', "sh", str(p.dir / "setup.sh")],
                        check=False, timeout=60, start_new_session=True)
             out = res.stdout.split()
@@ -997,6 +1019,7 @@ class Lab:
         tmp.mkdir()
         os.chmod(tmp, 0o1777)
         (d / "rootov").mkdir()
+        (d / "cgroup").mkdir()
         _write(d / "hccn.conf", hccn_conf(h.index))
         _write(d / "hosts", hosts_text)
         _write(d / "bashrc", bashrc)
@@ -1064,6 +1087,10 @@ class Lab:
             "ip link set eth0 up",
             f"echo {q(h.name)} > /proc/sys/kernel/hostname",
             "mount --make-rprivate /",
+            # this network namespace's own sysfs (/sys/class/net shows eth0), with the machine's cgroups
+            f"mount --rbind /sys/fs/cgroup {q(str(d / 'cgroup'))}",
+            "mount -t sysfs orch-lab-sys /sys",
+            f"mount --move {q(str(d / 'cgroup'))} /sys/fs/cgroup",
             f"mount --bind {q(str(d / 'data'))} /data",
             f"mount --bind {q(str(d / 'hccn.conf'))} /etc/hccn.conf",
             f"mount --bind {q(str(d / 'hosts'))} /etc/hosts",
@@ -1324,7 +1351,8 @@ class Lab:
             except OSError:
                 continue
             argv = cmdline.split(b"\0")
-            if marker in cmdline and (os.path.basename(argv[0]) in (b"sshd", b"sleep") or init in argv[1:3]):
+            if marker in cmdline and (os.path.basename(argv[0]) in (b"sshd", b"sleep", *labslurm.DAEMONS)
+                                      or init in argv[1:3]):
                 found.add(pid)
         return {p for p in found if _pid_alive(p)}
 
@@ -1469,11 +1497,14 @@ _name_option = click.option("--name", default="lab", show_default=True, help="La
                    "dist; VERSION may be 'none'). I may be '*' for every host. Repeatable.")
 @click.option("--all", "all_", multiple=True, metavar="TOOL=VERSION", help="Same as --vary '*:TOOL=VERSION'.")
 @click.option("--refuse-key", multiple=True, type=int, metavar="I", help="Host I does not accept the lab key.")
-def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...]) -> None:
+@click.option("--slurm", is_flag=True, help="Also run a real Slurm: slurmctld here, a slurmd on every host "
+                                            "(Debian's slurm-wlm and munge); prints its inventory too.")
+def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...],
+           slurm: bool) -> None:
     """Start N hosts (replacing a lab of the same name); prints the inventory path."""
     lab = Lab(name)
     t0 = time.monotonic()
-    lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key)
+    lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm)
     st = lab.state()
     click.echo(f"lab {name}: {n} hosts on {st['subnet']} (bridge {st['bridge']}) up in {time.monotonic() - t0:.1f}s")
     if n <= 32:
@@ -1483,6 +1514,9 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
                 extra += " refuse-key"
             click.echo(f"  {rec['name']:<14} {rec['address']:<15} {extra}".rstrip())
     click.echo(str(lab.inventory_path))
+    if slurm:
+        click.echo(f"Slurm: partition {labslurm.PARTITION}, SLURM_CONF={lab.slurm_conf}; a Slurm inventory:")
+        click.echo(str(lab.slurm_inventory_path))
 
 
 @lab_group.command("down")

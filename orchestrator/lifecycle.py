@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import logs, runstate, supervisor
+from . import logs, runstate, slurm, supervisor
 from .errors import OrchError, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
@@ -169,6 +169,8 @@ class Lifecycle:
             h: [{"key": p["key"], "command": mask_text(job, dict(p["env"]), shlex.join(p["argv"])),
                  "cwd": p["cwd"]} for p in cfg["procs"]] for h, cfg in cfgs.items()}
         head = self.plan.launch_host
+        if self.run.data.get("slurm"):
+            return self._start_slurm(cfgs)
         res = self.pool[head].run(supervisor.start_script(cfgs[head.name])).check("starting the run's supervisor")
         status, pid, port = supervisor.parse_start(res.out)
         if status.startswith("busy:"):
@@ -201,6 +203,39 @@ class Lifecycle:
                 f"  {o.error}" for o in failed))
         self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} host(s), "
                          f"supervised from {head.name}")
+
+    def _start_slurm(self, cfgs: dict[str, dict]) -> None:
+        """Slurm: stage every node's supervisor, then tell the batch script to start them as job
+        steps; wait (bounded) until the head's supervisor runs."""
+        res = self._fan(lambda h: self.pool[h].run(supervisor.stage_script(cfgs[h.name])).check(
+            "staging the run's supervisor").out)
+        failed = [o for o in res.values() if not o.ok]
+        if failed:
+            raise LaunchError("could not stage the run on every node; nothing was started:\n" + "\n".join(
+                f"  {o.error}" for o in failed))
+        job = self.run.data["slurm"]
+        go = slurm.go_path(self.cluster.job.workdir, job["job_id"])
+        self.pool[job["batch_host"]].put(supervisor.go_text(self.cluster, self.plan, self.run.id).encode(), go,
+                                         mode=0o600)
+        self.started = True
+        head = self.plan.launch_host
+        self.run.data.update(state="running", launched=time.time(), head=head.name, procs=[])
+        self.run.save()
+        deadline = time.monotonic() + supervisor.JOIN_TIMEOUT * 2
+        while True:
+            doc = supervisor.parse_json_line(self.pool[head].run(
+                supervisor.status_script(self.cluster, self.run.id)).check("reading status").out)
+            if doc.get("run") == self.run.id and doc.get("agent_alive"):
+                break
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the run's supervisors did not start in Slurm job {job['job_id']} within "
+                                  f"{supervisor.JOIN_TIMEOUT * 2:g} s; see {run_dir(self.cluster, self.run.id)}"
+                                  f"/batch.log on {job['batch_host']}")
+            time.sleep(0.3)
+        self.run.data["procs"] = [{"key": "supervisor", "host": head.name, "pid": doc.get("agent_pid")}]
+        self.run.save()
+        self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} node(s) "
+                         f"of Slurm job {job['job_id']}, supervised from {head.name}")
 
     # ---- following
     def follow(self) -> Outcome:

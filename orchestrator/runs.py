@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .spec import Cluster, Host, Job, SshSettings
+from .spec import Cluster, Host, Job, Slurm, SshSettings
 
 RUNS_DIR = Path(".orch") / "runs"
 MASK = "***"
@@ -200,8 +200,12 @@ class Run:
                   platform=j["platform"], log_dir=j["log_dir"], on_failure=j.get("on_failure", "stop"),
                   timeout=j.get("timeout"), restarts=j.get("restarts", 0),
                   restart_delay=j.get("restart_delay", 0.0), stall_timeout=j.get("stall_timeout"))
-        return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=self.hosts(),
-                       job=job, ssh=SshSettings(**self.data["ssh"]))
+        hosts = self.hosts()
+        sl = self.data.get("slurm")
+        slurm = Slurm(nodes=len(hosts), template=hosts[0], login=sl.get("login"), conf=sl.get("conf")) \
+            if sl and hosts else None
+        return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=hosts,
+                       job=job, ssh=SshSettings(**self.data["ssh"]), slurm=slurm)
 
     @property
     def finished(self) -> bool:

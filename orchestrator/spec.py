@@ -94,15 +94,54 @@ class RawHost(RawHostKeys):
     name: str | None = None
 
 
+SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(UNLIMITED|INFINITE)$")
+
+
+class RawSlurm(_Raw):
+    nodes: StrictInt
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    constraint: str | None = None
+    gres: str | None = None
+    exclusive: bool = False
+    extra: list[str] = []
+    login: str | None = None
+    conf: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v):
+        if v < 1:
+            raise ValueError("nodes must be at least 1")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v):
+        if v is not None and not SLURM_TIME.match(v):
+            raise ValueError(f"time {v!r} is not a Slurm time limit: use \"HH:MM:SS\", \"MM\" or \"D-HH:MM:SS\"")
+        return v
+
+    @field_validator("partition", "account", "qos", "constraint", "gres", "login")
+    @classmethod
+    def _word(cls, v):
+        if v is not None and (not v.strip() or any(c in v for c in "\n\0")):
+            raise ValueError("must be a non-empty single-line string")
+        return v
+
+
 class RawInventory(_Raw):
     defaults: RawHostKeys = RawHostKeys()
-    hosts: list[RawHost]
+    hosts: list[RawHost] | None = None
+    slurm: RawSlurm | None = None
     groups: dict[str, list[str]] = {}
 
     @field_validator("hosts")
     @classmethod
     def _nonempty(cls, v):
-        if not v:
+        if v is not None and not v:
             raise ValueError("the inventory lists no hosts")
         return v
 
@@ -267,6 +306,24 @@ class Checks:
 
 
 @dataclass(frozen=True)
+class Slurm:
+    """`inventory.slurm`: hosts come from a Slurm allocation of `nodes` nodes; each allocated
+    node becomes a host with the inventory's defaults (`template`, nameless)."""
+    nodes: int
+    template: Host
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    constraint: str | None = None
+    gres: str | None = None
+    exclusive: bool = False
+    extra: tuple[str, ...] = ()
+    login: str | None = None   # an ssh host where Slurm commands run; None: this machine
+    conf: str | None = None    # SLURM_CONF for those commands; None: Slurm's own default
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     path: Path  # the cluster file (absolute)
@@ -275,6 +332,7 @@ class Cluster:
     ssh: SshSettings = SshSettings()
     checks: Checks = Checks()
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    slurm: Slurm | None = None
 
     @property
     def base_dir(self) -> Path:
@@ -470,10 +528,11 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
         inv_base, inv_prefix = inv_path.parent, ()
     hosts: tuple[Host, ...] = ()
     groups: dict[str, tuple[str, ...]] = {}
+    slurm: Slurm | None = None
     if isinstance(inv_data, dict):
-        hosts, groups = _parse_inventory(inv_data, inv_src, inv_prefix, inv_base, problems)
+        hosts, groups, slurm = _parse_inventory(inv_data, inv_src, inv_prefix, inv_base, problems)
     elif inv_data is not None and not (raw is None and isinstance(inv_data, (str, dict))):
-        problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:'")
+        problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:' (or 'slurm:')")
 
     job = None
     if raw is not None:
@@ -485,7 +544,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
                     skip=tuple(raw.checks.skip), min_free_gib=raw.checks.min_free_gib,
                     clock_skew=raw.checks.clock_skew)
     return Cluster(name=raw.name or path.stem, path=path, hosts=hosts, job=job, ssh=ssh,
-                   checks=checks, groups=groups)
+                   checks=checks, groups=groups, slurm=slurm)
 
 
 def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
@@ -531,16 +590,35 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                stall_timeout=rj.stall_timeout)
 
 
-def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
-                     problems: _Problems) -> tuple[tuple[Host, ...], dict[str, tuple[str, ...]]]:
+def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problems: _Problems
+                     ) -> tuple[tuple[Host, ...], dict[str, tuple[str, ...]], Slurm | None]:
     sub = Source(src.file, {k[len(prefix):]: v for k, v in src.lines.items() if k[:len(prefix)] == prefix},
                  prefix)
     try:
         inv = RawInventory.model_validate(data)
     except ValidationError as exc:
         problems.pydantic(exc, sub)
-        return (), {}
+        return (), {}, None
     defaults = inv.defaults.model_dump(exclude_none=True)
+    if (inv.hosts is None) == (inv.slurm is None):
+        problems.add(sub.loc(("slurm",) if inv.slurm is not None else ()),
+                     "the inventory needs exactly one of 'hosts:' (a list of hosts) and 'slurm:' (hosts from a "
+                     "Slurm allocation)" if inv.slurm is not None else "missing required key 'hosts' (or 'slurm')")
+        return (), {}, None
+    if inv.slurm is not None:
+        if inv.groups:
+            problems.add(sub.loc(("groups",)), "groups name listed hosts; a Slurm inventory lists none")
+        rs = inv.slurm
+        keys = _host_keys(defaults, base, sub, ("defaults",), "devices" in defaults, problems)
+        if keys["connection"] != "ssh":
+            problems.add(sub.loc(("defaults", "connection")), "Slurm nodes are reached over ssh")
+        conf = rs.conf
+        if conf is not None:
+            conf = str(Path(conf).expanduser()) if conf.startswith("~") else str((base / conf).absolute())
+        return (), {}, Slurm(nodes=rs.nodes, template=Host(name="", address="", **keys), partition=rs.partition,
+                             account=rs.account, qos=rs.qos, time=rs.time, constraint=rs.constraint, gres=rs.gres,
+                             exclusive=rs.exclusive, extra=tuple(rs.extra), login=rs.login, conf=conf)
+    assert inv.hosts is not None
     hosts: list[Host] = []
     origin: dict[str, tuple] = {}
     seen_addr: dict[tuple, tuple] = {}
@@ -566,37 +644,13 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
                              f"name {rh.name!r} gives {len(names)} names but address {rh.address!r} gives "
                              f"{len(addresses)} hosts; use a range of the same length, or drop name")
                 continue
-        slots = merged.get("slots", 1)
-        devices = merged.get("devices")
-        if devices is None:
-            devices = list(range(slots))
-        elif "slots" not in merged:
-            slots = len(devices)
-        if len(devices) != slots:
-            problems.add(sub.loc(("hosts", i, "devices") if rh.devices is not None else ("hosts", i)),
-                         f"devices {devices} lists {len(devices)} ids but slots is {slots}: they must match")
-        if len(set(devices)) != len(devices):
-            problems.add(sub.loc(("hosts", i, "devices")), f"devices {devices} repeats an id")
-        dips = merged.get("device_ips", {})
-        for d in dips:
-            if d not in devices:
-                problems.add(sub.loc(("hosts", i, "device_ips")),
-                             f"device_ips names device {d}, which is not in devices {devices}")
-        ident = merged.get("identity_file")
-        if ident:
-            ident = str((base / Path(ident).expanduser()).absolute()) if not ident.startswith("~") else \
-                str(Path(ident).expanduser())
-        kh = merged.get("known_hosts", "~/.ssh/known_hosts")
-        kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
+        keys = _host_keys(merged, base, sub, ("hosts", i), rh.devices is not None, problems)
         for name, addr in zip(names, addresses):
             if not name.strip() or "\n" in name or "\0" in name:
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
             elif "/" in name:  # names become file names (msrun's per-host records and logs)
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} must not contain '/'")
-            h = Host(name=name, address=addr, user=merged.get("user") or _local_user(),
-                     port=merged.get("port", 22), identity_file=ident, known_hosts=kh,
-                     connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
-                     device_ips=dict(dips), env=dict(merged.get("env", {})))
+            h = Host(name=name, address=addr, **keys)
             if name in origin:
                 problems.add(sub.loc(("hosts", i)), f"duplicate host {name!r} (also from hosts[{origin[name][1]}]"
                              f", line {sub.line_of(origin[name])}); each host may appear once")
@@ -623,7 +677,37 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path,
             problems.add(sub.loc(("groups", g)), f"group {g!r} names unknown hosts: {', '.join(missing)}")
         by_addr = {h.address: h.name for h in hosts}
         groups[g] = tuple(by_addr.get(m, m) for m in expanded)
-    return tuple(hosts), groups
+    return tuple(hosts), groups, None
+
+
+def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices: bool,
+               problems: _Problems) -> dict:
+    """A host's keys (defaults merged) resolved and checked: Host(**keys) with its name and address."""
+    slots = merged.get("slots", 1)
+    devices = merged.get("devices")
+    if devices is None:
+        devices = list(range(slots))
+    elif "slots" not in merged:
+        slots = len(devices)
+    if len(devices) != slots:
+        problems.add(sub.loc((*where, "devices") if own_devices else where),
+                     f"devices {devices} lists {len(devices)} ids but slots is {slots}: they must match")
+    if len(set(devices)) != len(devices):
+        problems.add(sub.loc((*where, "devices")), f"devices {devices} repeats an id")
+    dips = merged.get("device_ips", {})
+    for d in dips:
+        if d not in devices:
+            problems.add(sub.loc((*where, "device_ips")),
+                         f"device_ips names device {d}, which is not in devices {devices}")
+    ident = merged.get("identity_file")
+    if ident:
+        ident = str((base / Path(ident).expanduser()).absolute()) if not ident.startswith("~") else \
+            str(Path(ident).expanduser())
+    kh = merged.get("known_hosts", "~/.ssh/known_hosts")
+    kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
+    return dict(user=merged.get("user") or _local_user(), port=merged.get("port", 22), identity_file=ident,
+                known_hosts=kh, connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
+                device_ips=dict(dips), env=dict(merged.get("env", {})))
 
 
 def _local_user() -> str:

@@ -64,20 +64,51 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
     return out
 
 
+def _write_agent(rdir: str) -> str:
+    """Shell: make the run directory (never through a planted link) and write agent.py into it."""
+    q = shlex.quote
+    src = agent_source()
+    assert "\nORCH_AGENT_EOF\n" not in src
+    return (f"umask 022\nmkdir -p {q(rdir.rsplit('/', 1)[0])} || exit 1\n"
+            f"mkdir {q(rdir)} 2>/dev/null || [ -d {q(rdir)} ] && [ ! -L {q(rdir)} ] || exit 1\n"
+            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n")
+
+
 def start_script(cfg: Mapping) -> str:
     """Write the supervisor into the run directory and start it (detached). The configuration,
     secret env values included, goes on its stdin (never a command line, never a file).
     Prints `ok PID PORT`, or `busy RUN` when another live run holds the workdir."""
     rdir = cfg["rundir"]
     q = shlex.quote
-    src = agent_source()
-    assert "\nORCH_AGENT_EOF\n" not in src
     conf = json.dumps(cfg, separators=(",", ":"))
-    return (f"umask 022\nmkdir -p {q(rdir.rsplit('/', 1)[0])} || exit 1\n"
-            f"mkdir {q(rdir)} 2>/dev/null || [ -d {q(rdir)} ] && [ ! -L {q(rdir)} ] || exit 1\n"
-            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n"
-            f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
+    return (_write_agent(rdir)
+            + f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
             f"<<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
+
+
+def stage_script(cfg: Mapping) -> str:
+    """Slurm: write the supervisor and its configuration into the run directory, for the job
+    step that starts it (`agent.py start --foreground --config`). The configuration file is
+    the user's alone (0600) and the supervisor removes it once read."""
+    rdir = cfg["rundir"]
+    conf = json.dumps(cfg, separators=(",", ":"))
+    assert "\nORCH_CFG_EOF\n" not in conf
+    path = shlex.quote(f"{rdir}/{config_name(cfg['host'])}")
+    return (_write_agent(rdir) + f"rm -f {path}\n(umask 077 && cat > {path}) <<'ORCH_CFG_EOF' || exit 1\n{conf}\n"
+            "ORCH_CFG_EOF\necho staged\n")
+
+
+def config_name(host: str) -> str:
+    """The file a Slurm job step's supervisor reads its configuration from ({node}: the node's name)."""
+    return f"config.{host}.json"
+
+
+def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:
+    """Slurm: what the batch script waits for: the run directory, then who runs where."""
+    head = plan.launch_host.name
+    spec = {"run_id": run_id, "head": head, "members": [h.name for h in plan.hosts if h.name != head], "python": "python3",
+            "start_timeout": JOIN_TIMEOUT * 2, "members_grace": lost_after(cluster) + STOP_GRACE + 30}
+    return f"{run_dir(cluster, run_id)}\n{json.dumps(spec)}\n"
 
 
 def parse_start(text: str) -> tuple[str, int, int]:

@@ -5,6 +5,11 @@ Shipped with every run (written to <workdir>/.orch/<run id>/agent.py on each hos
 the probe script) and run with the host's python3 (3.8 or newer, standard library only).
 
     agent.py start RUNDIR          config on stdin; detaches (setsid), prints "ok PID PORT"
+    agent.py start RUNDIR --foreground --config FILE [--head-port N]
+                                   the same in the foreground, the config read from FILE
+                                   ({node} -> $SLURMD_NODENAME) and removed: a Slurm job step
+    agent.py batch GOFILE          (Slurm) starts the head's step, then the members' step,
+                                   and waits for both: the batch script of the allocation
     agent.py rank -- CMD...        wraps one rank started by mpirun or msrun: records its
                                    pid, and its exit code or signal, for the host's agent
     agent.py watch RUNDIR [--rank N ...] [--offset N=BYTES ...]
@@ -931,9 +936,17 @@ def lock_workdir(workdir, run_id):
     return fd, None
 
 
-def cmd_start(rundir):
-    cfg = json.loads(sys.stdin.read())
-    sys.stdin.close()
+def cmd_start(rundir, foreground=False, config=None, head_port=None):
+    if config:
+        path = config.replace("{node}", os.environ.get("SLURMD_NODENAME", ""))
+        with open(path) as fh:
+            cfg = json.load(fh)
+        os.unlink(path)  # it may hold secret env values: read once
+    else:
+        cfg = json.loads(sys.stdin.read())
+        sys.stdin.close()
+    if head_port:
+        cfg["head_port"] = int(head_port)
     os.makedirs(rundir, mode=0o755, exist_ok=True)
     lock_fd, holder = lock_workdir(cfg["workdir"], cfg["run_id"])
     if lock_fd is None:
@@ -950,6 +963,10 @@ def cmd_start(rundir):
     public = {k: cfg[k] for k in ("run_id", "host", "role", "head_address", "head_port", "launcher")}
     public["token"] = cfg["token"]
     write_atomic(os.path.join(rundir, "agent.json"), json.dumps(public), 0o600)
+    if foreground:
+        sys.stdout.write("ok %d %s\n" % (os.getpid(), cfg.get("head_port") or 0))
+        sys.stdout.flush()
+        return run_agent(cfg, server, lock_fd, None)
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -965,7 +982,13 @@ def cmd_start(rundir):
     os.setsid()
     if os.fork():
         os._exit(0)
-    log = os.open(os.path.join(rundir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+    os._exit(run_agent(cfg, server, lock_fd, w))
+
+
+def run_agent(cfg, server, lock_fd, ready_fd):
+    """Be the run's agent on this host until the run ends: stdio to RUNDIR/agent.log; our pid
+    written to `ready_fd` (the detaching parent's pipe) once running."""
+    log = os.open(os.path.join(cfg["rundir"], "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                   0o644)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -978,14 +1001,65 @@ def cmd_start(rundir):
     os.environ[AGENT_VAR] = "1"
     try:
         agent = Agent(cfg, server, lock_fd)
-        os.write(w, ("%d\n" % os.getpid()).encode())
-        os.close(w)
+        if ready_fd is not None:
+            os.write(ready_fd, ("%d\n" % os.getpid()).encode())
+            os.close(ready_fd)
         agent.loop()
     except BaseException:
         import traceback
         traceback.print_exc()
-        os._exit(1)
-    os._exit(0)
+        return 1
+    return 0
+
+
+def cmd_batch(gofile):
+    """Slurm: the batch script's part. The go file (from orch) names the run directory and the
+    nodes; start the head's supervisor as a job step, read its port, start the members' as a
+    second step, wait for both. Exits with the head's status."""
+    with open(gofile) as fh:
+        rundir = fh.readline().strip()
+        spec = json.loads(fh.readline())
+    os.unlink(gofile)  # once: a requeued job waits for a new go instead of repeating this run
+    head, members = spec["head"], spec["members"]
+    log = open(os.path.join(rundir, "batch.log"), "ab", buffering=0)
+
+    def step(nodes, *extra):
+        return ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes),
+                "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0",
+                spec.get("python", "python3"), os.path.join(rundir, "agent.py"), "start", rundir, "--foreground",
+                "--config", os.path.join(rundir, "config.{node}.json")] + list(extra)
+
+    env = dict(os.environ, ORCH_AGENT="1")
+    env[RUN_VAR] = spec["run_id"]
+    head_proc = subprocess.Popen(step([head]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                 env=env)
+    line = b""
+    deadline = now() + float(spec.get("start_timeout", 120))
+    while not line.endswith(b"\n") and now() < deadline:
+        ready, _, _ = select.select([head_proc.stdout], [], [], 0.5)
+        if ready:
+            chunk = os.read(head_proc.stdout.fileno(), 256)
+            if not chunk:
+                break
+            line += chunk
+    parts = line.decode("utf-8", "replace").split()
+    if parts[:1] != ["ok"] or len(parts) != 3:
+        log.write(("orch batch: the head's supervisor did not start: %r\n" % line).encode())
+        head_proc.kill()
+        head_proc.wait()
+        return 1
+    member_proc = None
+    if members:
+        member_proc = subprocess.Popen(step(members, "--head-port", parts[2]), stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=log, env=env)
+    rc = head_proc.wait()
+    if member_proc is not None:
+        try:
+            member_proc.wait(timeout=float(spec.get("members_grace", 60)))
+        except subprocess.TimeoutExpired:
+            member_proc.terminate()
+            member_proc.wait()
+    return rc
 
 
 def cmd_rank(argv):
@@ -1193,7 +1267,17 @@ def main(argv):
             rest = rest[1:]
         return cmd_rank(rest)
     if cmd == "start":
-        return cmd_start(argv[2])
+        opts = {"--config": None, "--head-port": None}
+        it = iter(argv[3:])
+        foreground = False
+        for a in it:
+            if a == "--foreground":
+                foreground = True
+            elif a in opts:
+                opts[a] = next(it)
+        return cmd_start(argv[2], foreground, opts["--config"], opts["--head-port"])
+    if cmd == "batch":
+        return cmd_batch(argv[2])
     if cmd == "stop":
         return cmd_stop(argv[2], argv[3] if len(argv) > 3 else "a request")
     if cmd == "status":

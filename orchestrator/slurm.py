@@ -1,0 +1,332 @@
+"""Slurm: hosts from an allocation instead of a list (`inventory.slurm`).
+
+How a run goes through Slurm:
+
+1. `sbatch` submits a small batch script (one task per node) that holds the allocation.
+   orch waits while the job is pending (showing its reason; Ctrl-C cancels it), then learns
+   the nodes and their addresses (`scontrol show node`): each node becomes a host with the
+   inventory's `defaults`, and everything orch does for listed hosts follows (preflight,
+   plan, rank tables from each node's hccn.conf, sync), over ssh to the nodes.
+2. orch stages the run's supervisor and its configuration on every node, then drops a
+   "go" file next to the batch script. The batch script starts the supervisors as job
+   steps (`srun --overlap`, one per node), so they, and the ranks they start, live and die
+   with the Slurm job: the run goes on without the controller, `scancel` ends everything,
+   the time limit ends the run `timeout`, a failed node makes it `lost`.
+3. When the run ends, the supervisors exit, the steps end, the batch script ends and Slurm
+   releases the allocation by itself; orch cancels the job on every other exit path.
+
+The functions here are pure (argv, scripts, parsers); `Slurm` commands run through a
+transport: this machine, or `slurm.login` over ssh.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+from .errors import OrchError, UsageError
+from .spec import Cluster, Host, Slurm, _NO_GROUPS
+
+JOB_PREFIX = "orch-"
+GO_WAIT = 600  # seconds the batch script waits for orch to stage the run before giving the nodes back
+
+# Slurm job states (scontrol/squeue/sacct spelling) that are not over yet.
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                  "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"})
+# A Slurm job that ended -> what it means for the run when its supervisors could not say.
+RUN_STATE = {"COMPLETED": "succeeded", "FAILED": "failed", "CANCELLED": "stopped", "TIMEOUT": "timeout",
+             "DEADLINE": "timeout", "NODE_FAIL": "lost", "BOOT_FAIL": "lost", "PREEMPTED": "lost",
+             "OUT_OF_MEMORY": "failed"}
+# Pending reasons that waiting never resolves: the request itself cannot be met.
+HOPELESS = {
+    "PartitionNodeLimit": "the partition has fewer nodes than requested (or a per-job node limit)",
+    "PartitionTimeLimit": "the requested time is above the partition's limit",
+    "BadConstraints": "no node has the requested constraint/gres",
+    "InvalidAccount": "the account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+    "QOSMaxNodePerJobLimit": "the QOS allows fewer nodes per job",
+    "AssocMaxNodesPerJobLimit": "your association allows fewer nodes per job",
+    "PartitionConfig": "the request does not fit the partition's configuration",
+}
+
+
+class SlurmError(OrchError):
+    """Slurm refused or failed a request (its own words, translated)."""
+    exit_code = 3
+
+
+def job_name(cluster_name: str) -> str:
+    return JOB_PREFIX + re.sub(r"[^A-Za-z0-9._-]", "_", cluster_name)[:60]
+
+
+def go_path(workdir: str, job_id: str) -> str:
+    return f"{workdir.rstrip('/')}/.orch/slurm-{job_id}.go"
+
+
+def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
+    """What sbatch runs on the first node: wait for orch's go file (which names the run's
+    directory), then hand over to the run's supervisor (`agent.py batch`), which starts one
+    supervisor per node as a job step. Without a go file in time, end (the nodes go back)."""
+    go = shlex.quote(f"{workdir.rstrip('/')}/.orch/") + '"slurm-$SLURM_JOB_ID.go"'
+    return (
+        "#!/bin/sh\n"
+        "# orch: holds this allocation for one run; its supervisors are started as job steps.\n"
+        f"go={go}\n"
+        f"i=0\nwhile [ ! -s \"$go\" ]; do\n  i=$((i + 1))\n  [ $i -le {wait * 5} ] || "
+        "{ echo 'orch: no go from orch in time; giving the nodes back' >&2; exit 1; }\n  sleep 0.2\ndone\n"
+        "read -r rundir < \"$go\"\n"
+        "exec python3 \"$rundir/agent.py\" batch \"$go\"\n"
+    )
+
+
+def sbatch_argv(s: Slurm, name: str, workdir: str) -> list[str]:
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.nodes}", "--ntasks-per-node=1",
+            "--output=/dev/null", "--chdir=/", f"--comment=orch {workdir}"]
+    for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
+                       ("constraint", s.constraint), ("gres", s.gres)):
+        if value is not None:
+            argv.append(f"--{opt}={value}")
+    if s.exclusive:
+        argv.append("--exclusive")
+    return argv + list(s.extra)
+
+
+def parse_sbatch(out: str) -> str:
+    """`--parsable` prints `ID` or `ID;CLUSTER`."""
+    for line in out.splitlines():
+        first = line.strip().split(";")[0]
+        if first.isdigit():
+            return first
+    raise SlurmError(f"sbatch printed no job id: {out.strip()[-300:]!r}")
+
+
+def translate(stderr: str, s: Slurm) -> str:
+    """Slurm's refusal, said with what to do."""
+    text = " ".join(stderr.split())
+    low = text.lower()
+    if "invalid partition" in low:
+        return (f"Slurm has no partition {s.partition!r} (inventory.slurm.partition); `sinfo -s` lists them"
+                if s.partition else f"Slurm has no default partition: set inventory.slurm.partition ({text})")
+    if "node configuration is not available" in low or "node count specification invalid" in low:
+        return (f"Slurm cannot give {s.nodes} node(s) with these settings (nodes unavailable): {text}; "
+                "check inventory.slurm.nodes, partition, constraint and gres against `sinfo`")
+    if "invalid account" in low:
+        return f"Slurm refused the account {s.account!r}: {text}"
+    if "invalid qos" in low:
+        return f"Slurm refused the QOS {s.qos!r}: {text}"
+    if "time limit" in low:
+        return f"Slurm refused the time limit {s.time!r}: {text}"
+    return f"Slurm refused the job: {text or '(no message)'}"
+
+
+_KV = re.compile(r"(\w+)=(\S*)")
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    """One `scontrol show -o` record -> {Key: value} (values with spaces keep their first word)."""
+    return dict(_KV.findall(line))
+
+
+@dataclass
+class JobInfo:
+    job_id: str
+    state: str            # Slurm's (RUNNING, PENDING, COMPLETED, TIMEOUT, ...); "" if Slurm forgot it
+    reason: str = ""
+    nodes: tuple[str, ...] = ()
+    batch_host: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "state": self.state or "unknown", "reason": self.reason}
+
+
+def expand_nodes(nodelist: str) -> tuple[str, ...]:
+    if not nodelist or nodelist in ("(null)", "None"):
+        return ()
+    try:
+        return tuple(NodeSet(nodelist, resolver=_NO_GROUPS))
+    except NodeSetParseError as exc:
+        raise SlurmError(f"cannot read Slurm's node list {nodelist!r}: {exc}") from None
+
+
+def parse_job(job_id: str, text: str) -> JobInfo:
+    kv = parse_kv(text)
+    state = kv.get("JobState", "").rstrip("+")
+    return JobInfo(job_id, state, kv.get("Reason", "") if kv.get("Reason") != "None" else "",
+                   expand_nodes(kv.get("NodeList", "")), kv.get("BatchHost", "") if kv.get("BatchHost") != "(null)"
+                   else "")
+
+
+def parse_sacct(job_id: str, text: str) -> JobInfo | None:
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0].split(".")[0] == job_id:
+            return JobInfo(job_id, parts[1].split()[0].rstrip("+") if parts[1] else "",
+                           nodes=expand_nodes(parts[2]) if len(parts) > 2 else ())
+    return None
+
+
+def parse_nodes(text: str) -> dict[str, str]:
+    """`scontrol show node -o` -> {node name: address the controller reaches it at}."""
+    out = {}
+    for line in text.splitlines():
+        kv = parse_kv(line)
+        if "NodeName" in kv:
+            out[kv["NodeName"]] = kv.get("NodeAddr") or kv.get("NodeHostName") or kv["NodeName"]
+    return out
+
+
+def hosts_of(s: Slurm, nodes: tuple[str, ...], addresses: dict[str, str]) -> tuple[Host, ...]:
+    return tuple(replace(s.template, name=n, address=addresses.get(n, n)) for n in nodes)
+
+
+def with_nodes(cluster: Cluster, job: JobInfo, addresses: dict[str, str]) -> Cluster:
+    assert cluster.slurm is not None
+    return replace(cluster, hosts=hosts_of(cluster.slurm, job.nodes, addresses))
+
+
+def placeholder(cluster: Cluster) -> Cluster:
+    """The cluster as it will look once allocated, for `orch plan`: nodes named node[1-N]."""
+    assert cluster.slurm is not None
+    names = tuple(f"node{i}" for i in range(1, cluster.slurm.nodes + 1))
+    return replace(cluster, hosts=hosts_of(cluster.slurm, names, {}))
+
+
+def step_argv(python: str, agent: str, *args: str, nodes: list[str]) -> list[str]:
+    """One job step running `agent.py ARGS` once on each of `nodes` (for the plan's display and
+    agent.py batch, which builds the same)."""
+    return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", python, agent, *args]
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class Client:
+    """Runs Slurm's commands where the inventory says: here, or on `slurm.login` over ssh."""
+
+    def __init__(self, cluster: Cluster):
+        from .transport import make_transport
+
+        s = cluster.slurm
+        assert s is not None
+        self.slurm = s
+        host = replace(s.template, name=s.login or "localhost", address=s.login or "localhost",
+                       connection="ssh" if s.login else "local", port=22 if s.login else s.template.port)
+        self.transport = make_transport(host, cluster.ssh)
+        self.env = {"SLURM_CONF": s.conf} if s.conf else None
+        self.where = f"on {s.login}" if s.login else "here"
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60):
+        try:
+            return self.transport.run(argv, env=self.env, stdin=stdin, timeout=timeout)
+        except OrchError as exc:
+            raise SlurmError(f"cannot run {argv[0]} {self.where}: {exc}") from None
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def submit(self, cluster: Cluster) -> str:
+        s = self.slurm
+        argv = sbatch_argv(s, job_name(cluster.name), cluster.job.workdir)
+        res = self.run(argv, stdin=batch_script(cluster.job.workdir).encode())
+        if res.exit_code == 127:
+            raise SlurmError(f"sbatch not found {self.where}",
+                             hint="install Slurm's client commands, or set inventory.slurm.login to a host that "
+                                  "has them")
+        if not res.ok:
+            raise SlurmError(translate(res.err or res.out, s), hint=f"the command was: {shlex.join(argv)}")
+        return parse_sbatch(res.out)
+
+    def job(self, job_id: str) -> JobInfo:
+        res = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30)
+        if res.ok and "JobState=" in res.out:
+            return parse_job(job_id, res.out)
+        acct = self.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,NodeList"], timeout=30)
+        info = parse_sacct(job_id, acct.out) if acct.ok else None
+        return info or JobInfo(job_id, "")
+
+    def addresses(self, nodes: tuple[str, ...]) -> dict[str, str]:
+        res = self.run(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout=30)
+        if not res.ok:
+            raise SlurmError(f"cannot read the allocated nodes: {(res.err or res.out).strip()[-300:]}")
+        return parse_nodes(res.out)
+
+    def cancel(self, job_id: str, wait: float = 30) -> JobInfo:
+        """scancel, then wait (bounded) until Slurm says the job is over."""
+        self.run(["scancel", job_id], timeout=30)
+        deadline = time.monotonic() + wait
+        while True:
+            info = self.job(job_id)
+            if not info.live or time.monotonic() > deadline:
+                return info
+            time.sleep(0.2)
+
+    def wait_running(self, job_id: str, on_pending: Callable[[str], None], poll: float = 0.5) -> JobInfo:
+        """Until the job runs: `on_pending(reason)` each time the reason changes. A job that ends
+        or whose reason can never resolve raises SlurmError (the job is cancelled first)."""
+        last = None
+        while True:
+            info = self.job(job_id)
+            if info.state == "RUNNING" and info.nodes:
+                return info
+            if info.state and not info.live:
+                raise SlurmError(f"Slurm job {job_id} ended {info.state} before it started"
+                                 + (f" ({info.reason})" if info.reason else ""))
+            if info.reason in HOPELESS:
+                self.cancel(job_id)
+                raise SlurmError(f"Slurm job {job_id} cannot start: {HOPELESS[info.reason]} ({info.reason}); "
+                                 "it was cancelled", hint="check inventory.slurm against `sinfo`")
+            if info.reason != last:
+                last = info.reason
+                on_pending(info.reason or info.state or "waiting")
+            time.sleep(poll)
+
+
+def allocate(cluster: Cluster, client: Client, on_pending: Callable[[str, str], None]
+             ) -> tuple[Cluster, JobInfo]:
+    """Submit and wait for the allocation; the cluster with the allocated nodes as hosts.
+    Ctrl-C (or any error) while waiting cancels the request."""
+    job_id = client.submit(cluster)
+    try:
+        info = client.wait_running(job_id, lambda reason: on_pending(job_id, reason))
+        addresses = client.addresses(info.nodes)
+    except BaseException:
+        client.cancel(job_id, wait=10)
+        raise
+    if not info.batch_host:
+        info.batch_host = info.nodes[0]
+    return with_nodes(cluster, info, addresses), info
+
+
+def record(client: Client, info: JobInfo) -> dict:
+    """What run.json keeps of the allocation (for status and down from any later shell)."""
+    return {"job_id": info.job_id, "batch_host": info.batch_host, "nodes": list(info.nodes),
+            "login": client.slurm.login, "conf": client.slurm.conf}
+
+
+def release(client: Client, job_id: str, wait: float) -> JobInfo:
+    """After a run: the batch script ends by itself once the supervisors have; wait for that
+    (bounded), then cancel whatever is left, so nothing stays in the queue."""
+    deadline = time.monotonic() + wait
+    while True:
+        info = client.job(job_id)
+        if not info.live:
+            return info
+        if time.monotonic() > deadline:
+            return client.cancel(job_id)
+        time.sleep(0.3)
+
+
+def require(cluster: Cluster, what: str) -> None:
+    if cluster.slurm is not None and not cluster.hosts:
+        raise UsageError(f"{what} needs the nodes of a Slurm allocation; this inventory asks Slurm for them",
+                         hint="`orch up` allocates them; `orch check --slurm-job ID` checks an allocation you have")
