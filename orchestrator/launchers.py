@@ -76,7 +76,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     stall_env = {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}
     if job.launcher == "mpirun":
         head = plan.launch_host
-        files[head.name][render.HOSTFILE] = render.hostfile(plan).encode()
+        files[head.name][render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None).encode()
         job_x = {**job.env, **stall_env}
         c = _with_env(cluster, job_x)
         argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
@@ -190,7 +190,7 @@ def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Map
                                          device_ips=device_ips)}
     files["commands.json"] = json.dumps(commands, indent=2) + "\n"
     if plan.launcher == "mpirun":
-        files[render.HOSTFILE] = render.hostfile(plan)
+        files[render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None)
     if plan.launcher == "ranktable" and device_ips is not None:
         files[render.RANK_TABLE] = render.rank_table(cluster, plan, device_ips)
     return files

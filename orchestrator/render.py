@@ -61,11 +61,12 @@ def rank_log_path(cluster: Cluster, rank: int) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def hostfile(plan: RankPlan) -> str:
-    """OpenMPI hostfile: `ADDRESS slots=N`, one host a line, in plan order (rank 0 on the first)."""
+def hostfile(plan: RankPlan, by_name: bool = False) -> str:
+    """OpenMPI hostfile: `ADDRESS slots=N`, one host a line, in plan order (rank 0 on the first).
+    `by_name`: host names instead (in a Slurm allocation, OpenMPI accepts only its node names)."""
     lines = [f"# orch: {len(plan.hosts)} hosts, {plan.size} ranks, in plan order "
              f"(ranks are contiguous per host, by slot)"]
-    lines.extend(f"{h.address} slots={h.slots}" for h in plan.hosts)
+    lines.extend(f"{h.name if by_name else h.address} slots={h.slots}" for h in plan.hosts)
     return "\n".join(lines) + "\n"
 
 

@@ -69,7 +69,7 @@ def go_path(workdir: str, job_id: str) -> str:
 
 
 def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
-    """What sbatch runs on the first node: wait for orch's go file (which names the run's
+    """What sbatch runs on the first node (once, whatever --ntasks-per-node says): wait for orch's go file (which names the run's
     directory), then hand over to the run's supervisor (`agent.py batch`), which starts one
     supervisor per node as a job step. Without a go file in time, end (the nodes go back)."""
     go = shlex.quote(f"{workdir.rstrip('/')}/.orch/") + '"slurm-$SLURM_JOB_ID.go"'
@@ -85,7 +85,8 @@ def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
 
 
 def sbatch_argv(s: Slurm, name: str, workdir: str) -> list[str]:
-    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.nodes}", "--ntasks-per-node=1",
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.nodes}",
+            f"--ntasks-per-node={s.template.slots}",  # one task per rank: what mpirun sees as slots
             "--output=/dev/null", "--chdir=/", f"--comment=orch {workdir}"]
     for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
                        ("constraint", s.constraint), ("gres", s.gres)):

@@ -52,6 +52,9 @@ TICK = 0.1
 HEARTBEAT = 1.0
 FINAL = ("succeeded", "failed", "stopped", "lost", "stalled", "timeout")
 RETRYABLE = ("failed", "stalled")
+SLURM_JOB_VAR = "ORCH_SLURM_JOB"
+SLURM_JOB_KEYS = ("SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+                  "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_CPUS_PER_NODE")
 
 
 def now():
@@ -289,6 +292,9 @@ class Local:
         log = os.path.join(adir, p["log"])
         env = dict(os.environ)
         env.pop(AGENT_VAR, None)
+        if SLURM_JOB_VAR in env:  # a Slurm job step: the processes see the whole allocation again
+            env.update(json.loads(env.pop(SLURM_JOB_VAR)))
+            env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")  # mpirun's orteds share our nodes
         env.update(p["env"])
         env.update({RUN_VAR: self.run_id, DIR_VAR: self.rundir, ATTEMPT_VAR: str(attempt)})
         rank = p.get("rank")
@@ -1031,6 +1037,9 @@ def cmd_batch(gofile):
 
     env = dict(os.environ, ORCH_AGENT="1")
     env[RUN_VAR] = spec["run_id"]
+    # A step's SLURM_NODELIST, SLURM_TASKS_PER_NODE... describe the step (one node); what the
+    # supervisors start (mpirun above all) must see the job's, as in the batch script.
+    env[SLURM_JOB_VAR] = json.dumps({k: v for k, v in os.environ.items() if k in SLURM_JOB_KEYS})
     head_proc = subprocess.Popen(step([head]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                  env=env)
     line = b""
