@@ -104,6 +104,8 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
                  interface: str | None) -> None:
     """Show the rank plan and every file and command `orch up` would use. Touches no host
     (unless --probe)."""
+    import json as _json
+    import shlex
     from pathlib import Path
 
     from . import launchers, render
@@ -111,6 +113,13 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     from .errors import PlanError
 
     cluster = load(file, hosts)
+    slurm_cmds = None
+    if cluster.slurm is not None:
+        from . import slurm
+
+        slurm_cmds = slurm.plan_commands(cluster)
+        cluster = slurm.placeholder(cluster)
+        probe = False
     rp = planning.make_plan(cluster)
     for w in rp.warnings:
         click.secho(w, fg="yellow", bold=True, err=True)
@@ -129,10 +138,16 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
 
     files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root",
                               interface=interface)
+    if slurm_cmds is not None:
+        files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"
     if as_json:
         click.echo(files["plan.json"], nl=False)
     else:
         _plan_print(cluster, rp)
+        if slurm_cmds is not None:
+            click.echo(f"\nSlurm (hosts node1..node{cluster.slurm.nodes} stand for the allocated nodes):")
+            for what, argv in slurm_cmds["commands"].items():
+                click.echo(f"  {what}: {shlex.join(argv)}")
 
     if out:
         out_dir = Path(out)
@@ -140,7 +155,10 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
         for name, text in files.items():
             (out_dir / name).write_text(text, encoding="utf-8")
         click.echo(f"wrote {', '.join(sorted(files))} to {out_dir}", err=as_json)
-    if missing_ips is not None:
+    if missing_ips is not None and slurm_cmds is not None:
+        click.echo(f"{render.RANK_TABLE}: rendered at `orch up` from each allocated node's {planning.HCCN_CONF}",
+                   err=True)
+    elif missing_ips is not None:
         click.secho(f"WARNING: {render.RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
                     f"{planning.HCCN_CONF} on the hosts", fg="yellow", err=True)
 
@@ -218,18 +236,53 @@ _CELL = {"pass": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "
               help='print one JSON object on stdout: {"ok": bool, "results": [{check, host, status, message}]}')
 @click.option("--full-mesh", is_flag=True,
               help="test ssh between every ordered pair of hosts (default: launch host -> each other host)")
+@click.option("--slurm-job", "slurm_job", default=None, metavar="ID",
+              help="Slurm inventory: check the nodes of this running allocation (default: allocate briefly)")
 @click.option("--print-probe", "print_probe", default=None, metavar="HOST",
               help="print the probe script orch check runs on HOST, and exit")
-def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, print_probe: str | None) -> None:
+def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, slurm_job: str | None,
+                  print_probe: str | None) -> None:
     """Preflight every host: ssh, versions, PATH, NICs, devices, workdir, disk, files, ports, stale
-    processes, clocks. One SSH connection and one remote command per host.
+    processes, clocks. One SSH connection and one remote command per host. A Slurm inventory's
+    nodes are those of --slurm-job, or of a brief allocation (released at once).
 
-    Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage."""
+    Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage,
+    3 Slurm refused the allocation."""
+    from .errors import UsageError
+
+    cluster = load(file, hosts)
+    if slurm_job is not None and cluster.slurm is None:
+        raise UsageError("--slurm-job: this inventory lists its hosts; it does not use Slurm")
+    if cluster.slurm is None:
+        return _check_on(cluster, as_json, full_mesh, print_probe)
+    from . import slurm
+
+    client = slurm.Client(cluster)
+    try:
+        if slurm_job is not None:
+            info = client.job(slurm_job)
+            if info.state != "RUNNING":
+                raise UsageError(f"--slurm-job {slurm_job}: the job is {info.state or 'unknown to Slurm'}, "
+                                 "not RUNNING")
+            cluster = slurm.with_nodes(cluster, info, client.addresses(info.nodes))
+            return _check_on(cluster, as_json, full_mesh, print_probe)
+        if not as_json:
+            click.echo(f"orch: asking Slurm for {cluster.slurm.nodes} node(s) to check", err=True)
+        cluster, info = slurm.allocate(cluster, client, lambda jid, why: None if as_json else click.echo(
+            f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True))
+        try:
+            return _check_on(cluster, as_json, full_mesh, print_probe)
+        finally:
+            client.cancel(info.job_id)
+    finally:
+        client.close()
+
+
+def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None) -> None:
     from . import checks
     from .errors import UsageError
     from .transport import Pool
 
-    cluster = load(file, hosts)
     if print_probe is not None:
         match = [h for h in cluster.hosts if print_probe in (h.name, h.address)]
         if not match:
@@ -520,6 +573,8 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     else:
         console = Console(highlight=False)
         title = f"run {rid} ({name}): {view.state}" + (f", attempt {view.attempt}" if view.attempt > 1 else "")
+        if view.slurm:
+            title += f" (Slurm job {view.slurm['job_id']}: {view.slurm['state']})"
         table = Table("rank", "host", "device", "pid", "state", "exit", title=title, title_justify="left")
         for r in view.ranks:
             how = "-" if r["exit_code"] is None and not r.get("signal") else (

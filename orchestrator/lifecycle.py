@@ -306,6 +306,11 @@ class Lifecycle:
         unreachable = {n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
+        job = self.run.data.get("slurm")
+        if job and self.cluster.slurm is not None:
+            info = slurm.job_view(self.cluster, job["job_id"])
+            if info is not None:
+                slurm.apply(self.view, info)
         return self.view
 
     def stop(self, reason: str) -> dict[str, str]:
@@ -417,6 +422,16 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     with Pool(cluster) as pool:
         lc = Lifecycle(cluster, plan_from_run(run), run, pool)
         result = lc.stop("`orch down`")
+        job = run.data.get("slurm")
+        if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
+            client = slurm.Client(cluster)
+            try:
+                info = slurm.release(client, job["job_id"], supervisor.STOP_GRACE)
+                result["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
+            except slurm.SlurmError as exc:
+                result["slurm"] = f"could not stop: {exc}"
+            finally:
+                client.close()
         view = lc.status()
         lc.gather()
         run.reload()

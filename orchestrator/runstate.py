@@ -43,6 +43,7 @@ class RunView:
     unreachable: dict[str, str] = field(default_factory=dict)
     started: float | None = None
     ended: float | None = None
+    slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
 
     @property
     def final(self) -> bool:
@@ -55,7 +56,8 @@ class RunView:
     def to_dict(self) -> dict:
         return {"state": self.state, "message": self.message, "attempt": self.attempt, "attempts": self.attempts,
                 "first_failure": self.first_failure, "lost": self.lost, "ranks": self.ranks,
-                "unreachable": self.unreachable, "started": self.started, "ended": self.ended}
+                "unreachable": self.unreachable, "started": self.started, "ended": self.ended,
+                **({"slurm": self.slurm} if self.slurm is not None else {})}
 
 
 def _row(r: Mapping) -> dict:

@@ -201,11 +201,23 @@ def placeholder(cluster: Cluster) -> Cluster:
     return replace(cluster, hosts=hosts_of(cluster.slurm, names, {}))
 
 
-def step_argv(python: str, agent: str, *args: str, nodes: list[str]) -> list[str]:
-    """One job step running `agent.py ARGS` once on each of `nodes` (for the plan's display and
-    agent.py batch, which builds the same)."""
-    return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", python, agent, *args]
+def plan_commands(cluster: Cluster) -> dict:
+    """What `orch up` will run through Slurm, for `orch plan` (agent.py batch runs the steps)."""
+    assert cluster.slurm is not None
+    n = cluster.slurm.nodes
+    rdir = f"{cluster.job.workdir.rstrip('/')}/.orch/<run-id>"
+
+    def step(nodes: list[str], *extra: str) -> list[str]:
+        return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", "python3", f"{rdir}/agent.py", "start",
+                rdir, "--foreground", "--config", f"{rdir}/config.{{node}}.json", *extra]
+
+    nodes = [f"node{i}" for i in range(1, n + 1)]
+    cmds = {"allocate": sbatch_argv(cluster.slurm, job_name(cluster.name), cluster.job.workdir),
+            "head step": step(nodes[:1])}
+    if n > 1:
+        cmds["members step"] = step(nodes[1:], "--head-port", "<port>")
+    return {"batch_script": batch_script(cluster.job.workdir), "commands": cmds}
 
 
 # --------------------------------------------------------------------------- I/O
@@ -288,7 +300,7 @@ class Client:
                                  "it was cancelled", hint="check inventory.slurm against `sinfo`")
             if info.reason != last:
                 last = info.reason
-                on_pending(info.reason or info.state or "waiting")
+                on_pending(info.reason or "queued")
             time.sleep(poll)
 
 
@@ -325,6 +337,37 @@ def release(client: Client, job_id: str, wait: float) -> JobInfo:
         if time.monotonic() > deadline:
             return client.cancel(job_id)
         time.sleep(0.3)
+
+
+_ENDED_HOW = {"TIMEOUT": "its time limit was reached", "DEADLINE": "its deadline was reached",
+              "NODE_FAIL": "a node failed", "BOOT_FAIL": "a node failed to boot", "PREEMPTED": "it was preempted",
+              "CANCELLED": "it was cancelled (scancel)", "OUT_OF_MEMORY": "it ran out of memory"}
+
+
+def apply(view, info: JobInfo) -> None:
+    """Pure: add the Slurm job to a RunView; when Slurm ended the job before the run's
+    supervisors could say how the run ended (they were killed with it), Slurm's word decides."""
+    view.slurm = info.to_dict()
+    if info.live or not info.state:
+        return
+    if not view.final or (view.state == "lost" and info.state in _ENDED_HOW):
+        view.state = RUN_STATE.get(info.state, "lost")
+        view.message = f"Slurm job {info.job_id} ended {info.state}" + (
+            f": {_ENDED_HOW[info.state]}" if info.state in _ENDED_HOW else "")
+        for r in view.ranks:
+            if r["state"] in ("running", "pending", "unknown"):
+                r["state"] = {"timeout": "timeout", "lost": "lost"}.get(view.state, "stopped")
+
+
+def job_view(cluster: Cluster, job_id: str):
+    """The Slurm job of a run, as Slurm sees it now (None if Slurm cannot be asked)."""
+    client = Client(cluster)
+    try:
+        return client.job(job_id)
+    except SlurmError:
+        return None
+    finally:
+        client.close()
 
 
 def require(cluster: Cluster, what: str) -> None:
