@@ -225,7 +225,7 @@ class Lifecycle:
         while True:
             doc = supervisor.parse_json_line(self.pool[head].run(
                 supervisor.status_script(self.cluster, self.run.id)).check("reading status").out)
-            if doc.get("run") == self.run.id and doc.get("agent_alive"):
+            if doc.get("run") == self.run.id:  # the head has started (a short run may be over already)
                 break
             if time.monotonic() > deadline:
                 raise LaunchError(f"the run's supervisors did not start in Slurm job {job['job_id']} within "

@@ -11,6 +11,9 @@ command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v ps >/dev/null 2>&1 || missing+=(procps)
+# the Slurm lab (orch lab up --slurm): slurmctld here, slurmd in every lab host
+{ command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; } || missing+=(slurm-wlm)
+{ command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ]; } || missing+=(munge)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -1,7 +1,7 @@
 """Fixtures for every test directory that uses the simulated cluster (orchestrator/lab.py).
 
 `lab`: a session-wide 3-host lab (name ``t<pid>``), torn down at the end.
-`lab_factory(letter, n, vary=..., refuse_key=...)`: more labs (name ``<letter><pid>``),
+`lab_factory(letter, n, vary=..., refuse_key=..., slurm=...)`: more labs (name ``<letter><pid>``),
 each torn down at the end of the session (or earlier by the test).
 
 These skip only where this machine cannot make a lab (not root, not Linux, no network
@@ -43,6 +43,20 @@ def _require_lab() -> None:
     pytest.skip(why)
 
 
+def _require_slurm() -> None:
+    """Slurm labs need Debian's slurm-wlm and munge (scripts/test.sh installs them as root)."""
+    from orchestrator import labslurm
+    from orchestrator.lab import _which
+
+    missing = sorted({pkg for tool, pkg in labslurm.TOOLS.items() if _which(tool) is None})
+    if not missing:
+        return
+    why = f"a Slurm lab needs {', '.join(missing)} (apt-get install slurm-wlm munge)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {why}")
+    pytest.skip(why)
+
+
 def _name(letter: str) -> str:
     return f"{letter}{os.getpid() % 10_000_000}"
 
@@ -55,10 +69,12 @@ def lab_factory():
 
     made: list[Lab] = []
 
-    def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None) -> Lab:
+    def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None, slurm: bool = False) -> Lab:
+        if slurm:
+            _require_slurm()
         lab = Lab(name or _name(letter))
         made.append(lab)
-        return lab.up(n, vary=vary, refuse_key=refuse_key)
+        return lab.up(n, vary=vary, refuse_key=refuse_key, slurm=slurm)
 
     make.name = _name  # type: ignore[attr-defined]
     yield make
