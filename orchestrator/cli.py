@@ -562,6 +562,10 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
         from .plan import make_plan
 
         cluster = load(file or "cluster.yaml", None)
+        if cluster.slurm is not None:
+            from . import slurm
+
+            cluster = slurm.latest(cluster)
         rid, view = lifecycle.cluster_status(cluster, make_plan(cluster))
         name = cluster.name
     else:

@@ -280,7 +280,7 @@ class Lifecycle:
             except OrchError as exc:
                 err = exc
             if stream.last_state and stream.last_state.get("state") in runstate.FINAL:
-                return Outcome.of(runstate.from_head(stream.last_state))
+                return Outcome.of(self._slurm_word(runstate.from_head(stream.last_state)))
             view = self.status()
             if view.final:
                 return Outcome.of(view)
@@ -306,12 +306,17 @@ class Lifecycle:
         unreachable = {n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
+        return self._slurm_word(self.view)
+
+    def _slurm_word(self, view: RunView) -> RunView:
+        """A run in a Slurm job: the job's state beside the run's, and Slurm's word on how it
+        ended when it ended the run itself (time limit, node failure)."""
         job = self.run.data.get("slurm")
         if job and self.cluster.slurm is not None:
             info = slurm.job_view(self.cluster, job["job_id"])
             if info is not None:
-                slurm.apply(self.view, info)
-        return self.view
+                slurm.apply(view, info)
+        return view
 
     def stop(self, reason: str) -> dict[str, str]:
         return stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,

@@ -344,16 +344,25 @@ _ENDED_HOW = {"TIMEOUT": "its time limit was reached", "DEADLINE": "its deadline
               "CANCELLED": "it was cancelled (scancel)", "OUT_OF_MEMORY": "it ran out of memory"}
 
 
+_REASON_ENDED = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "DeadLine": "DEADLINE"}
+
+
 def apply(view, info: JobInfo) -> None:
     """Pure: add the Slurm job to a RunView; when Slurm ended the job before the run's
     supervisors could say how the run ended (they were killed with it), Slurm's word decides."""
     view.slurm = info.to_dict()
-    if info.live or not info.state:
+    state = info.state
+    if state == "COMPLETING" and info.reason in _REASON_ENDED:  # being torn down: why says how it ended
+        state = _REASON_ENDED[info.reason]
+    if state in LIVE or not state:
         return
-    if not view.final or (view.state == "lost" and info.state in _ENDED_HOW):
-        view.state = RUN_STATE.get(info.state, "lost")
-        view.message = f"Slurm job {info.job_id} ended {info.state}" + (
-            f": {_ENDED_HOW[info.state]}" if info.state in _ENDED_HOW else "")
+    # Slurm's SIGTERM at a time limit reaches the supervisors as "stop": they say `stopped`
+    # (or nothing, if killed first: `lost`); Slurm knows better.
+    overrule = state in _ENDED_HOW and (view.state == "lost" or (view.state == "stopped" and state != "CANCELLED"))
+    if not view.final or overrule:
+        view.state = RUN_STATE.get(state, "lost")
+        view.message = f"Slurm job {info.job_id} ended {state}" + (
+            f": {_ENDED_HOW[state]}" if state in _ENDED_HOW else "")
         for r in view.ranks:
             if r["state"] in ("running", "pending", "unknown"):
                 r["state"] = {"timeout": "timeout", "lost": "lost"}.get(view.state, "stopped")
@@ -370,7 +379,28 @@ def job_view(cluster: Cluster, job_id: str):
         client.close()
 
 
-def require(cluster: Cluster, what: str) -> None:
-    if cluster.slurm is not None and not cluster.hosts:
-        raise UsageError(f"{what} needs the nodes of a Slurm allocation; this inventory asks Slurm for them",
-                         hint="`orch up` allocates them; `orch check --slurm-job ID` checks an allocation you have")
+def latest(cluster: Cluster) -> Cluster:
+    """`orch status FILE` with no local record: the nodes of this cluster's latest orch job
+    that Slurm still remembers (job name orch-<cluster name>)."""
+    client = Client(cluster)
+    try:
+        res = client.run(["squeue", "-h", "-t", "all", "-n", job_name(cluster.name), "-o", "%i|%T|%N"], timeout=30)
+    finally:
+        client.close()
+    if not res.ok:
+        raise SlurmError(f"squeue failed: {(res.err or res.out).strip()[-300:]}")
+    jobs = []
+    for line in res.out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0].isdigit() and expand_nodes(parts[2]):
+            jobs.append((int(parts[0]), parts[2]))
+    if not jobs:
+        raise UsageError(f"Slurm knows no job of {cluster.name!r} ({job_name(cluster.name)}) that ran on nodes",
+                         hint="`orch status` in the directory that ran `orch up` reads its record")
+    job_id, nodelist = max(jobs)
+    info = JobInfo(str(job_id), "", nodes=expand_nodes(nodelist))
+    client = Client(cluster)
+    try:
+        return with_nodes(cluster, info, client.addresses(info.nodes))
+    finally:
+        client.close()

@@ -348,6 +348,10 @@ class Cluster:
         """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
         if not pattern:
             return self
+        if self.slurm is not None and not self.hosts:
+            raise UsageError(f"--hosts {pattern!r}: a Slurm inventory lists no hosts; Slurm picks the nodes",
+                             hint="narrow them with inventory.slurm (nodes, partition, constraint, extra: "
+                                  "[--nodelist=...])")
         if any(pattern == h.name for h in self.hosts):  # an exact name, whatever it holds
             return replace(self, hosts=tuple(h for h in self.hosts if h.name == pattern))
         wanted: set[str] = set()

@@ -177,3 +177,18 @@ def test_ctrl_c_while_queued_cancels_the_request(sl, tmp_path):
         assert [line.split()[0] for line in queue(sl)] == [blocker]
     finally:
         slurm_cmd(sl, "scancel", blocker)
+
+
+def test_the_slurm_time_limit_ends_the_run_timeout(sl, tmp_path):
+    """`time: "1"` (a minute) on a job that sleeps: Slurm ends it at its time limit (its SIGTERM
+    reaches the supervisors as a stop); orch says `timeout` in Slurm's words, exit 1, and
+    `orch status` agrees; nothing is left."""
+    cluster(sl, tmp_path, ["sh", "-c", "echo up $RANK_ID; sleep 600"], launcher="ranktable",
+            workdir="/data/sl-time", slurm={"time": "1"})
+    res = orch("up", "-q", cwd=tmp_path, timeout=240, check_rc=1)
+    err = res.stderr.decode()
+    assert "timeout: Slurm job" in err and "ended TIMEOUT: its time limit was reached" in err, err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "timeout" and leftovers(rec["id"]) == []
+    st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=1).stdout)
+    assert st["state"] == "timeout" and st["slurm"]["state"] == "TIMEOUT"
