@@ -192,3 +192,26 @@ def test_the_slurm_time_limit_ends_the_run_timeout(sl, tmp_path):
     assert rec["state"] == "timeout" and leftovers(rec["id"]) == []
     st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=1).stdout)
     assert st["state"] == "timeout" and st["slurm"]["state"] == "TIMEOUT"
+
+
+def test_msrun_trains_mindspore_through_slurm(sl, tmp_path):
+    """The MindSpore playbook (msrun, 2 nodes x 2 workers) on a Slurm inventory, unchanged but
+    for its inventory: every rank trains and ends with the same weights."""
+    venv = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
+    if not (venv / "bin" / "msrun").exists():
+        pytest.fail(f"msrun not in {venv}/bin: run `bash scripts/install-e2e-deps.sh` (scripts/test.sh does)")
+    src = Path(__file__).resolve().parents[2] / "playbooks" / "mindspore-msrun"
+    doc = yaml.safe_load((src / "cluster.yaml").read_text())
+    doc["inventory"] = str(sl.slurm_inventory_path)
+    doc["job"]["sync"] = [str(src / s) for s in doc["job"]["sync"]]
+    doc["job"]["env"]["EPOCHS"] = "1"
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    orch("up", "-q", cwd=tmp_path, timeout=300, check_rc=0)
+    sums = set()
+    for rank in range(4):
+        out = orch("logs", "--rank", rank, cwd=tmp_path, check_rc=0).stdout.decode()
+        assert re.search(r"^epoch: 0, step: \d+, loss is [0-9.]+$", out, re.M), out[-2000:]
+        m = re.search(rf"^rank {rank}/4 on (\S+): weights checksum ([0-9a-f]{{16}})$", out, re.M)
+        assert m and m.group(1) == sl.host(1 + rank // 2).name, out[-2000:]
+        sums.add(m.group(2))
+    assert len(sums) == 1
