@@ -266,16 +266,13 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
                                  "not RUNNING")
             cluster = slurm.with_nodes(cluster, info, client.addresses(info.nodes))
             return _check_on(cluster, as_json, full_mesh, print_probe)
-        if not as_json:
-            click.echo(f"orch: asking Slurm for {cluster.slurm.nodes} node(s) to check", err=True)
-        cluster, info = slurm.allocate(cluster, client, lambda jid, why: None if as_json else click.echo(
-            f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True))
-        try:
-            return _check_on(cluster, as_json, full_mesh, print_probe)
-        finally:
-            client.cancel(info.job_id)
     finally:
         client.close()
+    if not as_json:
+        click.echo(f"orch: asking Slurm for {cluster.slurm.nodes} node(s) to check", err=True)
+    with slurm.Allocation.request(cluster, lambda jid, why: None if as_json else click.echo(
+            f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True)) as alloc:
+        return _check_on(alloc.cluster, as_json, full_mesh, print_probe)
 
 
 def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None) -> None:
@@ -404,7 +401,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
 
     cluster = load(file, hosts)
     events = _CliEvents(quiet)
-    rp = make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
+    rp = make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))  # fails before queueing
     if follow_rank >= rp.size or follow_rank < 0:
         raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
 
@@ -412,48 +409,47 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
         raise KeyboardInterrupt
 
     old = _signal.signal(_signal.SIGTERM, on_term)
-    client = job = None
-    if cluster.slurm is not None:
-        client = slurm.Client(cluster)
-        events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
-        try:
-            cluster, job = slurm.allocate(cluster, client, lambda jid, why: events.step(
-                f"Slurm job {jid} is pending ({why}); Ctrl-C cancels it"))
-        except KeyboardInterrupt:
-            client.close()
-            _signal.signal(_signal.SIGTERM, old)
-            click.secho("orch: interrupted while queued: the Slurm request was cancelled", fg="red", err=True)
-            click.get_current_context().exit(130)
-        except BaseException:
-            client.close()
-            _signal.signal(_signal.SIGTERM, old)
-            raise
-        events.step(f"Slurm job {job.job_id}: {len(job.nodes)} node(s) {fold(job.nodes)}")
-        rp = make_plan(cluster)
-    for w in rp.warnings:
-        events.warning(w)
-    outcome = None
     try:
-        outcome = _up_on(cluster, rp, events, client, job, skip_checks, force, detach, quiet, follow_rank)
+        if cluster.slurm is None:
+            for w in rp.warnings:
+                events.warning(w)
+            result = _up_on(cluster, rp, events, None, skip_checks, force, detach, quiet, follow_rank)
+        else:
+            events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
+            queued = True
+            try:
+                with slurm.Allocation.request(cluster, lambda jid, why: events.step(
+                        f"Slurm job {jid} is pending ({why}); Ctrl-C cancels it")) as alloc:
+                    queued = False
+                    events.step(f"Slurm job {alloc.job.job_id}: {len(alloc.job.nodes)} node(s) "
+                                f"{fold(alloc.job.nodes)}")
+                    rp = make_plan(alloc.cluster)
+                    for w in rp.warnings:
+                        events.warning(w)
+                    result = _up_on(alloc.cluster, rp, events, alloc, skip_checks, force, detach, quiet,
+                                    follow_rank)
+                    if result[1].state == "detached":
+                        alloc.keep()
+                    else:  # the job ends by itself once the supervisors have; cancel what is left
+                        info = alloc.release(lost_after(cluster) + 15 if result[0].started else 0)
+                        if info.live:
+                            events.warning(f"Slurm job {info.job_id} is still {info.state}; cancel it with "
+                                           f"`scancel {info.job_id}`")
+            except KeyboardInterrupt:
+                if not queued:
+                    raise
+                click.secho("orch: interrupted while queued: the Slurm request was cancelled", fg="red", err=True)
+                click.get_current_context().exit(130)
     finally:
-        if client is not None:
-            assert job is not None
-            if outcome is None or outcome[1].state != "detached":
-                wait = 0 if outcome is None or not outcome[0].started else lost_after(cluster) + 15
-                info = slurm.release(client, job.job_id, wait)
-                if info.live:
-                    events.warning(f"Slurm job {job.job_id} is still {info.state}; cancel it with "
-                                   f"`scancel {job.job_id}`")
-            client.close()
         _signal.signal(_signal.SIGTERM, old)
-    _report_outcome(*outcome)
+    _report_outcome(*result)
 
 
-def _up_on(cluster, rp, events, client, job, skip_checks, force, detach, quiet, follow_rank):
+def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, quiet, follow_rank):
     """`orch up` once the hosts are known: (the Lifecycle, its Outcome, the Run)."""
     import signal as _signal
 
-    from . import launchers, lifecycle, slurm
+    from . import launchers, lifecycle
     from .errors import PreflightFailed
     from .runs import create_run
     from .transport import Pool
@@ -473,8 +469,8 @@ def _up_on(cluster, rp, events, client, job, skip_checks, force, detach, quiet, 
             device_ips = lifecycle.read_device_ips(rp, pool)
         roots = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
         run = create_run(cluster, rp.to_dict())
-        if job is not None:
-            run.data["slurm"] = slurm.record(client, job)
+        if alloc is not None:
+            run.data["slurm"] = alloc.record()
             run.save()
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
         launch = launchers.build(cluster, rp, run.id, root=roots, device_ips=device_ips)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -320,10 +321,43 @@ def allocate(cluster: Cluster, client: Client, on_pending: Callable[[str, str], 
     return with_nodes(cluster, info, addresses), info
 
 
-def record(client: Client, info: JobInfo) -> dict:
-    """What run.json keeps of the allocation (for status and down from any later shell)."""
-    return {"job_id": info.job_id, "batch_host": info.batch_host, "nodes": list(info.nodes),
-            "login": client.slurm.login, "conf": client.slurm.conf}
+class Allocation:
+    """A Slurm allocation held for one command: `with Allocation.request(cluster, on_pending) as a:`
+    gives `a.cluster` (the nodes as hosts) and `a.job`; leaving the block releases it (cancels
+    the job) unless `a.keep()` (a detached run) or `a.release(wait)` (a run that ends by itself)
+    was called. Ctrl-C while queued cancels the request and raises KeyboardInterrupt."""
+
+    def __init__(self, client: Client, cluster: Cluster, job: JobInfo):
+        self.client, self.cluster, self.job = client, cluster, job
+        self.done = False
+
+    @classmethod
+    @contextmanager
+    def request(cls, cluster: Cluster, on_pending: Callable[[str, str], None]):
+        client = Client(cluster)
+        try:
+            allocated, job = allocate(cluster, client, on_pending)
+            alloc = cls(client, allocated, job)
+            try:
+                yield alloc
+            finally:
+                if not alloc.done:
+                    alloc.release(0)
+        finally:
+            client.close()
+
+    def record(self) -> dict:
+        """What run.json keeps of the allocation (for status and down from any later shell)."""
+        s = self.client.slurm
+        return {"job_id": self.job.job_id, "batch_host": self.job.batch_host, "nodes": list(self.job.nodes),
+                "login": s.login, "conf": s.conf}
+
+    def keep(self) -> None:
+        self.done = True
+
+    def release(self, wait: float) -> JobInfo:
+        self.done = True
+        return release(self.client, self.job.job_id, wait)
 
 
 def release(client: Client, job_id: str, wait: float) -> JobInfo:
