@@ -215,3 +215,25 @@ def test_msrun_trains_mindspore_through_slurm(sl, tmp_path):
         assert m and m.group(1) == sl.host(1 + rank // 2).name, out[-2000:]
         sums.add(m.group(2))
     assert len(sums) == 1
+
+
+def test_check_allocates_briefly_or_uses_a_held_job_and_plan_touches_nothing(sl, tmp_path):
+    """`orch check` on a Slurm inventory checks the nodes of a brief allocation it releases;
+    with --slurm-job, the nodes of a job the user holds (left running); `orch plan` shows
+    the sbatch and srun commands and submits nothing."""
+    cluster(sl, tmp_path, "true", launcher="ranktable", workdir="/data/sl-chk")
+    doc = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=0).stdout)
+    assert {r["host"] for r in doc["results"] if r["host"]} == {sl.host(1).name, sl.host(2).name}
+    assert queue(sl) == []
+    held = slurm_cmd(sl, "sbatch", "--parsable", "-N2", "--output=/dev/null", "--wrap", "sleep 120").stdout.strip()
+    try:
+        assert wait_until(lambda: job_state(sl, held) == "RUNNING", timeout=30)
+        doc = json.loads(orch("check", "--json", "--slurm-job", held, cwd=tmp_path, check_rc=0).stdout)
+        assert {r["host"] for r in doc["results"] if r["host"]} == {sl.host(1).name, sl.host(2).name}
+        assert job_state(sl, held) == "RUNNING"
+    finally:
+        slurm_cmd(sl, "scancel", held)
+    assert wait_until(lambda: queue(sl) == [], timeout=15)
+    out = orch("plan", cwd=tmp_path, check_rc=0).stdout.decode()
+    assert "allocate: sbatch --parsable --job-name=orch-" in out and "head step: srun --overlap" in out, out
+    assert queue(sl) == []
