@@ -87,11 +87,12 @@ def test_ranktable_ascend_2x8_each_rank_gets_its_nodes_device_ip(sl, tmp_path):
     assert st["state"] == "succeeded" and st["slurm"] == {"job_id": job, "state": "COMPLETED", "reason": ""}
 
 
-def test_mpirun_2x2_inside_the_allocation(sl, tmp_path):
-    """mpirun 2 x 2 through Slurm: ranks 0-1 on the first node, 2-3 on the second, every
-    rank's output gathered, the allocation released by itself."""
+def test_mpirun_2x2_inside_the_allocation_with_slurm_commands_on_a_login_host(sl, tmp_path):
+    """mpirun 2 x 2 through Slurm, Slurm's commands run over ssh on a login host: ranks 0-1
+    on the first node, 2-3 on the second, every rank's output gathered, the allocation
+    released by itself."""
     cluster(sl, tmp_path, ["sh", "-c", 'echo "$(hostname) $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE"'],
-            launcher="mpirun", workdir="/data/sl-mpi")
+            launcher="mpirun", workdir="/data/sl-mpi", slurm={"login": sl.host(1).address})
     orch("up", "-q", cwd=tmp_path, check_rc=0)
     for rank in range(4):
         out = orch("logs", "--rank", rank, cwd=tmp_path, check_rc=0).stdout.decode()
