@@ -92,7 +92,7 @@ def start(state_dir: Path, lab: str, k: int, gateway: str, hosts: Sequence, run:
          f"--log-file={sdir / 'munged.log'}", f"--pid-file={sdir / 'munged.pid'}",
          f"--seed-file={sdir / 'munged.seed'}"], what="starting munged", timeout=30)
     conf = conf_path(state_dir)
-    conf.write_text(slurm_conf(lab, k, gateway, hosts, sdir, socket.gethostname()))
+    conf.write_text(slurm_conf(lab, k, gateway, hosts, sdir, socket.gethostname().split(".")[0]))  # slurmctld compares short names
     env = dict(os.environ, SLURM_CONF=str(conf))
     run([which("slurmctld") or "/usr/sbin/slurmctld", "-f", str(conf)], what="starting slurmctld", timeout=30,
         env=env)
