@@ -231,7 +231,7 @@ class Lifecycle:
                 raise LaunchError(f"the run's supervisors did not start in Slurm job {job['job_id']} within "
                                   f"{supervisor.JOIN_TIMEOUT * 2:g} s; see {run_dir(self.cluster, self.run.id)}"
                                   f"/batch.log on {job['batch_host']}")
-            time.sleep(0.3)
+            time.sleep(0.1)
         self.run.data["procs"] = [{"key": "supervisor", "host": head.name, "pid": doc.get("agent_pid")}]
         self.run.save()
         self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} node(s) "

@@ -78,8 +78,8 @@ def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
         "#!/bin/sh\n"
         "# orch: holds this allocation for one run; its supervisors are started as job steps.\n"
         f"go={go}\n"
-        f"i=0\nwhile [ ! -s \"$go\" ]; do\n  i=$((i + 1))\n  [ $i -le {wait * 5} ] || "
-        "{ echo 'orch: no go from orch in time; giving the nodes back' >&2; exit 1; }\n  sleep 0.2\ndone\n"
+        f"i=0\nwhile [ ! -s \"$go\" ]; do\n  i=$((i + 1))\n  [ $i -le {wait * 10} ] || "
+        "{ echo 'orch: no go from orch in time; giving the nodes back' >&2; exit 1; }\n  sleep 0.1\ndone\n"
         "read -r rundir < \"$go\"\n"
         "exec python3 \"$rundir/agent.py\" batch \"$go\"\n"
     )
@@ -288,6 +288,7 @@ class Client:
         """Until the job runs: `on_pending(reason)` each time the reason changes. A job that ends
         or whose reason can never resolve raises SlurmError (the job is cancelled first)."""
         last = None
+        polls = 0
         while True:
             info = self.job(job_id)
             if info.state == "RUNNING" and info.nodes:
@@ -302,7 +303,8 @@ class Client:
             if info.reason != last:
                 last = info.reason
                 on_pending(info.reason or "queued")
-            time.sleep(poll)
+            time.sleep(min(poll, 0.1 * 1.5 ** polls))  # most jobs start within a second: look often at first
+            polls += 1
 
 
 def allocate(cluster: Cluster, client: Client, on_pending: Callable[[str, str], None]
