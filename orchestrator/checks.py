@@ -167,7 +167,8 @@ def mesh_targets(cluster: Cluster, source: Host) -> list[MeshTarget]:
 
 
 def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
-    """(files orch up will copy, with size and sha256; job.sync entries missing here). Reads local files.
+    """(files orch up will copy, with size and sha256; why job.sync entries cannot be synced). Reads
+    local files.
 
     Uses sync.manifest, entry by entry, so the paths in workdir are exactly the ones `orch up` writes."""
     from .errors import SpecError
@@ -177,11 +178,12 @@ def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
     missing: list[str] = []
     for entry in cluster.job.sync:
         try:
-            got = manifest(cluster.base_dir, (entry,), str(cluster.path))
-        except SpecError:
-            missing.append(entry)
+            got = manifest(cluster.base_dir, (entry,), str(cluster.path), cluster.job.sync_exclude, hashed=True)
+        except SpecError as exc:
+            missing += [msg for _, msg in exc.problems]
             continue
-        files += [SyncFile(e.rel, e.size, e.sha256 if e.size <= probes.HASH_LIMIT else None) for e in got]
+        files += [SyncFile(e.rel, e.size, e.sha256 if e.size <= probes.HASH_LIMIT else None)
+                  for e in got if e.kind == "file"]
     return files, missing
 
 
@@ -894,8 +896,8 @@ def judge_cluster_local(plan: CheckPlan) -> list[CheckResult]:
     if "device-rules" in plan.checks:
         out += judge_device_rules(plan.cluster)
     if "files" in plan.checks and plan.missing_sync:
-        out.append(CheckResult("files", None, "fail", f"job.sync names files that do not exist here (relative to "
-                               f"{plan.cluster.base_dir}): {', '.join(plan.missing_sync)}"))
+        out.append(CheckResult("files", None, "fail", f"job.sync (relative to {plan.cluster.base_dir}): "
+                               + "; ".join(plan.missing_sync)))
     return out
 
 

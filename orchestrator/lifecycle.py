@@ -145,11 +145,12 @@ class Lifecycle:
 
     # ---- steps
     def distribute(self, launch: Launch) -> None:
-        entries = manifest(self.cluster.base_dir, self.cluster.job.sync, str(self.cluster.path))
+        job = self.cluster.job
+        entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
             for name, data in host_files.items():
                 self.run.write_file(name, data.decode())
-        self.events.step(f"syncing {len(entries)} file(s) to {len(self.plan.hosts)} host(s)")
+        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.hosts)} host(s)")
         results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
                                                 dict(launch.files.get(h.name, {}))))
         failed = [o for o in results.values() if not o.ok]

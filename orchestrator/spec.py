@@ -180,6 +180,7 @@ class RawJob(_Raw):
     env: dict[str, EnvValue] = {}
     secret_env: list[str] = []
     sync: list[str] = []
+    sync_exclude: list[str] = []
     log_dir: str = "log_output"
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"
@@ -283,6 +284,7 @@ class Job:
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()
     sync: tuple[str, ...] = ()
+    sync_exclude: tuple[str, ...] = ()
     log_dir: str = "log_output"
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"
@@ -587,7 +589,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
         if not s.strip():
             problems.add(src.loc(("job", "sync", i)), "empty sync path")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
-               env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync),
+               env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,

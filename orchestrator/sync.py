@@ -1,84 +1,383 @@
 """Distribute code and rendered files to every host before launch.
 
-`manifest()` (local I/O only) lists what `job.sync` names: files and directory
-trees, with mode, size and sha256. On each host, over its one connection:
-one round trip creates workdir and hashes what is already there, only files
-whose checksum differs are written (atomically, modes kept), and one last
-round trip verifies every checksum. A host that cannot take the files fails
-the launch before anything runs, naming host and path.
+What is synced (`manifest()`, local I/O only):
+- `job.sync` paths, relative to the cluster file's directory; a relative path that leaves it
+  (`../../etc/shadow`) is refused: write it as an absolute path if you mean it.
+- Directories are walked without following links. A symlink whose target stays inside the
+  synced tree is recreated as the same link on the hosts (a dangling one too, as rsync -a
+  does); a link that leaves the tree, or a link loop, is refused, naming the link and its target.
+- Left out: `.git/`, `__pycache__/`, `*.pyc`, `.orch/`, then the patterns of
+  `job.sync_exclude` and of a `.orchignore` (or, if there is none, `.gitignore`) at the top of
+  each synced directory (gitignore's syntax: `name`, `dir/`, `/anchored`, `a/*.py`, `!keep`).
+- Modes: a file's permission bits without group/other write (no 0777 from a laptop); a
+  mode-only change (`chmod +x run.sh`) is applied on the hosts.
+
+How (`sync_host()`, two round trips per host, whatever the number of files):
+1. The receiver (stdlib python, on the host) creates workdir and lists what it has of the
+   manifest's paths: kind, size, mtime, mode (a sha256 for rendered files).
+2. One stream of everything that differs (rsync's quick check: kind, size, mtime, mode;
+   mtimes are kept on the hosts). Each file is written under a temp name that says so,
+   checked for its full size and sha256, then renamed into place; an interrupted stream
+   leaves no partial file under a real name. Nothing is written through a symlink or a
+   directory another user planted inside workdir.
 """
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import hashlib
+import json
+import os
 import posixpath
-import shlex
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from .errors import HostError, Location, SpecError
+from .errors import HostError, Location, OrchError, SpecError
 from .transport import Transport
+
+DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".orch/")
+IGNORE_FILES = (".orchignore", ".gitignore")
+SAFE_MODE = 0o7755        # never group/other-writable on the hosts
+CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
 class Entry:
-    local: Path
-    rel: str       # posix path relative to workdir
-    mode: int
-    size: int
-    sha256: str
+    rel: str                   # posix path relative to workdir
+    kind: str                  # file | dir | link
+    mode: int = 0o644
+    size: int = 0
+    mtime_ns: int = 0
+    local: Path | None = None  # the file here (kind file)
+    target: str = ""           # kind link
+    data: bytes | None = None  # a rendered file (no local path): compared by sha256
+    sha256: str | None = None  # filled by manifest(hashed=True) and for rendered files
 
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+        for block in iter(lambda: fh.read(CHUNK), b""):
             h.update(block)
     return h.hexdigest()
 
 
-def manifest(base: Path, sync: tuple[str, ...], cluster_file: str) -> list[Entry]:
-    """Every file under the `sync` paths (relative to `base`), in a stable order."""
-    entries: dict[str, Entry] = {}
-    problems = []
-    for i, item in enumerate(sync):
-        src = (base / item).resolve()
-        if not src.exists():
-            problems.append((Location(cluster_file, None, f"job.sync[{i}]"),
-                             f"{item!r} does not exist (looked for {src})"))
+# --------------------------------------------------------------------------- excludes
+
+
+@dataclass(frozen=True)
+class _Rule:
+    glob: str
+    negate: bool
+    anchored: bool
+    dir_only: bool
+
+
+def parse_patterns(lines) -> list[_Rule]:
+    """gitignore-style lines -> rules (comments and blanks skipped)."""
+    rules = []
+    for raw in lines:
+        line = raw.rstrip("\n").rstrip()
+        if not line or line.startswith("#"):
             continue
-        top = Path(item.rstrip("/")).name if src.is_dir() else Path(item).name
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
-        for f in files:
-            rel = top if f == src else posixpath.join(top, f.relative_to(src).as_posix())
-            st = f.stat()
-            entries[rel] = Entry(f, rel, st.st_mode & 0o7777, st.st_size, _sha256(f))
+        negate = line.startswith("!")
+        if negate:
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        anchored = "/" in line
+        line = line.lstrip("/")
+        if line.startswith("**/"):
+            line, anchored = line[3:], "/" in line[3:]
+        if line:
+            rules.append(_Rule(line, negate, anchored, dir_only))
+    return rules
+
+
+def excluded(rules: list[_Rule], rel: str, is_dir: bool) -> bool:
+    """Whether `rel` (relative to the synced directory) is left out: the last matching rule wins."""
+    out = False
+    name = rel.rsplit("/", 1)[-1]
+    for r in rules:
+        if r.dir_only and not is_dir:
+            continue
+        if fnmatch.fnmatchcase(rel if r.anchored else name, r.glob):
+            out = not r.negate
+    return out
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tuple[str, ...] = (),
+             hashed: bool = False) -> list[Entry]:
+    """Everything under the `sync` paths (relative to `base`), in a stable order (parents first)."""
+    entries: dict[str, Entry] = {}
+    problems: list[tuple[Location, str]] = []
+    base = base.resolve()
+    for i, item in enumerate(sync):
+        loc = Location(cluster_file, None, f"job.sync[{i}]")
+        given = Path(item).expanduser()
+        src = given if given.is_absolute() else base / given
+        if not given.is_absolute() and not _inside(os.path.normpath(src), str(base)):
+            problems.append((loc, f"{item!r} leaves the cluster file's directory {base}; write it as an "
+                                  "absolute path if you mean to sync it"))
+            continue
+        src = Path(os.path.normpath(src))
+        if not os.path.lexists(src):
+            problems.append((loc, f"{item!r} does not exist (looked for {src})"))
+            continue
+        real = src.resolve()  # a link named in job.sync itself is what the user asked for: follow it
+        if not real.exists():
+            problems.append((loc, f"{item!r} is a broken link (to {os.readlink(src)})"))
+            continue
+        top = src.name
+        if real.is_dir():
+            rules = parse_patterns(DEFAULT_EXCLUDES + tuple(exclude))
+            for ig in IGNORE_FILES:
+                if (real / ig).is_file():
+                    rules += parse_patterns((real / ig).read_text(errors="replace").splitlines())
+                    break
+            _walk(real, top, rules, entries, problems, loc, hashed)
+        else:
+            entries[top] = _file_entry(real, top, hashed)
     if problems:
-        raise SpecError(problems, hint="fix job.sync, or create the files")
+        raise SpecError(problems, hint="fix job.sync (or job.sync_exclude), or the files")
     return [entries[k] for k in sorted(entries)]
 
 
-def _hash_script(workdir: str, rels: list[str]) -> str:
-    """Create workdir; print `INDEX SHA256` for each of `rels` that exists there. By index, not
-    name: sha256sum escapes names holding a backslash or a newline, and any name is allowed."""
-    q = shlex.quote(workdir)
-    files = " ".join(shlex.quote(r) for r in rels)
-    body = f"mkdir -p {q} || exit 41\ncd {q} || exit 41\ntest -w . || exit 42\n"
-    if rels:
-        body += (f"i=0\nfor f in {files}; do\n"
-                 "  [ -f \"$f\" ] && printf '%s %s\\n' \"$i\" \"$(sha256sum < \"$f\" | cut -c1-64)\"\n"
-                 "  i=$((i+1))\ndone\n")
-    return body + "exit 0"
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _parse_hashes(text: str, rels: list[str]) -> dict[str, str]:
-    """_hash_script's output -> {relative path: sha256}."""
-    out = {}
-    for line in text.splitlines():
-        index, _, digest = line.partition(" ")
-        if index.isascii() and index.isdigit() and int(index) < len(rels) and len(digest) == 64:
-            out[rels[int(index)]] = digest
-    return out
+def _file_entry(path: Path, rel: str, hashed: bool, st: os.stat_result | None = None) -> Entry:
+    st = st or path.stat()
+    return Entry(rel, "file", st.st_mode & SAFE_MODE, st.st_size, st.st_mtime_ns, local=path,
+                 sha256=_sha256(path) if hashed else None)
+
+
+def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: list, loc: Location,
+          hashed: bool) -> None:
+    st = root.stat()
+    entries[top] = Entry(top, "dir", st.st_mode & SAFE_MODE)
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: links are entries, not walked
+        d = Path(dirpath)
+        reld = d.relative_to(root).as_posix()
+        keep = []
+        for name in sorted(dirnames):
+            p = d / name
+            rel = f"{reld}/{name}" if reld != "." else name
+            if p.is_symlink():
+                filenames.append(name)  # a link to a directory: kept as a link, never walked
+                continue
+            if excluded(rules, rel, True):
+                continue
+            keep.append(name)
+            entries[f"{top}/{rel}"] = Entry(f"{top}/{rel}", "dir", p.stat().st_mode & SAFE_MODE)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            p = d / name
+            rel = f"{reld}/{name}" if reld != "." else name
+            try:
+                lst = p.lstat()
+            except OSError as exc:
+                problems.append((loc, f"cannot read {p}: {exc.strerror}"))
+                continue
+            if stat.S_ISLNK(lst.st_mode):
+                if excluded(rules, rel, False):
+                    continue
+                target = os.readlink(p)
+                landing = os.path.normpath(os.path.join(d, target))
+                if os.path.isabs(target) or not _inside(landing, str(root)):
+                    problems.append((loc, f"{p} is a link to {target}, outside the synced directory {root}: "
+                                          "copy what it points to into the tree, exclude it, or sync its "
+                                          "target itself"))
+                    continue
+                try:
+                    os.stat(p)
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        problems.append((loc, f"{p} is a symbolic link loop (-> {target}): remove or exclude it"))
+                        continue  # a dangling link (ENOENT) is kept as it is, like rsync -a
+                entries[f"{top}/{rel}"] = Entry(f"{top}/{rel}", "link", 0o777, target=target)
+            elif stat.S_ISREG(lst.st_mode):
+                if not excluded(rules, rel, False):
+                    entries[f"{top}/{rel}"] = _file_entry(p, f"{top}/{rel}", hashed, lst)
+            elif not excluded(rules, rel, False):
+                problems.append((loc, f"{p} is not a regular file, directory or link (a socket, fifo or "
+                                      "device): exclude it"))
+
+
+def rendered(files: dict[str, bytes]) -> list[Entry]:
+    """Files orch renders (hostfile, rank table) as entries: compared by sha256."""
+    return [Entry(rel, "file", 0o644, len(data), 0, data=data, sha256=hashlib.sha256(data).hexdigest())
+            for rel, data in sorted(files.items())]
+
+
+# --------------------------------------------------------------------------- the host's side
+
+# Runs on the host with python3 (>= 3.8, stdlib): `list WORKDIR` (JSON request on stdin) and
+# `recv WORKDIR` (the framed stream on stdin). Exit 41: cannot create workdir; 42: not
+# writable; 43: a problem with one path (stderr: a JSON {"path", "error"}).
+RECEIVER = r'''
+import hashlib, json, os, stat, sys
+W = sys.argv[2]
+TMP = ".orch-sync-partial."
+
+def fail(code, path, msg):
+    sys.stderr.write(json.dumps({"path": path, "error": msg}) + "\n")
+    sys.exit(code)
+
+def under(rel):
+    return os.path.join(W, *[p for p in rel.split("/") if p])
+
+def mkdirs(rel, mode=0o755):
+    """Directories below W, refusing a component that is a link or not a directory."""
+    path = W
+    for part in [p for p in rel.split("/") if p]:
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            os.mkdir(path, mode)
+            continue
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            fail(43, rel, "%s is %s, not a directory orch made: remove it" % (
+                path, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file"))
+    return path
+
+def start():
+    try:
+        os.makedirs(W, 0o755, exist_ok=True)
+    except OSError as e:
+        fail(41, W, e.strerror)
+    if not os.access(W, os.W_OK):
+        fail(42, W, "not writable")
+
+def cmd_list():
+    req = json.loads(sys.stdin.read())
+    out = []
+    for rel, want_hash in req:
+        try:
+            st = os.lstat(under(rel))
+        except OSError:
+            out.append(None)
+            continue
+        kind = "link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else \
+            "file" if stat.S_ISREG(st.st_mode) else "other"
+        rec = [kind, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), None]
+        if kind == "link":
+            rec[4] = os.readlink(under(rel))
+        elif kind == "file" and want_hash:
+            h = hashlib.sha256()
+            with open(under(rel), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            rec[4] = h.hexdigest()
+        out.append(rec)
+    print(json.dumps(out))
+
+def readline(inp, rel):
+    line = inp.readline()
+    if not line.endswith(b"\n"):
+        raise EOFError(rel)
+    return line
+
+def place(tmp, final, rel):
+    try:
+        st = os.lstat(final)
+        if stat.S_ISDIR(st.st_mode):
+            fail(43, rel, "%s is a directory on this host; remove it" % final)
+    except FileNotFoundError:
+        pass
+    os.replace(tmp, final)  # replaces a link itself, never what it points to
+
+def cmd_recv():
+    inp = sys.stdin.buffer
+    done = 0
+    tmp = None
+    try:
+        while True:
+            h = json.loads(readline(inp, "(header)"))
+            kind, rel = h.get("kind"), h.get("rel")
+            if kind == "end":
+                break
+            if kind == "dir":
+                path = mkdirs(rel)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
+                os.fchmod(fd, h["mode"])
+                os.close(fd)
+            elif kind == "chmod":
+                try:
+                    fd = os.open(under(rel), os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError as e:
+                    fail(43, rel, e.strerror)
+                os.fchmod(fd, h["mode"])
+                os.utime(fd, ns=(h["mtime"], h["mtime"]))
+                os.close(fd)
+            elif kind == "link":
+                d = mkdirs(posixpath_dir(rel))
+                tmp = os.path.join(d, TMP + os.urandom(6).hex())
+                os.symlink(h["target"], tmp)
+                place(tmp, under(rel), rel)
+                tmp = None
+            elif kind == "file":
+                d = mkdirs(posixpath_dir(rel))
+                tmp = os.path.join(d, TMP + os.urandom(6).hex())
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                left, sha = h["size"], hashlib.sha256()
+                try:
+                    while left:
+                        block = inp.read(min(left, 1 << 20))
+                        if not block:
+                            raise EOFError(rel)
+                        sha.update(block)
+                        _writeall(fd, block)
+                        left -= len(block)
+                    want = readline(inp, rel).strip().decode()
+                    if want != sha.hexdigest():
+                        fail(43, rel, "sha256 mismatch: the file changed while it was sent; run again")
+                    os.fchmod(fd, h["mode"])
+                    if h.get("mtime"):
+                        os.utime(fd, ns=(h["mtime"], h["mtime"]))
+                finally:
+                    os.close(fd)
+                place(tmp, under(rel), rel)
+                tmp = None
+            done += 1
+    except EOFError as e:
+        fail(43, str(e), "the stream ended before it was complete (interrupted); nothing partial was kept")
+    except OSError as e:
+        fail(43, getattr(e, "filename", None) or "?", e.strerror or str(e))
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    print(json.dumps({"written": done}))
+
+def _writeall(fd, block):
+    view = memoryview(block)
+    while view:
+        view = view[os.write(fd, view):]
+
+def posixpath_dir(rel):
+    return rel.rsplit("/", 1)[0] if "/" in rel else ""
+
+start()
+cmd_list() if sys.argv[1] == "list" else cmd_recv()
+'''
+
+
+def _receiver_argv(mode: str, workdir: str) -> list[str]:
+    return ["python3", "-c", RECEIVER, mode, workdir]
+
+
+# --------------------------------------------------------------------------- the controller's side
 
 
 @dataclass(frozen=True)
@@ -88,41 +387,123 @@ class SyncReport:
     unchanged: tuple[str, ...]
 
 
-def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None) -> SyncReport:
-    """Bring `workdir` on one host up to date with `entries`; write `extra` files
-    ({relative path: bytes}) too. Verifies checksums afterwards."""
-    host = t.host.name
-    rels = [e.rel for e in entries]
-    res = t.run(_hash_script(workdir, rels))
-    if res.exit_code == 41:
-        raise HostError(host, f"cannot create workdir {workdir}: {res.err.strip()}",
-                        hint="check job.workdir and the user's permissions on the host")
-    if res.exit_code == 42:
-        raise HostError(host, f"workdir {workdir} is not writable by {t.host.user}")
-    res.check(f"hashing files in {workdir}")
-    have = _parse_hashes(res.out, rels)
-    copied, unchanged = [], []
-    for e in entries:
-        if have.get(e.rel) == e.sha256:
-            unchanged.append(e.rel)
-            continue
-        _put(t, e.local, posixpath.join(workdir, e.rel), e.mode)
-        copied.append(e.rel)
-    for rel, data in (extra or {}).items():
-        _put(t, data, posixpath.join(workdir, rel), 0o644)
-    if copied:
-        after = _parse_hashes(t.run(_hash_script(workdir, copied)).check("verifying copied files").out, copied)
-        bad = [e.rel for e in entries if e.rel in copied and after.get(e.rel) != e.sha256]
-        if bad:
-            raise HostError(host, f"checksum mismatch after copying {', '.join(bad)} to {workdir}",
-                            hint="the disk may be full or the files changed while copying; run again")
-    return SyncReport(host, tuple(copied), tuple(unchanged))
+def _differs(e: Entry, have: list | None) -> str | None:
+    """What must be sent for `e` given the host's record of it: None (nothing), "chmod", "send"."""
+    if have is None:
+        return "send"
+    kind, size, mtime, mode, extra = have
+    if kind != e.kind:
+        return "send"
+    if e.kind == "dir":
+        return None if mode == e.mode else "send"
+    if e.kind == "link":
+        return None if extra == e.target else "send"
+    if e.data is not None:
+        return None if extra == e.sha256 and mode == e.mode else "send"
+    if size != e.size or mtime != e.mtime_ns:
+        return "send"
+    return None if mode == e.mode else "chmod"
 
 
-def _put(t: Transport, src, remote: str, mode: int) -> None:
+class SyncSourceError(OrchError):
+    """A local file changed or vanished while it was being sent."""
+
+
+class _Frames:
+    """A file-like view of the stream (read(n)), produced as it is read: headers, bytes, trailers."""
+
+    def __init__(self, items: list[tuple[Entry, str]]):
+        self._gen = self._frames(items)
+        self._buf = b""
+
+    @staticmethod
+    def _frames(items) -> Iterator[bytes]:
+        for e, what in items:
+            if what == "chmod":
+                yield _header(kind="chmod", rel=e.rel, mode=e.mode, mtime=e.mtime_ns)
+            elif e.kind == "dir":
+                yield _header(kind="dir", rel=e.rel, mode=e.mode)
+            elif e.kind == "link":
+                yield _header(kind="link", rel=e.rel, target=e.target)
+            elif e.data is not None:
+                yield _header(kind="file", rel=e.rel, mode=e.mode, size=len(e.data), mtime=0)
+                yield e.data
+                yield (e.sha256 or "").encode() + b"\n"
+            else:
+                assert e.local is not None
+                sha = hashlib.sha256()
+                yield _header(kind="file", rel=e.rel, mode=e.mode, size=e.size, mtime=e.mtime_ns)
+                left = e.size
+                try:
+                    with open(e.local, "rb") as fh:
+                        while left:
+                            block = fh.read(min(left, CHUNK))
+                            if not block:
+                                break
+                            sha.update(block)
+                            left -= len(block)
+                            yield block
+                except OSError as exc:
+                    raise SyncSourceError(f"cannot read {e.local}: {exc.strerror}") from None
+                if left:
+                    raise SyncSourceError(f"{e.local} shrank while it was being sent; run again")
+                yield sha.hexdigest().encode() + b"\n"
+        yield _header(kind="end")
+
+    def read(self, n: int = -1) -> bytes:
+        while len(self._buf) < n or n < 0:
+            try:
+                self._buf += next(self._gen)
+            except StopIteration:
+                break
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+def _header(**fields) -> bytes:
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+
+
+def _host_error(t: Transport, res, workdir: str, what: str) -> HostError:
     try:
-        t.put(src, remote, mode=mode)
-    except HostError as exc:
-        detail = exc.result.err.strip() if getattr(exc, "result", None) is not None else str(exc)
-        raise HostError(t.host.name, f"cannot write {remote}: {detail}",
-                        hint="is the disk full, or the directory not writable?") from None
+        detail = json.loads(res.err.strip().splitlines()[-1])
+        path, why = detail.get("path"), detail.get("error")
+    except (ValueError, IndexError, AttributeError):
+        path, why = None, (res.err.strip() or res.out.strip())[-300:]
+    if res.exit_code == 41:
+        return HostError(t.host.name, f"cannot create workdir {workdir}: {why}",
+                         hint="check job.workdir and the user's permissions on the host")
+    if res.exit_code == 42:
+        return HostError(t.host.name, f"workdir {workdir} is not writable by {t.host.user}")
+    where = f" {posixpath.join(workdir, path)}" if path and path != workdir else ""
+    return HostError(t.host.name, f"{what}{where}: {why} (exit {res.exit_code})",
+                     hint="is the disk full, or the directory not writable?")
+
+
+def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,
+              ) -> SyncReport:
+    """Bring `workdir` on one host up to date with `entries`, plus `extra` rendered files
+    ({relative path: bytes}): two round trips, one stream."""
+    items = entries + rendered(extra or {})
+    req = json.dumps([[e.rel, e.data is not None] for e in items]).encode()
+    res = t.run(_receiver_argv("list", workdir), stdin=req)
+    if not res.ok:
+        raise _host_error(t, res, workdir, "cannot list")
+    try:
+        have = json.loads(res.out)
+        assert isinstance(have, list) and len(have) == len(items)
+    except (ValueError, AssertionError):
+        raise HostError(t.host.name, f"unreadable answer from the sync receiver: {res.out[-200:]!r}") from None
+    todo = [(e, what) for e, h in zip(items, have) if (what := _differs(e, h))]
+    if todo:
+        size = sum(e.size for e, what in todo if what == "send")
+        res = t.run(_receiver_argv("recv", workdir), stdin=_Frames(todo),
+                    timeout=t.command_timeout + size / 1e6)  # at least 1 MB/s on top of the usual limit
+        if not res.ok:
+            raise _host_error(t, res, workdir, "cannot write")
+    sent = {e.rel for e, _ in todo}
+    return SyncReport(t.host.name, tuple(e.rel for e, _ in todo if e.kind != "dir"),
+                      tuple(e.rel for e in items if e.rel not in sent and e.kind != "dir"))

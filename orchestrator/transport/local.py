@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from typing import BinaryIO
 
 from ..errors import RemoteTimeout
@@ -13,6 +15,12 @@ from .base import Transport
 
 class LocalTransport(Transport):
     def _exec(self, script, *, stdin, sink, timeout):
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray)) and not _has_fileno(stdin):
+            spool = tempfile.TemporaryFile()  # a stream produced as it is read: spooled, then fed
+            shutil.copyfileobj(stdin, spool, 1 << 20)
+            spool.seek(0)
+            with spool:
+                return self._exec(script, stdin=spool, sink=sink, timeout=timeout)
         feed_bytes = isinstance(stdin, (bytes, bytearray))
         if sink is not None and _has_fileno(sink):
             sink.flush()

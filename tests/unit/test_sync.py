@@ -1,0 +1,126 @@
+"""Code sync (orchestrator/sync.py): what is synced, and the receiver, run for real through the
+local transport (the same script the hosts run over ssh)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from orchestrator import sync
+from orchestrator.errors import HostError, SpecError
+from orchestrator.spec import Host
+from orchestrator.transport.local import LocalTransport
+
+
+class Counting(LocalTransport):
+    def __init__(self):
+        super().__init__(Host(name="here", address="localhost", user="u", connection="local"), 60)
+        self.runs = 0
+
+    def run(self, *a, **k):
+        self.runs += 1
+        return super().run(*a, **k)
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def rels(entries) -> list[str]:
+    return [e.rel for e in entries if e.kind != "dir"]
+
+
+def test_excludes_default_orchignore_job_and_negation(tmp_path):
+    tree(tmp_path / "p", {"a.py": "", "x.pyc": "", "__pycache__/a.pyc": "", ".git/HEAD": "", "sub/.git/x": "",
+                          "data/big.ckpt": "", "data/keep.ckpt": "", "logs/out.log": "", "sub/b.py": "",
+                          ".orchignore": "# checkpoints\n*.ckpt\n!keep.ckpt\n/logs/\n"})
+    got = rels(sync.manifest(tmp_path, ("p",), "c.yaml", exclude=("sub/b.py",)))
+    assert got == ["p/.orchignore", "p/a.py", "p/data/keep.ckpt"]
+
+
+def test_gitignore_is_read_when_there_is_no_orchignore(tmp_path):
+    tree(tmp_path / "p", {"a.py": "", "out/x": "", ".gitignore": "out/\n"})
+    assert rels(sync.manifest(tmp_path, ("p",), "c.yaml")) == ["p/.gitignore", "p/a.py"]
+
+
+def test_links_inside_kept_links_outside_loops_and_escaping_paths_refused(tmp_path):
+    p = tree(tmp_path / "p", {"a.py": "", "d/x": ""})
+    os.symlink("a.py", p / "l.py")
+    os.symlink("d", p / "dl")
+    os.symlink("gone", p / "dangling")
+    got = {e.rel: (e.kind, e.target) for e in sync.manifest(tmp_path, ("p",), "c.yaml")}
+    assert got["p/l.py"] == ("link", "a.py") and got["p/dl"] == ("link", "d") and got["p/dangling"][0] == "link"
+    os.symlink("/etc/passwd", p / "evil")
+    os.symlink("../../outside", p / "d" / "up")
+    os.symlink("loop2", p / "loop1")
+    os.symlink("loop1", p / "loop2")
+    with pytest.raises(SpecError) as exc:
+        sync.manifest(tmp_path, ("p",), "c.yaml")
+    text = str(exc.value)
+    assert "evil is a link to /etc/passwd, outside the synced directory" in text
+    assert "up is a link to ../../outside, outside" in text and "loop1 is a symbolic link loop" in text
+    assert "c.yaml: job.sync[0]" in text
+    with pytest.raises(SpecError, match="leaves the cluster file's directory"):
+        sync.manifest(tmp_path / "p", ("../../etc/passwd",), "c.yaml")
+
+
+def test_one_listing_and_one_stream_whatever_the_number_of_files(tmp_path):
+    src = tree(tmp_path / "src", {f"pkg/m{i}.py": f"x = {i}\n" for i in range(500)})
+    (src / "pkg" / "run.sh").write_text("echo hi\n")
+    os.chmod(src / "pkg" / "run.sh", 0o777)
+    os.symlink("m1.py", src / "pkg" / "link.py")
+    work = tmp_path / "work"
+    entries = sync.manifest(src, ("pkg",), "c.yaml")
+    t = Counting()
+    rep = sync.sync_host(t, str(work), entries, {"hostfile": b"h1 slots=2\n"})
+    assert t.runs == 2 and len(rep.copied) == 503 and rep.unchanged == ()
+    assert (work / "pkg" / "m7.py").read_text() == "x = 7\n" and (work / "hostfile").read_bytes() == b"h1 slots=2\n"
+    assert os.readlink(work / "pkg" / "link.py") == "m1.py"
+    assert stat.S_IMODE((work / "pkg" / "run.sh").stat().st_mode) == 0o755  # no group/other write
+    t.runs = 0
+    rep = sync.sync_host(t, str(work), entries, {"hostfile": b"h1 slots=2\n"})
+    assert t.runs == 1 and rep.copied == () and len(rep.unchanged) == 503
+    # a permission-only change is a change; so is new content of the same size
+    os.chmod(src / "pkg" / "run.sh", 0o644)
+    (src / "pkg" / "m3.py").write_text("x = 9\n")
+    os.utime(src / "pkg" / "m3.py", ns=(1, 1))
+    rep = sync.sync_host(t, str(work), sync.manifest(src, ("pkg",), "c.yaml"), {"hostfile": b"h2 slots=2\n"})
+    assert sorted(rep.copied) == ["hostfile", "pkg/m3.py", "pkg/run.sh"]
+    assert stat.S_IMODE((work / "pkg" / "run.sh").stat().st_mode) == 0o644
+    assert (work / "pkg" / "m3.py").read_text() == "x = 9\n"
+
+
+def test_an_interrupted_stream_leaves_no_partial_file_under_a_real_name(tmp_path):
+    src = tree(tmp_path / "src", {"big.bin": "A" * 100_000})
+    work = tmp_path / "work"
+    (work).mkdir()
+    (work / "big.bin").write_text("old")
+    entries = sync.manifest(src, ("big.bin",), "c.yaml")
+    frames = sync._Frames([(entries[0], "send")]).read(50_000)  # the stream cut halfway
+    res = Counting().run(sync._receiver_argv("recv", str(work)), stdin=frames)
+    assert res.exit_code == 43 and "interrupted" in res.err
+    assert (work / "big.bin").read_text() == "old" and os.listdir(work) == ["big.bin"]
+
+
+def test_nothing_is_written_through_a_link_planted_in_workdir(tmp_path):
+    src = tree(tmp_path / "src", {"pkg/a.py": "new"})
+    work = tmp_path / "work"
+    work.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    os.symlink(victim, work / "pkg")  # another user made workdir/pkg point elsewhere
+    with pytest.raises(HostError, match="is a symbolic link, not a directory orch made"):
+        sync.sync_host(Counting(), str(work), sync.manifest(src, ("pkg",), "c.yaml"))
+    assert os.listdir(victim) == []
+    os.unlink(work / "pkg")
+    os.symlink(tmp_path / "target.py", work / "b.py")  # a planted file link is replaced, never followed
+    (src / "b.py").write_text("mine")
+    sync.sync_host(Counting(), str(work), sync.manifest(src, ("b.py",), "c.yaml"))
+    assert not (work / "b.py").is_symlink() and not (tmp_path / "target.py").exists()
