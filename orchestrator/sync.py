@@ -299,9 +299,10 @@ def cmd_recv():
     inp = sys.stdin.buffer
     done = 0
     tmp = None
+    rel = "(header)"
     try:
         while True:
-            h = json.loads(readline(inp, "(header)"))
+            h = json.loads(readline(inp, rel))
             kind, rel = h.get("kind"), h.get("rel")
             if kind == "end":
                 break
@@ -351,7 +352,7 @@ def cmd_recv():
     except EOFError as e:
         fail(43, str(e), "the stream ended before it was complete (interrupted); nothing partial was kept")
     except OSError as e:
-        fail(43, getattr(e, "filename", None) or "?", e.strerror or str(e))
+        fail(43, rel, e.strerror or str(e))
     finally:
         if tmp is not None:
             try:
@@ -505,5 +506,6 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
         if not res.ok:
             raise _host_error(t, res, workdir, "cannot write")
     sent = {e.rel for e, _ in todo}
-    return SyncReport(t.host.name, tuple(e.rel for e, _ in todo if e.kind != "dir"),
-                      tuple(e.rel for e in items if e.rel not in sent and e.kind != "dir"))
+    synced = [e for e in entries if e.kind != "dir"]  # what the user syncs (not dirs, not rendered files)
+    return SyncReport(t.host.name, tuple(e.rel for e in synced if e.rel in sent),
+                      tuple(e.rel for e in synced if e.rel not in sent))

@@ -108,7 +108,7 @@ def test_full_workdir_fails_distribution_before_anything_starts(life, tmp_path):
         err = res.stderr.decode()
         assert "distribution failed; nothing was started" in err, err
         assert f"{life.host(2).name}: cannot write {wd}/big.bin" in err and "No space left" in err, err
-        assert remote_ls(life, 2, f"{wd}/.orch-put.*") == []
+        assert remote_ls(life, 2, f"{wd}/.orch-put.*") == [] and remote_ls(life, 2, f"{wd}/.orch-sync-partial.*") == []
         rec = run_record(tmp_path)
         assert rec["state"] == "failed" and rec["procs"] == [] and leftovers(rec["id"]) == []
         for i in (1, 2, 3):

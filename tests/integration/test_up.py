@@ -36,7 +36,7 @@ def orch(*args, cwd, timeout=180, check_rc=None):
 
 
 def run_record(cwd: Path, run_id: str | None = None) -> dict:
-    runs = sorted((cwd / ".orch" / "runs").iterdir())
+    runs = sorted(p for p in (cwd / ".orch" / "runs").iterdir() if (p / "run.json").is_file())  # not half-made
     path = [p for p in runs if run_id is None or p.name == run_id][-1] / "run.json"
     return json.loads(path.read_text())
 
