@@ -31,6 +31,7 @@ import json
 import os
 import posixpath
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -223,31 +224,45 @@ def rendered(files: dict[str, bytes]) -> list[Entry]:
 # `recv WORKDIR` (the framed stream on stdin). Exit 41: cannot create workdir; 42: not
 # writable; 43: a problem with one path (stderr: a JSON {"path", "error"}).
 RECEIVER = r'''
-import hashlib, json, os, stat, sys
+import errno, hashlib, json, os, stat, sys
 W = sys.argv[2]
 TMP = ".orch-sync-partial."
+DIRS = {}
 
 def fail(code, path, msg):
     sys.stderr.write(json.dumps({"path": path, "error": msg}) + "\n")
     sys.exit(code)
 
-def under(rel):
-    return os.path.join(W, *[p for p in rel.split("/") if p])
+def split(rel):
+    parts = [p for p in rel.split("/") if p]
+    return "/".join(parts[:-1]), parts[-1]
 
-def mkdirs(rel, mode=0o755):
-    """Directories below W, refusing a component that is a link or not a directory."""
-    path = W
-    for part in [p for p in rel.split("/") if p]:
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            os.mkdir(path, mode)
-            continue
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            fail(43, rel, "%s is %s, not a directory orch made: remove it" % (
-                path, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file"))
-    return path
+def dirfd(rel, create=True):
+    # The directory rel (below W) as an fd, reached component by component without following a
+    # link (openat + O_NOFOLLOW): nothing lands through a link or file someone planted.
+    if rel in DIRS:
+        return DIRS[rel]
+    if len(DIRS) > 256:
+        for k in [k for k in DIRS if k]:
+            os.close(DIRS.pop(k))
+    parent, name = split(rel)
+    pfd = dirfd(parent, create)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        fd = os.open(name, flags, dir_fd=pfd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.mkdir(name, 0o755, dir_fd=pfd)
+        fd = os.open(name, flags, dir_fd=pfd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            link = stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+            fail(43, rel, "%s/%s is %s, not a directory orch made: remove it" % (
+                W, rel, "a symbolic link" if link else "a file"))
+        raise
+    DIRS[rel] = fd
+    return fd
 
 def start():
     try:
@@ -256,24 +271,28 @@ def start():
         fail(41, W, e.strerror)
     if not os.access(W, os.W_OK):
         fail(42, W, "not writable")
+    DIRS[""] = os.open(W, os.O_RDONLY | os.O_DIRECTORY)
 
 def cmd_list():
     req = json.loads(sys.stdin.read())
     out = []
     for rel, want_hash in req:
         try:
-            st = os.lstat(under(rel))
-        except OSError:
+            parent, name = split(rel)
+            d = dirfd(parent, create=False)
+            st = os.stat(name, dir_fd=d, follow_symlinks=False)
+        except (OSError, SystemExit):
             out.append(None)
             continue
         kind = "link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else \
             "file" if stat.S_ISREG(st.st_mode) else "other"
         rec = [kind, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), None]
         if kind == "link":
-            rec[4] = os.readlink(under(rel))
+            rec[4] = os.readlink(name, dir_fd=d)
         elif kind == "file" and want_hash:
             h = hashlib.sha256()
-            with open(under(rel), "rb") as fh:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
+            with os.fdopen(fd, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
             rec[4] = h.hexdigest()
@@ -286,14 +305,18 @@ def readline(inp, rel):
         raise EOFError(rel)
     return line
 
-def place(tmp, final, rel):
+def place(d, tmp, name, rel):
     try:
-        st = os.lstat(final)
-        if stat.S_ISDIR(st.st_mode):
-            fail(43, rel, "%s is a directory on this host; remove it" % final)
+        if stat.S_ISDIR(os.stat(name, dir_fd=d, follow_symlinks=False).st_mode):
+            fail(43, rel, "%s/%s is a directory on this host; remove it" % (W, rel))
     except FileNotFoundError:
         pass
-    os.replace(tmp, final)  # replaces a link itself, never what it points to
+    os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)  # replaces a link itself, never what it points to
+
+def writeall(fd, block):
+    view = memoryview(block)
+    while view:
+        view = view[os.write(fd, view):]
 
 def cmd_recv():
     inp = sys.stdin.buffer
@@ -307,28 +330,24 @@ def cmd_recv():
             if kind == "end":
                 break
             if kind == "dir":
-                path = mkdirs(rel)
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
-                os.fchmod(fd, h["mode"])
-                os.close(fd)
-            elif kind == "chmod":
-                try:
-                    fd = os.open(under(rel), os.O_RDONLY | os.O_NOFOLLOW)
-                except OSError as e:
-                    fail(43, rel, e.strerror)
+                os.fchmod(dirfd(rel), h["mode"])
+                done += 1
+                continue
+            parent, name = split(rel)
+            d = dirfd(parent)
+            if kind == "chmod":
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
                 os.fchmod(fd, h["mode"])
                 os.utime(fd, ns=(h["mtime"], h["mtime"]))
                 os.close(fd)
             elif kind == "link":
-                d = mkdirs(posixpath_dir(rel))
-                tmp = os.path.join(d, TMP + os.urandom(6).hex())
-                os.symlink(h["target"], tmp)
-                place(tmp, under(rel), rel)
+                tmp = (d, TMP + os.urandom(6).hex())
+                os.symlink(h["target"], tmp[1], dir_fd=d)
+                place(d, tmp[1], name, rel)
                 tmp = None
             elif kind == "file":
-                d = mkdirs(posixpath_dir(rel))
-                tmp = os.path.join(d, TMP + os.urandom(6).hex())
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                tmp = (d, TMP + os.urandom(6).hex())
+                fd = os.open(tmp[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
                 left, sha = h["size"], hashlib.sha256()
                 try:
                     while left:
@@ -336,17 +355,16 @@ def cmd_recv():
                         if not block:
                             raise EOFError(rel)
                         sha.update(block)
-                        _writeall(fd, block)
+                        writeall(fd, block)
                         left -= len(block)
-                    want = readline(inp, rel).strip().decode()
-                    if want != sha.hexdigest():
+                    if readline(inp, rel).strip().decode() != sha.hexdigest():
                         fail(43, rel, "sha256 mismatch: the file changed while it was sent; run again")
                     os.fchmod(fd, h["mode"])
                     if h.get("mtime"):
                         os.utime(fd, ns=(h["mtime"], h["mtime"]))
                 finally:
                     os.close(fd)
-                place(tmp, under(rel), rel)
+                place(d, tmp[1], name, rel)
                 tmp = None
             done += 1
     except EOFError as e:
@@ -356,18 +374,10 @@ def cmd_recv():
     finally:
         if tmp is not None:
             try:
-                os.unlink(tmp)
+                os.unlink(tmp[1], dir_fd=tmp[0])
             except OSError:
                 pass
     print(json.dumps({"written": done}))
-
-def _writeall(fd, block):
-    view = memoryview(block)
-    while view:
-        view = view[os.write(fd, view):]
-
-def posixpath_dir(rel):
-    return rel.rsplit("/", 1)[0] if "/" in rel else ""
 
 start()
 cmd_list() if sys.argv[1] == "list" else cmd_recv()
@@ -415,7 +425,8 @@ class _Frames:
 
     def __init__(self, items: list[tuple[Entry, str]]):
         self._gen = self._frames(items)
-        self._buf = b""
+        self._buf = bytearray()
+        self._pos = 0
 
     @staticmethod
     def _frames(items) -> Iterator[bytes]:
@@ -432,36 +443,58 @@ class _Frames:
                 yield (e.sha256 or "").encode() + b"\n"
             else:
                 assert e.local is not None
-                sha = hashlib.sha256()
                 yield _header(kind="file", rel=e.rel, mode=e.mode, size=e.size, mtime=e.mtime_ns)
                 left = e.size
                 try:
+                    digest = _digest(e)  # once for every host; the host checks what it got against it
                     with open(e.local, "rb") as fh:
                         while left:
                             block = fh.read(min(left, CHUNK))
                             if not block:
                                 break
-                            sha.update(block)
                             left -= len(block)
                             yield block
                 except OSError as exc:
                     raise SyncSourceError(f"cannot read {e.local}: {exc.strerror}") from None
                 if left:
                     raise SyncSourceError(f"{e.local} shrank while it was being sent; run again")
-                yield sha.hexdigest().encode() + b"\n"
+                yield digest.encode() + b"\n"
         yield _header(kind="end")
 
     def read(self, n: int = -1) -> bytes:
-        while len(self._buf) < n or n < 0:
+        """Up to n bytes (all with n < 0); b"" at the end. Small frames are gathered into one
+        read; the buffer is consumed by an offset, never copied whole per read."""
+        while n < 0 or len(self._buf) - self._pos < n:
             try:
-                self._buf += next(self._gen)
+                chunk = next(self._gen)
             except StopIteration:
                 break
-        if n < 0:
-            out, self._buf = self._buf, b""
-        else:
-            out, self._buf = self._buf[:n], self._buf[n:]
+            if self._pos:
+                del self._buf[:self._pos]
+                self._pos = 0
+            self._buf += chunk
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = bytes(self._buf[self._pos:end])
+        self._pos = end
         return out
+
+
+_DIGESTS: dict[tuple, str] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _digest(e: Entry) -> str:
+    """sha256 of a local file as listed (path, size, mtime), computed once for every host."""
+    if e.sha256:
+        return e.sha256
+    key = (str(e.local), e.size, e.mtime_ns)
+    with _DIGESTS_LOCK:
+        got = _DIGESTS.get(key)
+    if got is None:
+        got = _sha256(e.local)
+        with _DIGESTS_LOCK:
+            _DIGESTS[key] = got
+    return got
 
 
 def _header(**fields) -> bytes:
@@ -480,8 +513,9 @@ def _host_error(t: Transport, res, workdir: str, what: str) -> HostError:
     if res.exit_code == 42:
         return HostError(t.host.name, f"workdir {workdir} is not writable by {t.host.user}")
     where = f" {posixpath.join(workdir, path)}" if path and path != workdir else ""
+    full = any(w in str(why) for w in ("No space", "Permission denied", "Read-only", "quota"))
     return HostError(t.host.name, f"{what}{where}: {why} (exit {res.exit_code})",
-                     hint="is the disk full, or the directory not writable?")
+                     hint="is the disk full, or the directory not writable?" if full else None)
 
 
 def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,

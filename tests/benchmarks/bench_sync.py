@@ -1,0 +1,113 @@
+"""Code sync inside `orch up`, against parallel `rsync -a` plus a hand-run `ssh head mpirun`.
+
+    python tests/benchmarks/bench_sync.py [--hosts 8] [--files 3000] [--repeat 3] [--keep]
+
+Needs root (the lab) and rsync (apt-get install rsync). A project of --files small Python
+files (about 11 KB each, in 30 directories) plus a 20 MB binary, a `.git` of 200 files and a
+`__pycache__` (left out by orch's defaults; by rsync's `--exclude`s), synced to --hosts lab
+hosts, then a hello-world mpirun (1 rank per host):
+
+- orch:   `orch up -q --skip-checks` (and `orch up -q`, preflight included);
+- manual: `rsync -a --exclude .git --exclude __pycache__` to every host at once, then
+          `ssh head mpirun -H ... echo hello`.
+
+Each is measured on a first sync (the workdir emptied on every host) and on a re-run with
+nothing changed; medians of --repeat alternating runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import ORCH, base_env, fmt, lab_hosts, lab_up, measure, median, ssh_base, table, write_cluster  # noqa: E402
+
+WORKDIR = "/data/benchsync"
+
+
+def project(root: Path, files: int) -> Path:
+    proj = root / "proj"
+    for i in range(files):
+        d = proj / f"pkg{i % 30}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"mod{i}.py").write_text(f"# module {i}\n" + "x = 1\n" * 1800)
+    (proj / "weights.bin").write_bytes(os.urandom(20 << 20))
+    for i in range(200):
+        (proj / ".git" / "objects").mkdir(parents=True, exist_ok=True)
+        (proj / ".git" / "objects" / f"o{i}").write_bytes(os.urandom(512))
+    (proj / "__pycache__").mkdir()
+    (proj / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0" * 4096)
+    return proj
+
+
+def clean(hosts) -> None:
+    for h in hosts:
+        h.lab.exec(h.index, ["rm", "-rf", WORKDIR])
+
+
+def manual(hosts, proj: Path):
+    ssh = shlex.join(ssh_base(hosts[0]))
+    rsyncs = [f"rsync -a --exclude .git --exclude __pycache__ -e {shlex.quote(ssh)} {shlex.quote(str(proj))} "
+              f"root@{h.address}:{WORKDIR}/ &" for h in hosts]
+    spec = ",".join(f"{h.address}:1" for h in hosts)
+    mpirun = f"mkdir -p {WORKDIR} && cd {WORKDIR} && mpirun --allow-run-as-root -H {spec} -np {len(hosts)} echo hello"
+    prep = " ".join(f"{ssh} {h.address} mkdir -p {WORKDIR} &" for h in hosts)
+    script = f"{prep} wait\n" + "\n".join(rsyncs) + "\nwait\n" + f"{ssh} {hosts[0].address} {shlex.quote(mpirun)} >/dev/null"
+    return measure(["sh", "-c", script], env=base_env(), timeout=600)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args(argv)
+    lab = lab_up("pbsync", a.hosts)
+    hosts = lab_hosts([lab], a.hosts)
+    samples: dict[tuple[str, str], list] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp:
+            work = Path(tmp)
+            proj = project(work, a.files)
+            cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
+                "workdir": WORKDIR, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)]},
+                checks={"versions": ["python", "openmpi"]})
+            how = {"orch --skip-checks": ORCH + ["up", str(cluster), "-q", "--skip-checks"],
+                   "orch (with preflight)": ORCH + ["up", str(cluster), "-q"]}
+            for rep in range(a.repeat):
+                order = ["manual", *how] if rep % 2 == 0 else [*how, "manual"]
+                for tool in order:
+                    for phase in ("first", "unchanged"):
+                        if phase == "first":
+                            clean(hosts)
+                        m = manual(hosts, proj) if tool == "manual" else measure(how[tool], env=base_env(), cwd=work,
+                                                                                  timeout=600)
+                        assert m.rc == 0, (tool, m.stderr[-2000:])
+                        samples.setdefault((tool, phase), []).append(m)
+                        print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s",
+                              file=sys.stderr, flush=True)
+    finally:
+        if not a.keep:
+            lab.down()
+    rows = []
+    for (tool, phase), ms in samples.items():
+        rows.append([tool, phase, fmt(median([m.wall for m in ms]), " s"), fmt(median([m.cpu for m in ms]), " s"),
+                     " ".join(f"{m.wall:.2f}" for m in ms)])
+    rows.sort(key=lambda r: (r[1], r[0]))
+    print(f"{a.files} files + a 20 MB binary to {a.hosts} lab hosts, then mpirun hello ({os.cpu_count()} cores):")
+    print(table(["how", "sync", "wall (median)", "controller CPU", "walls"], rows))
+    for phase in ("first", "unchanged"):
+        man = median([m.wall for m in samples[("manual", phase)]])
+        o = median([m.wall for m in samples[("orch --skip-checks", phase)]])
+        print(f"{phase}: orch --skip-checks / manual = {o / man:.2f} (target <= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
