@@ -290,8 +290,10 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
             f"W={qw}\n"
             "if [ -d \"$W\" ]; then echo existed=yes; else echo existed=no\n"
             "  if e=$(mkdir -p -- \"$W\" 2>&1); then echo mkdir=ok; else echo \"mkdir=$e\"; fi; fi\n"
-            "if [ -d \"$W\" ]; then f=\"$W/.orch-check.$$\"\n"
-            "  if e=$( (: > \"$f\") 2>&1); then rm -f -- \"$f\"; echo write=ok; else echo \"write=$e\"; fi; fi")))
+            # mktemp: a new file of a random name (O_EXCL), never one another user planted
+            "if [ -d \"$W\" ]; then\n"
+            "  if f=$(mktemp -- \"$W/.orch-check.XXXXXXXX\" 2>&1); then rm -f -- \"$f\"; echo write=ok; "
+            "else echo \"write=$f\"; fi; fi")))
     if on("disk"):
         parts.append(_section("df", (
             f"d={qw}\nwhile [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done\n"

@@ -1,0 +1,26 @@
+"""Another user on a host plants links where orch writes: orch never writes through them."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import orch, remote_ls, write_cluster
+
+pytestmark = pytest.mark.lab
+
+
+def test_check_never_truncates_a_file_through_a_planted_temp_link(fx_lab, tmp_path):
+    """`.orch-check.<pid>` links to a victim file for every pid the host could hand out next:
+    `orch check` probes the workdir with a random, exclusively created name instead; the
+    victim keeps its content and no temp file is left."""
+    lab = fx_lab("y", 2)
+    wd = "/data/fx-planted"
+    plant = ("import os; last = int(open('/proc/sys/kernel/ns_last_pid').read()); "
+             f"[os.symlink('/data/victim', '{wd}/.orch-check.%d' % p) for p in range(last, last + 4000)]")
+    lab.exec(1, ["sh", "-c", f"mkdir -p {wd} && echo precious > /data/victim && python3 -c \"{plant}\""],
+             check=True)  # one process: planting must not use up the pids it plants for
+    write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
+    res = orch("check", "--json", cwd=tmp_path)
+    assert b'"check": "workdir", "host": "' in res.stdout and b'"status": "pass"' in res.stdout, res.stdout[-2000:]
+    assert lab.exec(1, ["cat", "/data/victim"]).stdout == "precious\n"
+    assert len(remote_ls(lab, 1, f"{wd}/.orch-check.*")) == 4000  # only the planted links
