@@ -9,6 +9,7 @@ each with its file, line and field path.
 from __future__ import annotations
 
 import getpass
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -553,11 +554,29 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
                    checks=checks, groups=groups, slurm=slurm)
 
 
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc",
+               "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/tmp", "/var/log",
+               "/var/lib")
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys",
+                "/usr/bin", "/usr/lib", "/usr/sbin", "/usr/share", "/usr/include")
+
+
+def _system_dir(workdir: str) -> bool:
+    """A workdir orch must never write into: a system directory itself, or anything below the
+    ones the system owns whole (/etc, /proc, /usr/lib...)."""
+    p = posixpath.normpath(workdir)
+    return p in SYSTEM_DIRS or any(p.startswith(t + "/") for t in SYSTEM_TREES)
+
+
 def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
     if not PurePosixPath(rj.workdir).is_absolute():
         problems.add(src.loc(("job", "workdir")), f"workdir {rj.workdir!r} must be an absolute path (e.g. /data/job)")
     if "\0" in rj.workdir or "\n" in rj.workdir:
         problems.add(src.loc(("job", "workdir")), "workdir must not contain NUL or newline characters")
+    elif PurePosixPath(rj.workdir).is_absolute() and _system_dir(rj.workdir):
+        problems.add(src.loc(("job", "workdir")), f"workdir {rj.workdir!r} is a system directory: orch writes "
+                     "hostfiles, rank tables and logs into the workdir; use a directory of the job's own "
+                     "(e.g. /data/job or ~/job as an absolute path)")
     ld = PurePosixPath(rj.log_dir)
     if ld.is_absolute() or ".." in ld.parts or not rj.log_dir.strip():
         problems.add(src.loc(("job", "log_dir")), f"log_dir {rj.log_dir!r} must be a relative path inside workdir")

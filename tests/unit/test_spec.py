@@ -222,3 +222,18 @@ def test_fuzz_mutated_good_file(tmp_path, data):
     p = tmp_path / "mut.yaml"
     p.write_text(text)
     _check_outcome(p)
+
+
+@pytest.mark.parametrize("workdir, refused", [
+    ("/", True), ("/etc", True), ("/proc", True), ("/proc/self", True), ("/usr/lib/x", True), ("/tmp", True),
+    ("/etc/", True), ("/var/log", True), ("/data/job", False), ("/var/tmp/job", False), ("/tmp/job", False),
+    ("/usr/local/job", False), ("/home/me/job", False),
+])
+def test_a_system_directory_is_never_a_workdir(tmp_path, workdir, refused):
+    path = write(tmp_path, f"inventory: {{hosts: [{{address: h1}}]}}\njob: {{workdir: {workdir!r}, command: x}}\n")
+    if not refused:
+        assert load_cluster(path).job.workdir == workdir
+        return
+    with pytest.raises(SpecError) as exc:
+        load_cluster(path)
+    assert "cluster.yaml:2: job.workdir: workdir" in str(exc.value) and "is a system directory" in str(exc.value)
