@@ -17,6 +17,7 @@ import os
 import select
 import shlex
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -57,7 +58,9 @@ def _known_entries(path: str) -> list[HostKeyEntry]:
                 continue
             try:
                 entry = HostKeyEntry.from_line(line, lineno)
-            except paramiko.SSHException:
+            except Exception as exc:  # noqa: BLE001 - InvalidHostKey (bad base64) and kin: OpenSSH skips the line
+                _warn_once((path, lineno), f"{path}:{lineno}: skipped a known_hosts line that is not a valid "
+                                           f"host key ({type(exc).__name__}); OpenSSH skips it too")
                 continue
             if entry is not None:
                 entries.append(entry)
@@ -67,6 +70,16 @@ def _known_entries(path: str) -> list[HostKeyEntry]:
 
 
 _identities: dict[str, tuple[tuple, paramiko.PKey]] = {}
+_warned: set = set()
+
+
+def _warn_once(key, message: str) -> None:
+    """A problem worth a word that must not stop anything: said once per invocation, on stderr."""
+    with _known_hosts_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    sys.stderr.write(f"orch: warning: {message}\n")
 
 
 def _identity(path: str) -> paramiko.PKey | None:

@@ -113,3 +113,17 @@ def test_unknown_host_key_strict_refuses_accept_new_records(sec, tmp_path):
     assert recorded[0] == h1.address and recorded[1:3] == real
     write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
     orch("check", cwd=tmp_path, check_rc=0)
+
+
+def test_a_malformed_known_hosts_line_is_skipped_with_one_warning(sec, tmp_path):
+    """A known_hosts line whose key is not base64 (a bad paste): OpenSSH skips it, so does orch,
+    saying once which file and line; every host is still verified against the other lines."""
+    kh = tmp_path / "known_hosts"
+    kh.write_text("# hosts\nbroken.example ssh-ed25519 AAAA!!not-base64!!\n" + Path(sec.known_hosts_path).read_text())
+    inv = {"defaults": {**_defaults(sec), "known_hosts": str(kh)},
+           "hosts": [{"address": sec.host(i).address, "name": sec.host(i).name} for i in (1, 3)]}  # 2 refuses the key
+    write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+    res = orch("check", cwd=tmp_path, check_rc=0)
+    err = res.stderr.decode()
+    assert err.count(f"{kh}:2: skipped a known_hosts line") == 1, err
+    assert "Traceback" not in err and "probe failed" not in _out(res)
