@@ -213,11 +213,16 @@ class SshTransport(Transport):
         kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
         if h.identity_file:
+            if not os.path.exists(h.identity_file):
+                raise AuthError(h.name, f"no usable key: identity_file {h.identity_file} does not exist",
+                                hint="fix identity_file in the inventory, or leave it unset to use ssh-agent and "
+                                     "~/.ssh/id_*")
             key = _identity(h.identity_file)
             if key is not None:
                 kwargs["pkey"] = key
-            else:
+            else:  # encrypted (or a certificate): the agent's copy is used if it holds it, as `ssh -i` does
                 kwargs["key_filename"] = [h.identity_file]
+                kwargs["allow_agent"] = True
         try:  # our own TCP connect: exact (float) timeout and socket errors we can name
             kwargs["sock"] = socket.create_connection((h.address, h.port), timeout=timeout)
             # paramiko writes each SSH message with its own send(): with Nagle's algorithm on, a
@@ -283,6 +288,10 @@ class SshTransport(Transport):
                                                       errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE):
             return TransientNetworkError(h.name, f"cannot connect to {h.address}:{h.port}: {exc.strerror}",
                                          hint=_UNREACHABLE_HINT)
+        if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
+            return AuthError(h.name, f"no usable key for {h.user}@{h.address}: no identity_file, no key in "
+                             "ssh-agent and none of ~/.ssh/id_*",
+                             hint="set identity_file in the inventory, or load a key with ssh-add")
         if isinstance(exc, (EOFError, paramiko.SSHException)):
             return TransientNetworkError(h.name, f"SSH handshake with {h.address}:{h.port} failed: {exc}",
                                          hint="is it an SSH server? is it overloaded (MaxStartups)?")

@@ -127,3 +127,24 @@ def test_a_malformed_known_hosts_line_is_skipped_with_one_warning(sec, tmp_path)
     err = res.stderr.decode()
     assert err.count(f"{kh}:2: skipped a known_hosts line") == 1, err
     assert "Traceback" not in err and "probe failed" not in _out(res)
+
+
+def test_a_missing_key_is_named_and_never_retried(sec, tmp_path):
+    """An identity_file that does not exist is one located error, with no connection at all;
+    no key anywhere (no identity_file, no agent, no ~/.ssh/id_*) says "no usable key" and
+    tries once, never blaming the server."""
+    inv = {"defaults": {**_defaults(sec), "identity_file": str(tmp_path / "nope" / "id_ed25519")},
+           "hosts": [{"address": sec.host(1).address, "name": sec.host(1).name}]}
+    write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+    before = len(sshd_lines(sec, 1))
+    out = _out(orch("check", cwd=tmp_path, check_rc=1))
+    assert f"no usable key: identity_file {tmp_path / 'nope' / 'id_ed25519'} does not exist" in out, out
+    assert not any("Connection from" in ln for ln in sshd_lines(sec, 1)[before:])
+    home = tmp_path / "home"
+    home.mkdir()
+    defaults = {k: v for k, v in _defaults(sec).items() if k != "identity_file"}
+    write_cluster(sec, tmp_path, inventory={**inv, "defaults": defaults}, checks={"versions": ["python"]})
+    before = len(sshd_lines(sec, 1))
+    out = _out(orch("check", cwd=tmp_path, check_rc=1, env={"HOME": str(home), "SSH_AUTH_SOCK": ""}))
+    assert "no usable key for" in out and "MaxStartups" not in out, out
+    assert sum("Connection from" in ln for ln in sshd_lines(sec, 1)[before:]) <= 1
