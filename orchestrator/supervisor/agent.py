@@ -806,10 +806,11 @@ class Agent:
                 return
             if failed_launcher and ff is None:
                 k, h, p = failed_launcher[0]
-                return self.end_attempt("failed", "%s on %s failed: %s (its own output: %s)"
-                                        % (k.split(".")[0], h, describe(p["exit_code"], p["signal"]),
-                                           os.path.join(attempt_dir(self.rundir, st["attempt"]),
-                                                        "%s.log" % k.split(".")[0])))
+                log = os.path.join(attempt_dir(self.rundir, st["attempt"]), "%s.log" % k.split(".")[0])
+                said = tail_lines(log) if h == self.cfg["host"] else ""
+                return self.end_attempt("failed", "%s on %s failed: %s (its own output: %s)%s"
+                                        % (k.split(".")[0], h, describe(p["exit_code"], p["signal"]), log,
+                                           (", ending:\n" + said) if said else ""))
             if not all_ended:
                 missing = [r["rank"] for r in ranks if r["end"] is None]
                 return self.end_attempt("failed", "%s never reported an exit code" % rank_ranges(missing))
@@ -903,6 +904,29 @@ class Agent:
         self.phase_until = now() + 3.0
         self.broadcast({"t": "exit", "state": outcome})
         self.publish()
+
+
+def tail_lines(path, lines=6, limit=800):
+    """The last non-empty lines of a launcher's own log (what mpirun said when it failed)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 8192))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    # OpenMPI wraps its advice in ------ blocks: keep what stands outside them (ssh's own error,
+    # a rank's last words) and the first line of each block (its summary).
+    kept, inside, first = [], False, False
+    for ln in text.splitlines():
+        bare = ln.strip()
+        if len(bare) >= 10 and set(bare) <= set("-="):
+            inside, first = not inside, not inside
+            continue
+        if bare and (not inside or first):
+            kept.append(ln.rstrip())
+            first = False
+    return "\n".join("  " + ln for ln in kept[-lines:])[-limit:]
 
 
 def rank_ranges(ranks):

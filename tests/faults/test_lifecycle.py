@@ -148,3 +148,14 @@ def test_first_failure_is_the_earliest_not_the_first_listed(tmp_path):
     ff = head.state["first_failure"]
     assert ff["rank"] == 3 and ff["how"] == "killed by signal 9 (SIGKILL)" and ff["host"] == "b"
     assert head.outcome[0] == "failed" and "rank 3 on b" in head.outcome[1]
+
+
+def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
+    """mpirun that cannot reach a host (its ssh refused on another port) exits 255: orch says
+    exit code 255 (not a signal), quotes ssh's own words and OpenMPI's summary, names the log."""
+    write_cluster(life, tmp_path, workdir="/data/fx-mpierr", launcher="mpirun", command="true",
+                  mpirun_args=["--mca", "plm_rsh_args", "-p 2222"])
+    err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
+    assert "mpirun on" in err and "failed: exit code 255" in err and "signal" not in err, err
+    assert "port 2222: Connection refused" in err and "ORTE was unable to reliably start" in err, err
+    assert "/a1/mpirun.log" in err
