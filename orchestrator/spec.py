@@ -25,6 +25,7 @@ from .yamlsrc import Source, load_yaml
 KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
 KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
                 "workdir", "disk", "files", "ports", "stale", "clock")
+MAX_SLOTS = 1024  # ranks on one host: above any real machine, and a typo costs no memory
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MPIRUN_UNSAFE = frozenset('$`"\\!')  # special inside double quotes (sh, csh)
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
@@ -80,6 +81,8 @@ class RawHostKeys(_Raw):
     def _slots(cls, v):
         if v is not None and v < 1:
             raise ValueError("slots must be at least 1")
+        if v is not None and v > MAX_SLOTS:
+            raise ValueError(f"slots {v} is more than {MAX_SLOTS} ranks on one host")
         return v
 
     @field_validator("devices")

@@ -50,28 +50,48 @@ def dotted(path: Path_) -> str:
     return out
 
 
+MAX_BYTES = 4 << 20      # a cluster file or inventory: far larger than any real one
+MAX_VALUES = 200_000     # values after aliases are expanded (a "billion laughs" stops here)
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, Source]:
     src = Source(file)
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_BYTES:
+        raise SpecError([(Location(file), f"the file is {len(text) >> 20} MB; orch reads at most "
+                                          f"{MAX_BYTES >> 20} MB")], hint="is this the right file?")
+    if "\0" in text:
+        raise SpecError([(Location(file, text.count("\n", 0, text.index("\0")) + 1),
+                          "a NUL byte: this is not a text file (or it was damaged)")])
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # checks every character at once (ReaderError)
         node = loader.get_single_node()
         if node is None:
             return None, src
-        data = _walk(loader, node, (), src, [])
+        data = _walk(loader, node, (), src, [0])
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         what = " ".join(x for x in (exc.context, exc.problem) if x)
         raise SpecError([(Location(file, line), f"YAML syntax error: {what}")],
                         hint="fix the YAML syntax (indentation, quotes, colons) at that line") from None
-    except yaml.YAMLError as exc:
-        raise SpecError([(Location(file), f"YAML error: {exc}")]) from None
+    except yaml.YAMLError as exc:  # ReaderError (a character YAML refuses) and kin
+        pos = getattr(exc, "position", None)
+        line = text.count("\n", 0, pos) + 1 if isinstance(pos, int) else None
+        why = getattr(exc, "reason", None) or str(exc).splitlines()[0]
+        raise SpecError([(Location(file, line), f"YAML error: {why}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, src
 
 
-def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, src: Source, problems: list) -> Any:
+def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, src: Source, count: list) -> Any:
+    count[0] += 1
+    if count[0] > MAX_VALUES:
+        raise SpecError([(Location(src.file, node.start_mark.line + 1, dotted(path) or None),
+                          f"the file expands to more than {MAX_VALUES} values (aliases repeating aliases?)")],
+                        hint="write the values out, or use fewer nested aliases (*name)")
     src.lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)
@@ -89,8 +109,12 @@ def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, src: Source, pr
                                   f"duplicate key {key!r} (first at line {src.lines.get(sub)})")],
                                 hint="remove one of them: YAML would silently keep only the last")
             src.lines[sub] = key_node.start_mark.line + 1
-            out[key] = _walk(loader, value_node, sub, src, problems)
+            out[key] = _walk(loader, value_node, sub, src, count)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(loader, item, path + (i,), src, problems) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+        return [_walk(loader, item, path + (i,), src, count) for i, item in enumerate(node.value)]
+    value = loader.construct_object(node, deep=True)
+    if isinstance(value, str) and "\0" in value:
+        raise SpecError([(Location(src.file, node.start_mark.line + 1, dotted(path) or None),
+                          "a NUL character (\\0) in a value: no host, file or command can hold one")])
+    return value

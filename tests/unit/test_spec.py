@@ -237,3 +237,26 @@ def test_a_system_directory_is_never_a_workdir(tmp_path, workdir, refused):
     with pytest.raises(SpecError) as exc:
         load_cluster(path)
     assert "cluster.yaml:2: job.workdir: workdir" in str(exc.value) and "is a system directory" in str(exc.value)
+
+
+BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else ', '.join(['x'] * 9)}]\n" for i in range(9))
+
+
+@pytest.mark.parametrize("text, line, needle", [
+    (BOMB + "inventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: x}\n", None,
+     "expands to more than 200000 values"),
+    ("inventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: x}\n\0\n", 3, "a NUL byte"),
+    ('inventory: {hosts: [{address: "h\\0x"}]}\njob: {workdir: /d, command: x}\n', 1, "a NUL character"),
+    ("inventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: \"a\x01\"}\n", 2, "YAML error"),
+    ("inventory: {hosts: [{address: h1, slots: 99999999999}]}\njob: {workdir: /d, command: x}\n", 1,
+     "more than 1024 ranks on one host"),
+])
+def test_hostile_input_is_bounded_and_located(tmp_path, text, line, needle):
+    """Alias bombs, NUL bytes, control characters and absurd counts: exit 2 with a location,
+    quickly and in little memory, never a crash."""
+    with pytest.raises(SpecError) as exc:
+        load_cluster(write(tmp_path, text))
+    (loc, msg), *_ = exc.value.problems
+    assert needle in msg and loc.file.endswith("cluster.yaml"), msg
+    if line is not None:
+        assert loc.line == line
