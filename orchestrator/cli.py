@@ -614,9 +614,12 @@ def down_command(run_id: str | None) -> None:
         click.echo(f"{host}: {what}", err=True)
     for host, err in unreachable.items():
         click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
-    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}{following}", err=True)
     if unreachable:
+        click.secho(f"orch: run {run.id} stopped except on {', '.join(sorted(unreachable))}, which could not be "
+                    f"reached: its ranks' state is unknown; run `orch down --run {run.id}` again once it is "
+                    f"reachable; logs in {run.logs_dir}{following}", fg="yellow", err=True)
         click.get_current_context().exit(1)
+    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}{following}", err=True)
 
 
 @cli.command("logs")

@@ -82,7 +82,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
                                   interface=interface, output_dir=ATTEMPT_DIR,
                                   pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR),
-                                  command=_wrapped(rdir, job.command))
+                                  command=_wrapped(rdir, job.command), tag=(RUN_VAR, run_id))
         env = {**render.mpirun_env(c, plan), **_launcher_path_env(cluster, head.name)}
         procs[head.name].append(Proc("mpirun", tuple(argv), env, job.workdir, "mpirun.log"))
     elif job.launcher == "ranktable":

@@ -441,12 +441,15 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         view = lc.status()
         lc.gather()
         run.reload()
+        done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
+        failed = {h: r[len("could not stop: "):] for h, r in result.items() if r.startswith("could not stop")}
         if not run.finished:
             if not view.final:
                 view.state, view.message = "stopped", "stopped by `orch down`"
+            if failed:  # its ranks may run on: say so, never "stopped"
+                view.message += (f"; not reached: {', '.join(sorted(failed))} (its ranks' state is unknown: "
+                                 f"run `orch down --run {run.id}` again once it is reachable)")
             record(run, Outcome.of(view))
-    done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
-    failed = {h: r[len("could not stop: "):] for h, r in result.items() if r.startswith("could not stop")}
     return done, failed, view
 
 

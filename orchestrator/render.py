@@ -190,7 +190,8 @@ def _mpirun_exports(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
 
 def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
                 interface: str | None = None, output_dir: str | None = None,
-                pass_env: tuple[str, ...] = (), command: list[str] | None = None) -> list[str]:
+                pass_env: tuple[str, ...] = (), command: list[str] | None = None,
+                tag: tuple[str, str] | None = None) -> list[str]:
     """The one mpirun command, run on the plan's launch host from any directory.
 
     Ranks start in workdir (--wdir) and write workdir/log_dir/1/rank.N/stdout. Environment:
@@ -209,6 +210,10 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
         argv += ["-x", name if job.is_secret(name) else f"{name}={value}"]
     for name in pass_env:
         argv += ["-x", name]
+    if tag is not None and not any(a == "--prefix" or "orte_launch_agent" in a for a in job.mpirun_args):
+        # OpenMPI's daemon on every other host carries the tag (NAME=VALUE) in its environment too,
+        # so `orch down` and the stale check find it like every other process of the run
+        argv += ["-mca", "orte_launch_agent", f"env {tag[0]}={tag[1]} orted"]
     argv += list(job.mpirun_args)
     argv += list(job.command) if command is None else list(command)
     return argv

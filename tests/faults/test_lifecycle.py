@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from .helpers import (leftovers, orch, remote_ls, run_ids, run_record, running, spawn_orch, wait_until,
                       write_cluster)
@@ -159,3 +161,33 @@ def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
     assert "mpirun on" in err and "failed: exit code 255" in err and "signal" not in err, err
     assert "port 2222: Connection refused" in err and "ORTE was unable to reliably start" in err, err
     assert "/a1/mpirun.log" in err
+
+
+def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, tmp_path):
+    """Every process a run starts is findable by its run id, OpenMPI's daemons (orted) on the
+    other hosts included. `orch down` while a host is cut off stops the rest, exits 1 and records
+    that host's ranks as unknown, not stopped; run again once the host is back, it stops them."""
+    write_cluster(life, tmp_path, workdir="/data/fx-down-cut", launcher="mpirun", command=["sh", "-c", "sleep 300"],
+                  ssh={"connect_timeout": 2, "retries": 1}, inventory={"defaults": {**yaml.safe_load(
+                      Path(life.inventory_path).read_text())["defaults"], "slots": 1}})
+    run_id = orch("up", "--detach", "-q", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+
+    def run_cmdlines(i: int) -> list[str]:
+        return life.exec(i, ["sh", "-c", f"for p in $(grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ); do "
+                                         "tr '\\0' ' ' < ${p%/environ}/cmdline; echo; done 2>/dev/null; true"]
+                         ).stdout.splitlines()
+
+    assert wait_until(lambda: all(any(c.startswith("orted ") for c in run_cmdlines(i)) for i in (2, 3)),
+                      timeout=30), (run_cmdlines(2), run_cmdlines(3))
+    life.link(3, False)
+    try:
+        res = orch("down", cwd=tmp_path, check_rc=1)
+        err = res.stderr.decode()
+        assert f"stopped except on {life.host(3).name}" in err and "state is unknown" in err, err
+        rec = run_record(tmp_path, run_id)
+        assert {r["host"]: r["state"] for r in rec["ranks"]}[life.host(3).name].startswith("unknown"), rec["ranks"]
+        assert "not reached" in rec["message"]
+    finally:
+        life.link(3, True)
+    orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
+    assert wait_until(lambda: leftovers(run_id) == [], timeout=30), leftovers(run_id)
