@@ -516,9 +516,17 @@ def _report_outcome(lc, outcome, run) -> None:
     if view is not None and len(view.attempts) > 1:
         for a in view.attempts:
             click.echo(f"orch: attempt {a['attempt']}: {a['state']}: {a.get('message') or ''}", err=True)
-    if outcome.state == "succeeded":
+    missing = run.data.get("logs_incomplete") or []
+    if outcome.state == "succeeded" and not missing and not lc.write_error:
         click.secho(f"orch: run {run.id} succeeded: {outcome.message} ({where})", fg="green", err=True)
         ctx.exit(0)
+    if outcome.state == "succeeded":  # exit 5: the job is fine, what orch keeps of it is not
+        click.secho(f"orch: run {run.id} succeeded: {outcome.message}, but its logs here are incomplete"
+                    + (f" (not gathered from {', '.join(missing)})" if missing else "")
+                    + (f": {lc.write_error}" if lc.write_error else "")
+                    + f"; the hosts keep them: `orch logs --run {run.id}` fetches what is missing", fg="yellow",
+                    err=True)
+        ctx.exit(5)
     click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
     ff = outcome.first_failure
     if ff is not None:

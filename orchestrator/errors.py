@@ -111,6 +111,17 @@ class PreflightFailed(OrchError):
     exit_code = 3
 
 
+class LocalWriteError(OrchError):
+    """orch could not write on this machine (its disk full, a directory read-only): a run's
+    record or logs are incomplete; the hosts still have the logs."""
+    exit_code = 5
+
+
+class LogsIncomplete(OrchError):
+    """Some of a run's logs could not be brought here (yet)."""
+    exit_code = 5
+
+
 class JobFailed(OrchError):
     exit_code = 1
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import logs, runstate, slurm, supervisor
-from .errors import OrchError, UsageError
+from .errors import LocalWriteError, OrchError, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
@@ -137,6 +137,7 @@ class Lifecycle:
         self.events = events or Events()
         self.follow_rank = follow_rank
         self.started = False
+        self.write_error = ""     # this machine could not keep something (a full disk)
         self.view: RunView | None = None
         self.t0 = time.monotonic()
 
@@ -261,7 +262,12 @@ class Lifecycle:
 
         def on_output(r: int, attempt: int, data: bytes) -> None:
             at = pos.setdefault((r, attempt), self._local_size(r, attempt))
-            logs.append(self.run, r, attempt, at, data)
+            try:
+                logs.append(self.run, r, attempt, at, data)
+            except LocalWriteError as exc:  # shown, not kept: the gather at the end says what is missing
+                if not self.write_error:
+                    self.events.warning(f"{exc.message}; the run goes on, its logs stay on the hosts")
+                self.write_error = exc.message
             pos[(r, attempt)] = at + len(data)
             self.events.output(r, data)
 
@@ -333,13 +339,19 @@ class Lifecycle:
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
         for name, why in missing.items():
+            when = "there is space here" if why.startswith("cannot write") else "it is reachable"
             self.events.warning(f"the logs of {name} could not be gathered ({why.splitlines()[0]}); "
-                                "`orch logs` fetches them once it is reachable")
+                                f"`orch logs` fetches them once {when}")
         self.run.data["logs_incomplete"] = sorted(missing)
         return out
 
     def finish(self, outcome: Outcome) -> None:
-        record(self.run, outcome)
+        """Record the outcome in run.json; a full disk here is said, not a crash (the run's
+        state stays on the cluster: `orch status` reads it)."""
+        try:
+            record(self.run, outcome)
+        except LocalWriteError as exc:
+            self.write_error = exc.message
 
     def log_tail(self, rank: int, lines: int = 20) -> str:
         return log_tail(self.run, rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)

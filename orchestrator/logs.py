@@ -17,7 +17,7 @@ import shlex
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import OrchError
+from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
 from .launchers import run_dir
 from .runs import Run
@@ -63,8 +63,12 @@ def append(run: Run, rank: int, attempt: int, offset: int, data: bytes) -> None:
         have = local.stat().st_size if local.exists() else 0
         if have < offset or have >= offset + len(data):
             return
-        with open(local, "ab") as fh:
-            fh.write(data[have - offset:])
+        try:
+            with open(local, "ab") as fh:
+                fh.write(data[have - offset:])
+        except OSError as exc:
+            raise LocalWriteError(f"cannot write {local}: {exc.strerror or exc}",
+                                  hint="free some space here, then `orch logs` fetches the rest") from None
 
 
 def fetch(run: Run, transport, rank: int, attempt: int, path: str, size: int) -> int:
@@ -291,11 +295,18 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             yield from (b"[rank %d] " % r + rest + b"\n" for r, rest in sorted(pending.items()))
             pending.clear()
 
+    still: dict[str, str] = {}
     if run.finished and run.data.get("logs_incomplete"):
-        _complete(run)
+        still = _complete(run)
     if run.finished:
         yield from first_pass(attempt or run.attempt)
         yield from flush_pending()
+        hosts = {run.data["plan"]["ranks"][r]["host"] for r in ranks}
+        short = {h: why.splitlines()[0] for h, why in still.items() if h in hosts}
+        if short:
+            raise LogsIncomplete("incomplete: the logs of " + "; ".join(f"{h} ({why})" for h, why in sorted(
+                short.items())) + " could not be brought here", hint="fix that, then run the same command again: "
+                                                                     "only what is missing moves")
         return
     cluster = run.cluster()
     plan = plan_from_run(run)
@@ -311,8 +322,9 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
     yield from flush_pending()
 
 
-def _complete(run: Run) -> None:
-    """A finished run whose logs some hosts could not give: try those hosts again."""
+def _complete(run: Run) -> dict[str, str]:
+    """A finished run whose logs some hosts could not give: try those hosts again.
+    {host: why} of those that still cannot."""
     from .lifecycle import plan_from_run
     from .transport import Pool
 
@@ -324,6 +336,7 @@ def _complete(run: Run) -> None:
     run.reload()
     run.data["logs_incomplete"] = sorted(n for n, why in res.items() if why != "ok")
     run.save()
+    return {n: why for n, why in res.items() if why != "ok"}
 
 
 def _latest_local_attempt(run: Run, ranks: list[int]) -> int:

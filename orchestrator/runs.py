@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .errors import LocalWriteError, UsageError
 from .spec import Cluster, Host, Job, Slurm, SshSettings
 
 RUNS_DIR = Path(".orch") / "runs"
@@ -33,17 +33,24 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise LocalWriteError(f"cannot write {path}: {exc.strerror or exc}",
+                              hint="free some space (or make the directory writable) here, then run the "
+                                   "command again; the hosts keep the run's logs") from None
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         raise
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping, Sequence
 
-from ..errors import HostError, RemoteCommandError
+from ..errors import HostError, LocalWriteError, RemoteCommandError
 from ..spec import Host
 
 CHUNK = 1 << 16
@@ -138,25 +138,29 @@ class Transport(ABC):
         """Copy `remote` to `local`, streaming. With offset > 0, append only the bytes from
         `offset` on (incremental log gathering). Returns the number of bytes copied."""
         local = Path(local)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        if offset:
-            if not local.exists() or local.stat().st_size < offset:
-                raise ValueError(f"{local} holds fewer than {offset} bytes: cannot resume there")
-            with open(local, "ab") as fh:
-                fh.truncate(offset)
-                res = self.run(get_script(remote, offset), sink=fh, timeout=timeout)
-                n = fh.tell() - offset
-        else:
-            fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    res = self.run(get_script(remote, 0), sink=fh, timeout=timeout)
-                    n = fh.tell()
-                if res.ok:
-                    os.replace(tmp, local)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            if offset:
+                if not local.exists() or local.stat().st_size < offset:
+                    raise ValueError(f"{local} holds fewer than {offset} bytes: cannot resume there")
+                with open(local, "ab") as fh:
+                    fh.truncate(offset)
+                    res = self.run(get_script(remote, offset), sink=_LocalSink(fh, local), timeout=timeout)
+                    n = fh.tell() - offset
+            else:
+                fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
+                try:
+                    with os.fdopen(fd, "wb") as fh:
+                        res = self.run(get_script(remote, 0), sink=_LocalSink(fh, local), timeout=timeout)
+                        n = fh.tell()
+                    if res.ok:
+                        os.replace(tmp, local)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+        except OSError as exc:  # this machine's side (a full disk): never mistaken for the network
+            raise LocalWriteError(f"cannot write {local}: {exc.strerror or exc}",
+                                  hint="free some space here, then `orch logs` fetches the rest") from None
         res.check(f"reading {remote}")
         return n
 
@@ -186,6 +190,36 @@ class Transport(ABC):
 
 
 # --------------------------------------------------------------------------- pure script builders
+
+
+class _LocalSink:
+    """A local file a transport streams into. Its write errors (ENOSPC) are this machine's, and
+    leave as LocalWriteError, which no transport takes for a broken connection (an OSError would)."""
+
+    def __init__(self, fh: BinaryIO, path: Path):
+        self._fh, self._path = fh, path
+
+    def write(self, data) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as exc:
+            raise LocalWriteError(f"cannot write {self._path}: {exc.strerror or exc}",
+                                  hint="free some space here, then `orch logs` fetches the rest") from None
+
+    def flush(self) -> None:
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            raise LocalWriteError(f"cannot write {self._path}: {exc.strerror or exc}") from None
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def seek(self, *a):
+        return self._fh.seek(*a)
+
+    def tell(self) -> int:
+        return self._fh.tell()
 
 
 def quote_argv(argv: Iterable[str]) -> str:

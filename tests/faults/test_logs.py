@@ -167,3 +167,31 @@ def test_huge_log_followed_after_detach_is_byte_exact_in_bounded_memory(llab, tm
     assert _sha(tmp_path / "follow.out") == digest
     assert rss < RSS_LIMIT_MB, f"orch logs -f peaked at {rss:.0f} MB"
     assert wait_until(lambda: leftovers(run_id) == [], 30)
+
+
+def test_a_full_controller_disk_is_said_and_a_later_logs_fetches_the_rest(fx_lab, tmp_path):
+    """This machine's disk full while a run's logs (4 x 1 MB) come back: the job's success is
+    reported with exit 5 and the hosts named, never exit 0 with no logs; `orch logs --rank 1`
+    says the same (exit 5); once there is space it fetches the missing bytes, byte-exact. With
+    no room even for run.json: the same exit 5 naming the file, never a crash."""
+    lab = fx_lab("y", 2)
+    cluster = write_cluster(lab, tmp_path, workdir="/data/fx-fulldisk", launcher="ranktable",
+                            command=["python3", "-c", "import sys; sys.stdout.write('x' * 1000000)"])
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "orch-test-full", str(ctl)], check=True)
+    try:
+        err = orch("up", "-q", "--skip-checks", cluster, cwd=ctl, check_rc=5).stderr.decode()
+        assert "succeeded" in err and "logs here are incomplete" in err and "No space left" in err, err
+        assert "Traceback" not in err and "internal error" not in err
+        err = orch("logs", "--rank", 1, cwd=ctl, check_rc=5).stderr.decode()
+        assert "incomplete: the logs of" in err and lab.host(1).name in err, err
+        subprocess.run(["mount", "-o", "remount,size=20m", str(ctl)], check=True)
+        assert orch("logs", "--rank", 1, cwd=ctl, check_rc=0).stdout == b"x" * 1000000
+        assert orch("logs", "--rank", 3, cwd=ctl, check_rc=0).stdout == b"x" * 1000000
+        subprocess.run(["rm", "-rf", str(ctl / ".orch")], check=True)
+        subprocess.run(["mount", "-o", "remount,size=8k", str(ctl)], check=True)
+        err = orch("up", "-q", "--skip-checks", cluster, cwd=ctl, check_rc=5).stderr.decode()
+        assert "cannot write" in err and "No space left" in err and "internal error" not in err, err
+    finally:
+        subprocess.run(["umount", "-l", str(ctl)], check=False)
