@@ -594,7 +594,24 @@ def judge_workdir(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     if not w.writable:
         return _r("workdir", host, "fail", f"{wd} is not writable: {(w.write_error or 'unknown').strip()}; "
                                            "fix its owner/permissions or choose another job.workdir")
+    unsafe = workdir_exposure(w)
+    if unsafe:
+        return _r("workdir", host, "fail", f"{unsafe}: another user could replace what the ranks run (as "
+                                           "OpenSSH's StrictModes refuses for ~/.ssh)")
     return _r("workdir", host, "pass", f"{wd} {'exists' if w.existed else 'created'}, writable")
+
+
+def workdir_exposure(w: probes.Workdir) -> str | None:
+    """Why another user could change files in the workdir: it or a parent is writable by group or
+    others (a root-owned sticky directory such as /tmp excepted), or owned by someone else."""
+    for mode, owner, path in w.perms:
+        if w.uid is not None and owner not in (0, w.uid):
+            return f"{path} is owned by uid {owner}, not by the job's user (uid {w.uid}) or root; fix: use a " \
+                   "workdir under directories you own"
+        if mode & 0o022 and not (mode & 0o1000 and owner == 0):
+            return f"{path} is writable by {'group and others' if mode & 0o022 == 0o022 else 'its group' if mode & 0o020 else 'others'} " \
+                   f"(mode {mode & 0o7777:o}); fix: chmod go-w {path}"
+    return None
 
 
 def judge_disk(cluster: Cluster, host: Host, sec: Section) -> CheckResult:

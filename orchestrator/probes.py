@@ -293,7 +293,11 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
             # mktemp: a new file of a random name (O_EXCL), never one another user planted
             "if [ -d \"$W\" ]; then\n"
             "  if f=$(mktemp -- \"$W/.orch-check.XXXXXXXX\" 2>&1); then rm -f -- \"$f\"; echo write=ok; "
-            "else echo \"write=$f\"; fi; fi")))
+            "else echo \"write=$f\"; fi; fi\n"
+            # who could change what runs: the owner and mode of the workdir and of every parent
+            "echo uid=$(id -u)\nd=\"$W\"\nwhile :; do\n"
+            "  [ -e \"$d\" ] && echo \"perm=$(stat -c '%a %u' -- \"$d\") $d\"\n"
+            "  [ \"$d\" = / ] && break; d=$(dirname -- \"$d\"); done")))
     if on("disk"):
         parts.append(_section("df", (
             f"d={qw}\nwhile [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done\n"
@@ -634,21 +638,29 @@ class Workdir:
     mkdir_error: str | None
     write_error: str | None
     writable: bool
+    uid: int | None = None
+    perms: tuple[tuple[int, int, str], ...] = ()  # (mode, owner uid, path): the workdir, then each parent
 
 
 def parse_workdir(text: str) -> Workdir:
     kv: dict[str, str] = {}
+    perms = []
     for line in text.splitlines():
         if "=" in line:
             k, v = line.split("=", 1)
-            if k in ("existed", "mkdir", "write"):
+            if k in ("existed", "mkdir", "write", "uid"):
                 kv[k] = v
+            elif k == "perm":
+                parts = v.split(" ", 2)
+                if len(parts) == 3 and all(c in "01234567" for c in parts[0]) and parts[0] and parts[1].isdigit():
+                    perms.append((int(parts[0], 8), int(parts[1]), parts[2]))
     if "existed" not in kv:
         raise ProbeError(f"unexpected workdir probe output: {quote_output(text)}")
     mk = kv.get("mkdir")
     wr = kv.get("write")
     return Workdir(existed=kv["existed"] == "yes", mkdir_error=None if mk in (None, "ok") else (mk or "failed"),
-                   write_error=None if wr in (None, "ok") else (wr or "failed"), writable=wr == "ok")
+                   write_error=None if wr in (None, "ok") else (wr or "failed"), writable=wr == "ok",
+                   uid=int(kv["uid"]) if kv.get("uid", "").isdigit() else None, perms=tuple(perms))
 
 
 def parse_sha256sum(text: str) -> dict[str, str]:

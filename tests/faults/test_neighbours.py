@@ -24,3 +24,24 @@ def test_check_never_truncates_a_file_through_a_planted_temp_link(fx_lab, tmp_pa
     assert b'"check": "workdir", "host": "' in res.stdout and b'"status": "pass"' in res.stdout, res.stdout[-2000:]
     assert lab.exec(1, ["cat", "/data/victim"]).stdout == "precious\n"
     assert len(remote_ls(lab, 1, f"{wd}/.orch-check.*")) == 4000  # only the planted links
+
+
+@pytest.mark.parametrize("make_unsafe, needle", [
+    ("chmod 0777 {wd}", "is writable by group and others (mode 777); fix: chmod go-w {wd}"),
+    ("chmod 0775 {parent}", "{parent} is writable by its group (mode 775)"),
+    ("chown 4242 {wd}", "{wd} is owned by uid 4242, not by the job's user (uid 0) or root"),
+])
+def test_check_fails_a_workdir_another_user_could_change(fx_lab, tmp_path, make_unsafe, needle):
+    """A workdir (or a parent) writable by others, or owned by another user, lets them replace
+    the code the ranks run: `orch check` fails it, naming the directory and the fix."""
+    lab = fx_lab("y", 2)
+    parent, wd = "/data/fx-perm", "/data/fx-perm/job"
+    lab.exec(1, ["sh", "-c", f"rm -rf {parent} && mkdir -p {wd} && " + make_unsafe.format(wd=wd, parent=parent)],
+             check=True)
+    try:
+        write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
+        res = orch("check", cwd=tmp_path, check_rc=1)
+        out = res.stdout.decode()
+        assert needle.format(wd=wd, parent=parent) in " ".join(out.split()), out
+    finally:
+        lab.exec(1, ["rm", "-rf", parent])
