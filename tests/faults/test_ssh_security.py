@@ -148,3 +148,38 @@ def test_a_missing_key_is_named_and_never_retried(sec, tmp_path):
     out = _out(orch("check", cwd=tmp_path, check_rc=1, env={"HOME": str(home), "SSH_AUTH_SOCK": ""}))
     assert "no usable key for" in out and "MaxStartups" not in out, out
     assert sum("Connection from" in ln for ln in sshd_lines(sec, 1)[before:]) <= 1
+
+
+def test_an_encrypted_identity_file_is_taken_from_the_agent_or_refused_clearly(sec, tmp_path):
+    """identity_file protected by a passphrase: with no agent holding it, one clear error (orch
+    never prompts); once ssh-agent holds it, the agent's copy is used, as `ssh -i` does."""
+    import os
+    import subprocess
+
+    key = tmp_path / "id_enc"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret-pw", "-C", "orch-test", "-f", str(key)],
+                   check=True)
+    pub = key.with_suffix(".pub").read_text().strip()
+    auth = "/root/.ssh/authorized_keys"
+    sec.exec(1, ["sh", "-c", f"echo {pub!r} >> {auth}"], check=True)
+    agent = None
+    try:
+        inv = {"defaults": {**_defaults(sec), "identity_file": str(key)},
+               "hosts": [{"address": sec.host(1).address, "name": sec.host(1).name}]}
+        write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+        out = _out(orch("check", cwd=tmp_path, check_rc=1, env={"SSH_AUTH_SOCK": ""}))
+        assert "protected by a passphrase and orch never prompts" in out, out
+        res = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True)
+        env = dict(re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", res.stdout))
+        agent = int(env["SSH_AGENT_PID"])
+        askpass = tmp_path / "askpass.sh"
+        askpass.write_text("#!/bin/sh\necho s3cret-pw\n")
+        askpass.chmod(0o700)
+        subprocess.run(["ssh-add", str(key)], check=True, capture_output=True, stdin=subprocess.DEVNULL,
+                       env={**os.environ, **env, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+                            "DISPLAY": ":0"})
+        orch("check", cwd=tmp_path, check_rc=0, env={"SSH_AUTH_SOCK": env["SSH_AUTH_SOCK"]})
+    finally:
+        if agent:
+            os.kill(agent, 15)
+        sec.exec(1, ["sh", "-c", f"grep -vF 'orch-test' {auth} > {auth}.new; cat {auth}.new > {auth}; rm {auth}.new"])
