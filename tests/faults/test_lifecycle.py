@@ -191,3 +191,12 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
         life.link(3, True)
     orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
     assert wait_until(lambda: leftovers(run_id) == [], timeout=30), leftovers(run_id)
+
+
+def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):
+    """A 200 KB env value makes mpirun's command line too long to start: orch says so (E2BIG,
+    'Argument list too long'), not that ranks did not report."""
+    write_cluster(life, tmp_path, workdir="/data/fx-e2big", launcher="mpirun", command="true",
+                  env={"BIG": "x" * 200_000})
+    err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
+    assert "cannot start mpirun: Argument list too long" in err and "did not report" not in err, err[-2000:]
