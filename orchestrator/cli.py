@@ -390,8 +390,10 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     """Check, render, distribute, launch, follow and gather a job.
 
     Exit code: 0 every rank exited 0; 1 the job failed (or was lost, stalled, timed out);
-    2 bad file/usage, or another run is live in the workdir; 3 preflight failed (nothing
-    started); 130 interrupted or stopped (every rank stopped)."""
+    2 bad file/usage, or another run is live in the workdir; 3 preflight failed, or Slurm
+    refused the allocation (nothing started); 5 every rank exited 0 but some logs could not
+    be kept here (this machine's disk full: `orch logs` fetches them later); 130 interrupted
+    or stopped (every rank stopped)."""
     import signal as _signal
 
     from . import slurm
