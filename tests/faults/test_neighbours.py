@@ -1,4 +1,6 @@
-"""Another user on a host plants links where orch writes: orch never writes through them."""
+"""Another user on a host (a uid of its own, no account on this machine: these tests touch no
+/etc) plants links where orch writes, or could change the workdir: orch never writes through
+the links, and `orch check` fails a workdir others could change."""
 
 from __future__ import annotations
 
@@ -17,13 +19,18 @@ def test_check_never_truncates_a_file_through_a_planted_temp_link(fx_lab, tmp_pa
     wd = "/data/fx-planted"
     plant = ("import os; last = int(open('/proc/sys/kernel/ns_last_pid').read()); "
              f"[os.symlink('/data/victim', '{wd}/.orch-check.%d' % p) for p in range(last, last + 4000)]")
-    lab.exec(1, ["sh", "-c", f"mkdir -p {wd} && echo precious > /data/victim && python3 -c \"{plant}\""],
+    # another user (uid 4242, a process of its own on the host) plants them in a workdir open to all
+    lab.exec(1, ["sh", "-c", f"mkdir -p {wd} && chmod 0777 {wd} && echo precious > /data/victim && "
+                             f"setpriv --reuid=4242 --regid=4242 --clear-groups python3 -c \"{plant}\""],
              check=True)  # one process: planting must not use up the pids it plants for
-    write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
-    res = orch("check", "--json", cwd=tmp_path)
-    assert b'"check": "workdir", "host": "' in res.stdout and b'"status": "pass"' in res.stdout, res.stdout[-2000:]
-    assert lab.exec(1, ["cat", "/data/victim"]).stdout == "precious\n"
-    assert len(remote_ls(lab, 1, f"{wd}/.orch-check.*")) == 4000  # only the planted links
+    try:
+        write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
+        res = orch("check", "--json", cwd=tmp_path, check_rc=1)  # the open workdir itself fails the check
+        assert b"is writable by group and others" in res.stdout, res.stdout[-2000:]
+        assert lab.exec(1, ["cat", "/data/victim"]).stdout == "precious\n"
+        assert len(remote_ls(lab, 1, f"{wd}/.orch-check.*")) == 4000  # only the planted links
+    finally:
+        lab.exec(1, ["rm", "-rf", wd, "/data/victim"])
 
 
 @pytest.mark.parametrize("make_unsafe, needle", [
