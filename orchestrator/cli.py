@@ -399,7 +399,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     from . import slurm
     from .plan import make_plan
     from .spec import fold
-    from .supervisor import lost_after
+    from .supervisor import batch_grace
 
     cluster = load(file, hosts)
     events = _CliEvents(quiet)
@@ -433,7 +433,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                     if result[1].state == "detached":
                         alloc.keep()
                     else:  # the job ends by itself once the supervisors have; cancel what is left
-                        info = alloc.release(lost_after(cluster) + 15 if result[0].started else 0)
+                        info = alloc.release(batch_grace(cluster) + 10 if result[0].started else 0)
                         if info.live:
                             events.warning(f"Slurm job {info.job_id} is still {info.state}; cancel it with "
                                            f"`scancel {info.job_id}`")

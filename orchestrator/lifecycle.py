@@ -213,6 +213,7 @@ class Lifecycle:
             "staging the run's supervisor").out)
         failed = [o for o in res.values() if not o.ok]
         if failed:
+            self._unstage(cfgs)
             raise LaunchError("could not stage the run on every node; nothing was started:\n" + "\n".join(
                 f"  {o.error}" for o in failed))
         job = self.run.data["slurm"]
@@ -223,21 +224,27 @@ class Lifecycle:
         head = self.plan.launch_host
         self.run.data.update(state="running", launched=time.time(), head=head.name, procs=[])
         self.run.save()
-        deadline = time.monotonic() + supervisor.JOIN_TIMEOUT * 2
+        deadline = time.monotonic() + supervisor.START_TIMEOUT
         while True:
             doc = supervisor.parse_json_line(self.pool[head].run(
                 supervisor.status_script(self.cluster, self.run.id)).check("reading status").out)
             if doc.get("run") == self.run.id:  # the head has started (a short run may be over already)
                 break
             if time.monotonic() > deadline:
+                self._unstage(cfgs)
                 raise LaunchError(f"the run's supervisors did not start in Slurm job {job['job_id']} within "
-                                  f"{supervisor.JOIN_TIMEOUT * 2:g} s; see {run_dir(self.cluster, self.run.id)}"
+                                  f"{supervisor.START_TIMEOUT:g} s; see {run_dir(self.cluster, self.run.id)}"
                                   f"/batch.log on {job['batch_host']}")
             time.sleep(0.1)
         self.run.data["procs"] = [{"key": "supervisor", "host": head.name, "pid": doc.get("agent_pid")}]
         self.run.save()
         self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} node(s) "
                          f"of Slurm job {job['job_id']}, supervised from {head.name}")
+
+    def _unstage(self, cfgs: dict[str, dict]) -> None:
+        """Remove the supervisors' configuration files (secret env values) no supervisor read."""
+        self._fan(lambda h: self.pool[h].run(["rm", "-f", f"{cfgs[h.name]['rundir']}/"
+                                                         f"{supervisor.config_name(h.name)}"]))
 
     # ---- following
     def follow(self) -> Outcome:

@@ -46,8 +46,12 @@ def parse_listing(text: str) -> dict[tuple[int, int], tuple[int, str]]:
 
 @contextmanager
 def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError as exc:  # this machine's disk: never taken for a lost connection
+        raise LocalWriteError(f"cannot write {path.parent}: {exc.strerror or exc}",
+                              hint="free some space here, then `orch logs` fetches the rest") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -295,7 +295,8 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
             "  if f=$(mktemp -- \"$W/.orch-check.XXXXXXXX\" 2>&1); then rm -f -- \"$f\"; echo write=ok; "
             "else echo \"write=$f\"; fi; fi\n"
             # who could change what runs: the owner and mode of the workdir and of every parent
-            "echo uid=$(id -u)\nd=\"$W\"\nwhile :; do\n"
+            # (of its real path: a link's own mode says nothing)
+            "echo uid=$(id -u)\nd=$(readlink -f -- \"$W\" 2>/dev/null) || d=\"$W\"\nwhile :; do\n"
             "  [ -e \"$d\" ] && echo \"perm=$(stat -c '%a %u' -- \"$d\") $d\"\n"
             "  [ \"$d\" = / ] && break; d=$(dirname -- \"$d\"); done")))
     if on("disk"):

@@ -22,6 +22,7 @@ transport: this machine, or `slurm.login` over ssh.
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import time
 from contextlib import contextmanager
@@ -34,7 +35,8 @@ from .errors import OrchError, UsageError
 from .spec import Cluster, Host, Slurm, _NO_GROUPS
 
 JOB_PREFIX = "orch-"
-GO_WAIT = 600  # seconds the batch script waits for orch to stage the run before giving the nodes back
+GO_WAIT = 1800  # seconds the batch script waits for orch (checks, sync) before giving the nodes back
+UNKNOWN_LIMIT = 60  # seconds a job Slurm does not answer for may stay so while orch waits for it
 
 # Slurm job states (scontrol/squeue/sacct spelling) that are not over yet.
 LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
@@ -85,10 +87,10 @@ def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
     )
 
 
-def sbatch_argv(s: Slurm, name: str, workdir: str) -> list[str]:
+def sbatch_argv(s: Slurm, name: str, workdir: str, token: str = "-") -> list[str]:
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.nodes}",
             f"--ntasks-per-node={s.template.slots}",  # one task per rank: what mpirun sees as slots
-            "--output=/dev/null", "--chdir=/", f"--comment=orch {workdir}"]
+            "--output=/dev/null", "--chdir=/", f"--comment=orch {token} {workdir}"]
     for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
                        ("constraint", s.constraint), ("gres", s.gres)):
         if value is not None:
@@ -250,8 +252,13 @@ class Client:
 
     def submit(self, cluster: Cluster) -> str:
         s = self.slurm
-        argv = sbatch_argv(s, job_name(cluster.name), cluster.job.workdir)
-        res = self.run(argv, stdin=batch_script(cluster.job.workdir).encode())
+        token = secrets.token_hex(4)  # in the job's comment: finds a job whose id sbatch never told us
+        argv = sbatch_argv(s, job_name(cluster.name), cluster.job.workdir, token)
+        try:
+            res = self.run(argv, stdin=batch_script(cluster.job.workdir).encode())
+        except BaseException:  # Ctrl-C or a timeout while sbatch ran: the job may be queued all the same
+            self._cancel_by_token(job_name(cluster.name), token)
+            raise
         if res.exit_code == 127:
             raise SlurmError(f"sbatch not found {self.where}",
                              hint="install Slurm's client commands, or set inventory.slurm.login to a host that "
@@ -259,6 +266,16 @@ class Client:
         if not res.ok:
             raise SlurmError(translate(res.err or res.out, s), hint=f"the command was: {shlex.join(argv)}")
         return parse_sbatch(res.out)
+
+    def _cancel_by_token(self, name: str, token: str) -> None:
+        try:
+            res = self.run(["squeue", "-h", "-n", name, "-o", "%i|%k"], timeout=20)
+            for line in res.out.splitlines():
+                jid, _, comment = line.partition("|")
+                if jid.strip().isdigit() and f"orch {token} " in comment + " ":
+                    self.run(["scancel", jid.strip()], timeout=20)
+        except (OrchError, KeyboardInterrupt):
+            pass
 
     def job(self, job_id: str) -> JobInfo:
         res = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30)
@@ -275,12 +292,16 @@ class Client:
         return parse_nodes(res.out)
 
     def cancel(self, job_id: str, wait: float = 30) -> JobInfo:
-        """scancel, then wait (bounded) until Slurm says the job is over."""
-        self.run(["scancel", job_id], timeout=30)
+        """scancel, then wait (bounded) until Slurm says the job is over. A job Slurm does not
+        answer for keeps state "" (unknown): never taken for ended."""
+        res = self.run(["scancel", job_id], timeout=30)
+        if not res.ok and "invalid job id" not in (res.err + res.out).lower():
+            raise SlurmError(f"scancel {job_id} failed: {(res.err or res.out).strip()[-300:]}",
+                             hint=f"cancel it yourself: scancel {job_id}")
         deadline = time.monotonic() + wait
         while True:
             info = self.job(job_id)
-            if not info.live or time.monotonic() > deadline:
+            if (info.state and not info.live) or time.monotonic() > deadline:
                 return info
             time.sleep(0.2)
 
@@ -289,10 +310,18 @@ class Client:
         or whose reason can never resolve raises SlurmError (the job is cancelled first)."""
         last = None
         polls = 0
+        unknown_since = None
         while True:
             info = self.job(job_id)
             if info.state == "RUNNING" and info.nodes:
                 return info
+            if not info.state:  # Slurm does not answer for it (yet): not forever
+                unknown_since = unknown_since or time.monotonic()
+                if time.monotonic() - unknown_since > UNKNOWN_LIMIT:
+                    raise SlurmError(f"Slurm has not known job {job_id} for {UNKNOWN_LIMIT} s",
+                                     hint=f"see `scontrol show job {job_id}`; cancel it with scancel {job_id}")
+            else:
+                unknown_since = None
             if info.state and not info.live:
                 raise SlurmError(f"Slurm job {job_id} ended {info.state} before it started"
                                  + (f" ({info.reason})" if info.reason else ""))
@@ -368,7 +397,7 @@ def release(client: Client, job_id: str, wait: float) -> JobInfo:
     deadline = time.monotonic() + wait
     while True:
         info = client.job(job_id)
-        if not info.live:
+        if info.state and not info.live:
             return info
         if time.monotonic() > deadline:
             return client.cancel(job_id)

@@ -135,7 +135,8 @@ def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tupl
         if not real.exists():
             problems.append((loc, f"{item!r} is a broken link (to {os.readlink(src)})"))
             continue
-        top = src.name
+        # `sync: ["."]` (or the cluster file's own directory): its contents land at workdir's top
+        top = "" if real.is_dir() and real == base else src.name
         if real.is_dir():
             rules = parse_patterns(DEFAULT_EXCLUDES + tuple(exclude))
             for ig in IGNORE_FILES:
@@ -163,7 +164,9 @@ def _file_entry(path: Path, rel: str, hashed: bool, st: os.stat_result | None = 
 def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: list, loc: Location,
           hashed: bool) -> None:
     st = root.stat()
-    entries[top] = Entry(top, "dir", st.st_mode & SAFE_MODE)
+    if top:
+        entries[top] = Entry(top, "dir", st.st_mode & SAFE_MODE)
+    under = (lambda rel: f"{top}/{rel}") if top else (lambda rel: rel)
     for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: links are entries, not walked
         d = Path(dirpath)
         reld = d.relative_to(root).as_posix()
@@ -177,7 +180,7 @@ def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: lis
             if excluded(rules, rel, True):
                 continue
             keep.append(name)
-            entries[f"{top}/{rel}"] = Entry(f"{top}/{rel}", "dir", p.stat().st_mode & SAFE_MODE)
+            entries[under(rel)] = Entry(under(rel), "dir", p.stat().st_mode & SAFE_MODE)
         dirnames[:] = keep
         for name in sorted(filenames):
             p = d / name
@@ -191,7 +194,7 @@ def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: lis
                 if excluded(rules, rel, False):
                     continue
                 target = os.readlink(p)
-                landing = os.path.normpath(os.path.join(d, target))
+                landing = os.path.realpath(os.path.join(d, target))  # as the kernel resolves it, links and all
                 if os.path.isabs(target) or not _inside(landing, str(root)):
                     problems.append((loc, f"{p} is a link to {target}, outside the synced directory {root}: "
                                           "copy what it points to into the tree, exclude it, or sync its "
@@ -203,10 +206,10 @@ def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: lis
                     if exc.errno == errno.ELOOP:
                         problems.append((loc, f"{p} is a symbolic link loop (-> {target}): remove or exclude it"))
                         continue  # a dangling link (ENOENT) is kept as it is, like rsync -a
-                entries[f"{top}/{rel}"] = Entry(f"{top}/{rel}", "link", 0o777, target=target)
+                entries[under(rel)] = Entry(under(rel), "link", 0o777, target=target)
             elif stat.S_ISREG(lst.st_mode):
                 if not excluded(rules, rel, False):
-                    entries[f"{top}/{rel}"] = _file_entry(p, f"{top}/{rel}", hashed, lst)
+                    entries[under(rel)] = _file_entry(p, under(rel), hashed, lst)
             elif not excluded(rules, rel, False):
                 problems.append((loc, f"{p} is not a regular file, directory or link (a socket, fifo or "
                                       "device): exclude it"))
@@ -323,14 +326,18 @@ def cmd_recv():
     done = 0
     tmp = None
     rel = "(header)"
+    modes = []
     try:
         while True:
             h = json.loads(readline(inp, rel))
             kind, rel = h.get("kind"), h.get("rel")
             if kind == "end":
+                for rel, mode in reversed(modes):
+                    os.fchmod(dirfd(rel), mode)
                 break
             if kind == "dir":
-                os.fchmod(dirfd(rel), h["mode"])
+                dirfd(rel)
+                modes.append((rel, h["mode"]))  # set last: a 0555 directory must take its files first
                 done += 1
                 continue
             parent, name = split(rel)

@@ -75,6 +75,9 @@ def load_yaml(text: str, file: str) -> tuple[Any, Source]:
         what = " ".join(x for x in (exc.context, exc.problem) if x)
         raise SpecError([(Location(file, line), f"YAML syntax error: {what}")],
                         hint="fix the YAML syntax (indentation, quotes, colons) at that line") from None
+    except RecursionError:
+        raise SpecError([(Location(file), "the YAML nests too deep, or an alias contains itself (&a [*a])")],
+                        hint="write the values out") from None
     except yaml.YAMLError as exc:  # ReaderError (a character YAML refuses) and kin
         pos = getattr(exc, "position", None)
         line = text.count("\n", 0, pos) + 1 if isinstance(pos, int) else None

@@ -20,11 +20,18 @@ from ..spec import Cluster
 STOP_GRACE = 5.0
 LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host counts as lost
 JOIN_TIMEOUT = 60.0
+START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's supervisor running
 
 
 @lru_cache(maxsize=1)
 def agent_source() -> str:
     return Path(__file__).with_name("agent.py").read_text()
+
+
+def batch_grace(cluster: Cluster) -> float:
+    """Slurm: how long the batch script waits for the members' step once the head's has ended
+    (and so how long orch waits for the job to end by itself before cancelling it)."""
+    return lost_after(cluster) + STOP_GRACE + 30
 
 
 def lost_after(cluster: Cluster) -> float:
@@ -107,7 +114,7 @@ def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:
     """Slurm: what the batch script waits for: the run directory, then who runs where."""
     head = plan.launch_host.name
     spec = {"run_id": run_id, "head": head, "members": [h.name for h in plan.hosts if h.name != head], "python": "python3",
-            "start_timeout": JOIN_TIMEOUT * 2, "members_grace": lost_after(cluster) + STOP_GRACE + 30}
+            "start_timeout": START_TIMEOUT, "members_grace": batch_grace(cluster)}
     return f"{run_dir(cluster, run_id)}\n{json.dumps(spec)}\n"
 
 

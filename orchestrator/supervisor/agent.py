@@ -1039,7 +1039,8 @@ def run_agent(cfg, server, lock_fd, ready_fd):
         import traceback
         traceback.print_exc()
         return 1
-    return 0
+    # the head's exit status is the run's (a Slurm job step: the job ends COMPLETED only if it succeeded)
+    return 0 if not agent.head or agent.state.get("state") == "succeeded" else 1
 
 
 def cmd_batch(gofile):

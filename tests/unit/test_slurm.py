@@ -53,7 +53,7 @@ def test_sbatch_asks_one_task_per_rank_and_passes_every_setting(tmp_path):
                                                  "constraint": "ib", "exclusive": True, "extra": ["--mem=0"]}}))
     argv = slurm.sbatch_argv(c.slurm, slurm.job_name("my job"), "/data/w")
     assert argv[:5] == ["sbatch", "--parsable", "--job-name=orch-my_job", "--nodes=3", "--ntasks-per-node=4"]
-    for want in ("--partition=p", "--account=a", "--qos=q", "--constraint=ib", "--exclusive", "--comment=orch /data/w"):
+    for want in ("--partition=p", "--account=a", "--qos=q", "--constraint=ib", "--exclusive", "--comment=orch - /data/w"):
         assert want in argv
     assert argv[-1] == "--mem=0" and not any(a.startswith("--time") for a in argv)
 

@@ -250,6 +250,10 @@ BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else ', '.join
     ("inventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: \"a\x01\"}\n", 2, "YAML error"),
     ("inventory: {hosts: [{address: h1, slots: 99999999999}]}\njob: {workdir: /d, command: x}\n", 1,
      "more than 1024 ranks on one host"),
+    ("x: &a [*a]\ninventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: x}\n", None,
+     "an alias contains itself"),
+    ("x: " + "[" * 3000 + "]" * 3000 + "\ninventory: {hosts: [{address: h1}]}\njob: {workdir: /d, command: x}\n",
+     None, "nests too deep"),
 ])
 def test_hostile_input_is_bounded_and_located(tmp_path, text, line, needle):
     """Alias bombs, NUL bytes, control characters and absurd counts: exit 2 with a location,

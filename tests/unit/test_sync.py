@@ -124,3 +124,22 @@ def test_nothing_is_written_through_a_link_planted_in_workdir(tmp_path):
     (src / "b.py").write_text("mine")
     sync.sync_host(Counting(), str(work), sync.manifest(src, ("b.py",), "c.yaml"))
     assert not (work / "b.py").is_symlink() and not (tmp_path / "target.py").exists()
+
+
+def test_sync_dot_lands_at_the_top_of_workdir_and_read_only_dirs_keep_their_files(tmp_path):
+    src = tree(tmp_path / "proj", {"train.py": "x", "vendor/lib.py": "y"})
+    os.chmod(src / "vendor", 0o555)
+    entries = sync.manifest(src, (".",), "c.yaml")
+    assert rels(entries) == ["train.py", "vendor/lib.py"]
+    work = tmp_path / "work"
+    sync.sync_host(Counting(), str(work), entries)
+    assert (work / "train.py").read_text() == "x" and (work / "vendor" / "lib.py").read_text() == "y"
+    assert stat.S_IMODE((work / "vendor").stat().st_mode) == 0o555
+
+
+def test_a_link_that_leaves_the_tree_through_another_link_is_refused(tmp_path):
+    p = tree(tmp_path / "p", {"a.py": ""})
+    os.symlink(".", p / "b")
+    os.symlink("b/..", p / "a")  # reads as inside, resolves to p's parent
+    with pytest.raises(SpecError, match="a is a link to b/.., outside the synced directory"):
+        sync.manifest(tmp_path, ("p",), "c.yaml")
