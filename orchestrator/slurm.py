@@ -33,6 +33,7 @@ from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
 from .errors import OrchError, UsageError
 from .spec import Cluster, Host, Slurm, _NO_GROUPS
+from .supervisor.agent import step_argv
 
 JOB_PREFIX = "orch-"
 GO_WAIT = 1800  # seconds the batch script waits for orch (checks, sync) before giving the nodes back
@@ -210,16 +211,11 @@ def plan_commands(cluster: Cluster) -> dict:
     n = cluster.slurm.nodes
     rdir = f"{cluster.job.workdir.rstrip('/')}/.orch/<run-id>"
 
-    def step(nodes: list[str], *extra: str) -> list[str]:
-        return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
-                f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", "python3", f"{rdir}/agent.py", "start",
-                rdir, "--foreground", "--config", f"{rdir}/config.{{node}}.json", *extra]
-
     nodes = [f"node{i}" for i in range(1, n + 1)]
     cmds = {"allocate": sbatch_argv(cluster.slurm, job_name(cluster.name), cluster.job.workdir),
-            "head step": step(nodes[:1])}
+            "head step": step_argv(nodes[:1], "python3", rdir)}
     if n > 1:
-        cmds["members step"] = step(nodes[1:], "--head-port", "<port>")
+        cmds["members step"] = step_argv(nodes[1:], "python3", rdir, "--head-port", "<port>")
     return {"batch_script": batch_script(cluster.job.workdir), "commands": cmds}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..launchers import AGENT, RUN_VAR, Launch, run_dir
+from .agent import CONFIG
 from ..plan import RankPlan
 from ..spec import Cluster
 
@@ -106,8 +107,8 @@ def stage_script(cfg: Mapping) -> str:
 
 
 def config_name(host: str) -> str:
-    """The file a Slurm job step's supervisor reads its configuration from ({node}: the node's name)."""
-    return f"config.{host}.json"
+    """The file a Slurm job step's supervisor reads its configuration from (agent.CONFIG)."""
+    return CONFIG.format(node=host)
 
 
 def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:

@@ -1043,6 +1043,17 @@ def run_agent(cfg, server, lock_fd, ready_fd):
     return 0 if not agent.head or agent.state.get("state") == "succeeded" else 1
 
 
+CONFIG = "config.{node}.json"  # in the run directory: a Slurm job step's supervisor configuration
+
+
+def step_argv(nodes, python, rundir, *extra):
+    """One Slurm job step starting this run's supervisor once on each of `nodes` (what `orch plan`
+    shows and `batch` runs)."""
+    return ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes), "--ntasks-per-node=1",
+            "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0", python, os.path.join(rundir, "agent.py"),
+            "start", rundir, "--foreground", "--config", os.path.join(rundir, CONFIG)] + list(extra)
+
+
 def cmd_batch(gofile):
     """Slurm: the batch script's part. The go file (from orch) names the run directory and the
     nodes; start the head's supervisor as a job step, read its port, start the members' as a
@@ -1055,10 +1066,7 @@ def cmd_batch(gofile):
     log = open(os.path.join(rundir, "batch.log"), "ab", buffering=0)
 
     def step(nodes, *extra):
-        return ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes),
-                "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0",
-                spec.get("python", "python3"), os.path.join(rundir, "agent.py"), "start", rundir, "--foreground",
-                "--config", os.path.join(rundir, "config.{node}.json")] + list(extra)
+        return step_argv(nodes, spec.get("python", "python3"), rundir, *extra)
 
     env = dict(os.environ, ORCH_AGENT="1")
     env[RUN_VAR] = spec["run_id"]
