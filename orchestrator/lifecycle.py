@@ -449,14 +449,11 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         result = lc.stop("`orch down`")
         job = run.data.get("slurm")
         if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
-            client = slurm.Client(cluster)
             try:
-                info = slurm.release(client, job["job_id"], supervisor.STOP_GRACE)
+                info = slurm.release(pool.slurm(), job["job_id"], supervisor.STOP_GRACE)
                 result["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
             except slurm.SlurmError as exc:
                 result["slurm"] = f"could not stop: {exc}"
-            finally:
-                client.close()
         view = lc.status()
         lc.gather()
         run.reload()

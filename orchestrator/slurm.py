@@ -429,15 +429,12 @@ def apply(view, info: JobInfo) -> None:
                 r["state"] = {"timeout": "timeout", "lost": "lost"}.get(view.state, "stopped")
 
 
-def job_view(cluster: Cluster, job_id: str):
+def job_view(client: Client, job_id: str) -> JobInfo | None:
     """The Slurm job of a run, as Slurm sees it now (None if Slurm cannot be asked)."""
-    client = Client(cluster)
     try:
         return client.job(job_id)
     except SlurmError:
         return None
-    finally:
-        client.close()
 
 
 def latest(cluster: Cluster) -> Cluster:
@@ -446,22 +443,18 @@ def latest(cluster: Cluster) -> Cluster:
     client = Client(cluster)
     try:
         res = client.run(["squeue", "-h", "-t", "all", "-n", job_name(cluster.name), "-o", "%i|%T|%N"], timeout=30)
-    finally:
-        client.close()
-    if not res.ok:
-        raise SlurmError(f"squeue failed: {(res.err or res.out).strip()[-300:]}")
-    jobs = []
-    for line in res.out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0].isdigit() and expand_nodes(parts[2]):
-            jobs.append((int(parts[0]), parts[2]))
-    if not jobs:
-        raise UsageError(f"Slurm knows no job of {cluster.name!r} ({job_name(cluster.name)}) that ran on nodes",
-                         hint="`orch status` in the directory that ran `orch up` reads its record")
-    job_id, nodelist = max(jobs)
-    info = JobInfo(str(job_id), "", nodes=expand_nodes(nodelist))
-    client = Client(cluster)
-    try:
+        if not res.ok:
+            raise SlurmError(f"squeue failed: {(res.err or res.out).strip()[-300:]}")
+        jobs = []
+        for line in res.out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0].isdigit() and expand_nodes(parts[2]):
+                jobs.append((int(parts[0]), parts[2]))
+        if not jobs:
+            raise UsageError(f"Slurm knows no job of {cluster.name!r} ({job_name(cluster.name)}) that ran on "
+                             "nodes", hint="`orch status` in the directory that ran `orch up` reads its record")
+        job_id, nodelist = max(jobs)
+        info = JobInfo(str(job_id), "", nodes=expand_nodes(nodelist))
         return with_nodes(cluster, info, client.addresses(info.nodes))
     finally:
         client.close()

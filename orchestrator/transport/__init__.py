@@ -29,6 +29,7 @@ class Pool:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._transports: dict[str, Transport] = {}
+        self._slurm = None
         self._lock = threading.Lock()
 
     def __getitem__(self, host: Host | str) -> Transport:
@@ -40,9 +41,22 @@ class Pool:
                 t = self._transports[host.name] = make_transport(host, self.cluster.ssh)
             return t
 
+    def slurm(self):
+        """The Slurm commands' client of a Slurm inventory (here, or its login host over ssh): one
+        per invocation too, so following a run does not connect to the login host again and again."""
+        from ..slurm import Client
+
+        with self._lock:
+            if self._slurm is None:
+                self._slurm = Client(self.cluster)
+            return self._slurm
+
     def close(self) -> None:
         with self._lock:
             transports, self._transports = list(self._transports.values()), {}
+            if self._slurm is not None:
+                transports.append(self._slurm.transport)
+                self._slurm = None
         for t in transports:
             try:
                 t.close()
