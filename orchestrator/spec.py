@@ -56,6 +56,15 @@ def _env_check(value: Mapping[str, Any] | None) -> dict[str, str] | None:
     return out
 
 
+def _within(lo: float, hi: float, message: str):
+    """A pydantic field check: the value (when given) lies in [lo, hi], else `message`."""
+    def check(cls, v):
+        if v is not None and not lo <= v <= hi:
+            raise ValueError(message)
+        return v
+    return classmethod(check)
+
+
 class RawHostKeys(_Raw):
     user: str | None = None
     port: int | None = None
@@ -69,12 +78,7 @@ class RawHostKeys(_Raw):
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
-    @field_validator("port")
-    @classmethod
-    def _port(cls, v):
-        if v is not None and not 0 < v < 65536:
-            raise ValueError("port must be between 1 and 65535")
-        return v
+    _port = field_validator("port")(_within(1, 65535, "port must be between 1 and 65535"))
 
     @field_validator("slots")
     @classmethod
@@ -211,26 +215,9 @@ class RawJob(_Raw):
             raise ValueError("stall_timeout must be > 0 seconds (leave it out to turn stall detection off)")
         return v
 
-    @field_validator("restarts")
-    @classmethod
-    def _restarts(cls, v):
-        if not 0 <= v <= 1000:
-            raise ValueError("restarts must be between 0 and 1000")
-        return v
-
-    @field_validator("restart_delay")
-    @classmethod
-    def _delay(cls, v):
-        if not 0 <= v <= 86400:
-            raise ValueError("restart_delay must be between 0 and 86400 seconds")
-        return v
-
-    @field_validator("master_port")
-    @classmethod
-    def _port(cls, v):
-        if not 0 < v < 65536:
-            raise ValueError("master_port must be between 1 and 65535")
-        return v
+    _restarts = field_validator("restarts")(_within(0, 1000, "restarts must be between 0 and 1000"))
+    _delay = field_validator("restart_delay")(_within(0, 86400, "restart_delay must be between 0 and 86400 seconds"))
+    _port = field_validator("master_port")(_within(1, 65535, "master_port must be between 1 and 65535"))
 
 
 class RawChecks(_Raw):
@@ -643,9 +630,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
         conf = rs.conf
         if conf is not None:
             conf = str(Path(conf).expanduser()) if conf.startswith("~") else str((base / conf).absolute())
-        return (), {}, Slurm(nodes=rs.nodes, template=Host(name="", address="", **keys), partition=rs.partition,
-                             account=rs.account, qos=rs.qos, time=rs.time, constraint=rs.constraint, gres=rs.gres,
-                             exclusive=rs.exclusive, extra=tuple(rs.extra), login=rs.login, conf=conf)
+        return (), {}, Slurm(**{**rs.model_dump(), "extra": tuple(rs.extra), "conf": conf},
+                             template=Host(name="", address="", **keys))
     assert inv.hosts is not None
     hosts: list[Host] = []
     origin: dict[str, tuple] = {}
