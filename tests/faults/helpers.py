@@ -95,3 +95,20 @@ def host_procs(lab, i: int, run_id: str) -> list[str]:
     """Processes of the run on lab host i (its own PID namespace)."""
     res = lab.exec(i, ["sh", "-c", f"grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null; true"])
     return res.stdout.split()
+
+
+def up_then_kill_controller(cwd: Path, *, procs: int, args=(), timeout: float = 60) -> str:
+    """`orch up ARGS` in `cwd`, SIGKILLed (laptop closed) once the run has started and at least
+    `procs` of its processes run; returns the run id."""
+    import signal
+
+    proc = spawn_orch("up", *args, cwd=cwd)
+    try:
+        assert wait_until(lambda: running(cwd), timeout), "the run did not start"
+        run_id = run_record(cwd)["id"]
+        assert wait_until(lambda: len(leftovers(run_id)) >= procs, timeout), leftovers(run_id)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    return run_id

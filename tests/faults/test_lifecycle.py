@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .helpers import (leftovers, orch, remote_ls, run_ids, run_record, running, spawn_orch, wait_until,
-                      write_cluster)
+from .helpers import (leftovers, orch, remote_ls, run_ids, run_record, running, spawn_orch, up_then_kill_controller,
+                      wait_until, write_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -63,15 +62,7 @@ def test_controller_killed_job_runs_on_and_can_be_reattached_and_stopped(life, t
     output from the start; `orch down` stops every process of the run (the follower then
     ends by itself) and records the run as stopped, leaving nothing behind."""
     write_cluster(life, tmp_path, workdir="/data/fx-ctlkill", launcher="ranktable", command=TICKER)
-    proc = spawn_orch("up", cwd=tmp_path, stdout=subprocess.PIPE)
-    try:
-        assert wait_until(lambda: running(tmp_path), 60)
-        run_id = run_record(tmp_path)["id"]
-        assert wait_until(lambda: len(leftovers(run_id)) >= 12, 30)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        proc.kill()
+    run_id = up_then_kill_controller(tmp_path, procs=12)
     time.sleep(0.5)
     assert len(leftovers(run_id)) >= 12, "the job died with its controller"
     st = json.loads(orch("status", "--json", cwd=tmp_path, check_rc=0).stdout)

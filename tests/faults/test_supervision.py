@@ -10,15 +10,14 @@ import hashlib
 import json
 import os
 import re
-import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .helpers import (host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch, wait_until,
-                      write_cluster)
+from .helpers import (host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch, up_then_kill_controller,
+                      wait_until, write_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -105,15 +104,7 @@ def test_controller_killed_then_a_rank_fails_the_rest_are_still_stopped(sup, tmp
     supervisor still stops the rest and records it; `orch status` from a fresh shell names it."""
     cmd = ["sh", "-c", RANK + 'echo up $R; if [ "$R" = 1 ]; then sleep 4; exit 5; fi; exec sleep 120']
     _cluster(sup, tmp_path, "/data/sv-ctlkill", cmd, launcher="ranktable")
-    proc = spawn_orch("up", "-q", cwd=tmp_path)
-    try:
-        assert wait_until(lambda: running(tmp_path), 30)
-        run_id = run_record(tmp_path)["id"]
-        assert wait_until(lambda: len(leftovers(run_id)) >= 4, 20)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        proc.kill()
+    run_id = up_then_kill_controller(tmp_path, procs=4, args=("-q",), timeout=30)
     assert wait_until(lambda: leftovers(run_id) == [], 30), "the failure was not acted on without a controller"
     st = _status(tmp_path, rc=1)
     assert st["state"] == "failed" and st["first_failure"]["rank"] == 1 and st["first_failure"]["exit_code"] == 5

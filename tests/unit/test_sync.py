@@ -4,7 +4,11 @@ local transport (the same script the hosts run over ssh)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -126,15 +130,38 @@ def test_nothing_is_written_through_a_link_planted_in_workdir(tmp_path):
     assert not (work / "b.py").is_symlink() and not (tmp_path / "target.py").exists()
 
 
-def test_sync_dot_lands_at_the_top_of_workdir_and_read_only_dirs_keep_their_files(tmp_path):
+def test_sync_dot_lands_at_the_top_of_workdir(tmp_path):
     src = tree(tmp_path / "proj", {"train.py": "x", "vendor/lib.py": "y"})
-    os.chmod(src / "vendor", 0o555)
     entries = sync.manifest(src, (".",), "c.yaml")
     assert rels(entries) == ["train.py", "vendor/lib.py"]
     work = tmp_path / "work"
     sync.sync_host(Counting(), str(work), entries)
     assert (work / "train.py").read_text() == "x" and (work / "vendor" / "lib.py").read_text() == "y"
-    assert stat.S_IMODE((work / "vendor").stat().st_mode) == 0o555
+
+
+def test_a_read_only_directory_still_takes_its_files_for_a_non_root_user(tmp_path):
+    """Directory modes are set after the files: a 0555 directory would refuse them otherwise
+    (root is never refused, so the receiver runs as another uid here)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but this test needs root and setpriv (util-linux) to act as another uid")
+        pytest.skip("needs root and setpriv to run the receiver as another uid")
+    src = tree(tmp_path / "proj", {"vendor/lib.py": "y"})
+    os.chmod(src / "vendor", 0o555)
+    base = Path(tempfile.mkdtemp(prefix="orch-sync-"))  # pytest's tmp_path is root's alone (0700)
+    try:
+        os.chmod(base, 0o755)
+        work = base / "work"
+        work.mkdir()
+        os.chown(work, 4242, 4242)
+        frames = sync._Frames([(e, "send") for e in sync.manifest(src, ("vendor",), "c.yaml")]).read()
+        res = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", sys.executable, "-c",
+                              sync.RECEIVER, "recv", str(work)], input=frames, capture_output=True)
+        assert res.returncode == 0, res.stderr
+        assert (work / "vendor" / "lib.py").read_text() == "y"
+        assert stat.S_IMODE((work / "vendor").stat().st_mode) == 0o555
+    finally:
+        shutil.rmtree(base)
 
 
 def test_a_link_that_leaves_the_tree_through_another_link_is_refused(tmp_path):
