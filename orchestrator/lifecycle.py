@@ -327,7 +327,7 @@ class Lifecycle:
         ended when it ended the run itself (time limit, node failure)."""
         job = self.run.data.get("slurm")
         if job and self.cluster.slurm is not None:
-            info = slurm.job_view(self.cluster, job["job_id"])
+            info = slurm.job_view(self.pool.slurm(), job["job_id"])
             if info is not None:
                 slurm.apply(view, info)
         return view
