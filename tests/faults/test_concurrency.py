@@ -59,11 +59,12 @@ def test_two_runs_from_one_directory_stay_apart(clab, tmp_path):
         a, b = recs["a.yaml"], recs["b.yaml"]
         assert a["id"] != b["id"]
         assert a["job"]["workdir"] == "/data/fx-cc-a" and b["job"]["workdir"] == "/data/fx-cc-b"
-        assert wait_until(lambda: len(leftovers(a["id"])) >= 4 and len(leftovers(b["id"])) >= 4, 30)
-        b_before = sorted(leftovers(b["id"]))
+        # the ranks themselves (`sleep`): a run's helpers come and go while it runs
+        assert wait_until(lambda: len(leftovers(a["id"], "sleep")) == 4 and len(leftovers(b["id"], "sleep")) == 4, 30)
+        b_before = sorted(leftovers(b["id"], "sleep"))
         down = orch("down", "--run", a["id"], cwd=tmp_path, check_rc=0)
         assert leftovers(a["id"]) == []
-        assert sorted(leftovers(b["id"])) == b_before, "orch down --run A touched run B"
+        assert sorted(leftovers(b["id"], "sleep")) == b_before, "orch down --run A touched run B"
         assert procs["a"].wait(30) == 130, procs["a"].stderr.read().decode()
         assert "stopped by `orch down`" in procs["a"].stderr.read().decode()
         st = json.loads(orch("status", "--json", "--run", b["id"], cwd=tmp_path, check_rc=0).stdout)

@@ -40,17 +40,20 @@ def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
     return load_cluster(write_cluster(lab, tmp_path, **kw))
 
 
-def leftovers(run_id: str) -> list[str]:
-    """Live processes anywhere on this machine (so on every lab host) that belong to the run."""
+def leftovers(run_id: str, comm: str | None = None) -> list[str]:
+    """Live processes anywhere on this machine (so on every lab host) that belong to the run;
+    with `comm`, only those whose command name is `comm` (say the ranks' `sleep`, leaving out
+    the helpers a run starts and ends while it runs)."""
     needle = f"ORCH_RUN_ID={run_id}".encode()
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if needle in env and state != "Z":
+        name, state = stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()[0]
+        if needle in env and state != "Z" and comm in (None, name):
             out.append(pid)
     return out
 
