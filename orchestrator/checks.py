@@ -161,8 +161,11 @@ def mesh_sources(cluster: Cluster, full_mesh: bool) -> list[Host]:
 
 
 def mesh_targets(cluster: Cluster, source: Host) -> list[MeshTarget]:
-    """Every other host, as mpirun will ssh to it (connection: local hosts are this machine)."""
-    return [MeshTarget(h.name, h.user, h.address, h.port) for h in plan_order(cluster.hosts)
+    """Every other host, as mpirun will ssh to it: the address and ssh options mpirun gets
+    (connection: local hosts are this machine)."""
+    from .render import ssh_args
+
+    return [MeshTarget(h.name, h.cluster_address, tuple(ssh_args(source, h))) for h in plan_order(cluster.hosts)
             if h.name != source.name and h.connection == "ssh"]
 
 
@@ -262,7 +265,7 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
     """Connect (once) and run the probe. Never raises an OrchError: it becomes part of the ProbeRun.
     `on_connected` is called once the connection is up or has failed."""
     transport = pool[host]
-    addresses = resolve_address(host.address)
+    addresses = resolve_address(host.cluster_address)
     c0 = time.monotonic()
     try:
         transport.connect()
@@ -501,15 +504,15 @@ def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
 
 def judge_nic(host: Host, sec: Section, resolved: Iterable[str] | None) -> tuple[CheckResult, probes.IfAddr | None]:
     """Is the inventory address one of the host's own? -> (result, the interface address carrying it)."""
-    if host.connection == "local" and host.address in ("127.0.0.1", "localhost", "::1"):
+    if host.connection == "local" and host.cluster_address in ("127.0.0.1", "localhost", "::1"):
         return _r("nic", host, "pass", "this machine (connection: local)"), None
     addrs = probes.parse_ip_addrs(sec.body)
     wanted = set(resolved or ())
     if not wanted:
         try:
-            wanted = {str(ipaddress.ip_address(host.address))}
+            wanted = {str(ipaddress.ip_address(host.cluster_address))}
         except ValueError:
-            return _r("nic", host, "warn", f"cannot resolve {host.address} on this machine, so cannot tell "
+            return _r("nic", host, "warn", f"cannot resolve {host.cluster_address} on this machine, so cannot tell "
                                            "which interface carries it"), None
     for a in addrs:
         if a.address in wanted:
@@ -517,7 +520,7 @@ def judge_nic(host: Host, sec: Section, resolved: Iterable[str] | None) -> tuple
             return _r("nic", host, "pass", f"{a.address} {where}"), a
     have = ", ".join(f"{a.ifname + ' ' if a.ifname else ''}{a.address}" for a in addrs
                      if not a.address.startswith(("127.", "::1", "fe80:"))) or "none"
-    return _r("nic", host, "fail", f"{host.address} is not an address of this host (it has: {have}); the "
+    return _r("nic", host, "fail", f"{host.cluster_address} is not an address of this host (it has: {have}); the "
                                    "launcher will hand out this address for ranks to reach the host: use the "
                                    "address the hosts reach each other on in the inventory"), None
 

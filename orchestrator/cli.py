@@ -198,7 +198,7 @@ def _plan_print(cluster, rp) -> None:
     from .spec import fold
 
     click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
-               f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.address})")
+               f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.cluster_address})")
     console = Console(highlight=False)
     if rp.size <= PLAN_TABLE_MAX_RANKS:
         table = Table("rank", "host", "address", "local rank", "device")

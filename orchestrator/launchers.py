@@ -97,7 +97,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)
             # torch/gloo-style names too, so one script runs under any launcher
-            env.setdefault("MASTER_ADDR", head.address)
+            env.setdefault("MASTER_ADDR", head.cluster_address)
             env.setdefault("MASTER_PORT", str(job.master_port))
             env.update({"RANK": str(r.rank), "WORLD_SIZE": str(plan.size), "LOCAL_RANK": str(r.local_rank)})
             env.update(stall_env)

@@ -144,7 +144,7 @@ def server_key(address: str) -> tuple:
 
 
 def order_hosts(hosts) -> tuple[Host, ...]:
-    return tuple(sorted(hosts, key=lambda h: server_key(h.address)))
+    return tuple(sorted(hosts, key=lambda h: server_key(h.cluster_address)))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -186,11 +186,11 @@ def make_plan(cluster: Cluster) -> RankPlan:
     if job.launcher == "ranktable":
         seen: dict[str, str] = {}
         for h in hosts:
-            if h.address in seen:
+            if h.cluster_address in seen:
                 errors.append(f"rank table rule: server_id (the host address) identifies a server; hosts "
-                              f"{seen[h.address]} and {h.name} share address {h.address}")
+                              f"{seen[h.cluster_address]} and {h.name} share address {h.cluster_address}")
             else:
-                seen[h.address] = h.name
+                seen[h.cluster_address] = h.name
 
     if errors:
         raise PlanError("impossible plan:\n" + "\n".join(f"  - {e}" for e in errors),
@@ -199,7 +199,7 @@ def make_plan(cluster: Cluster) -> RankPlan:
     ranks: list[Rank] = []
     n = 0
     for h in hosts:
-        name, address = h.name, h.address
+        name, address = h.name, h.cluster_address
         for local, dev in enumerate(h.devices):
             ranks.append(Rank(n, name, address, local, dev))
             n += 1
@@ -244,6 +244,11 @@ def mpirun_violations(hosts: tuple[Host, ...], platform: str) -> list[str]:
             out.append(f"mpirun rule: mpirun exports ONE {var} to every rank, so a device selection other "
                        f"than 0..slots-1 must be the same on every host; devices here: "
                        + _describe_by(hosts, lambda h: ",".join(map(str, h.devices))))
+    ssh = [h for h in hosts[1:] if h.connection == "ssh"]
+    if len({(h.port, h.user) for h in ssh}) > 1:
+        out.append("mpirun rule: mpirun logs in to every other host with one ssh port and user (plm_rsh_args), "
+                   "but they differ: " + _describe_by(ssh, lambda h: f"{h.user}:{h.port}")
+                   + "; use the same port and user on every host, or launcher msrun/ranktable")
     names = sorted({k for h in hosts for k in h.env})
     for k in names:
         values = {h.env.get(k) for h in hosts}

@@ -74,10 +74,11 @@ class SyncFile:
 
 @dataclass(frozen=True)
 class MeshTarget:
+    """A host another one must reach with ssh as mpirun does: its address in the cluster and the
+    ssh options mpirun is given (render.ssh_args)."""
     name: str
-    user: str
     address: str
-    port: int
+    ssh_args: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- building the probe
@@ -211,9 +212,8 @@ def _mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_ti
     limit = max(ct + 10, int(command_timeout * 0.8))
     jobs = []
     for t in targets:
-        port = f" -p {int(t.port)}" if t.port != 22 else ""
-        dest = shlex.quote(f"{t.user}@{t.address}")
-        jobs.append(f"( e=$(ssh -o BatchMode=yes -o ConnectTimeout={ct}{port} {dest} true 2>&1 >/dev/null "
+        args = "".join(" " + shlex.quote(a) for a in (*t.ssh_args, t.address))
+        jobs.append(f"( e=$(ssh -o BatchMode=yes -o ConnectTimeout={ct}{args} true 2>&1 >/dev/null "
                     f"</dev/null); r=$?; printf '%s\\t%s\\t%s\\n' {shlex.quote(t.name)} \"$r\" "
                     f"\"$(printf '%s' \"$e\" | tr '\\t\\n\\r' '   ' | cut -c1-300)\" ) &")
     # ConnectTimeout bounds the TCP connect; `timeout` also bounds a host that accepts but never answers,

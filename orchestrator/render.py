@@ -66,7 +66,7 @@ def hostfile(plan: RankPlan, by_name: bool = False) -> str:
     `by_name`: host names instead (in a Slurm allocation, OpenMPI accepts only its node names)."""
     lines = [f"# orch: {len(plan.hosts)} hosts, {plan.size} ranks, in plan order "
              f"(ranks are contiguous per host, by slot)"]
-    lines.extend(f"{h.name if by_name else h.address} slots={h.slots}" for h in plan.hosts)
+    lines.extend(f"{h.name if by_name else h.cluster_address} slots={h.slots}" for h in plan.hosts)
     return "\n".join(lines) + "\n"
 
 
@@ -76,7 +76,7 @@ def rank_table_v1(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -
     for h in plan.hosts:
         ips = _ips(device_ips, h)
         servers.append({
-            "server_id": h.address,
+            "server_id": h.cluster_address,
             "device": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id], "rank_id": str(r.rank)}
                        for r in plan.by_host(h.name)],
             "host_nic_ip": "reserve",
@@ -96,7 +96,7 @@ def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]
         ips = _ips(device_ips, h)
         for r in plan.by_host(h.name):
             instances.append({"devices": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id]}],
-                              "rank_id": str(r.rank), "server_id": h.address})
+                              "rank_id": str(r.rank), "server_id": h.cluster_address})
     nics = [f"eth{d}" for d in sorted({d for h in plan.hosts for d in h.devices})]
     table = {
         "board_id": "0x0000",
@@ -129,7 +129,7 @@ def rank_table_filename(plan: RankPlan) -> str:
     """hccl_tools.py's name for the table: hccl_<n>p_<device ids joined>_<server ip>.json
     (device ids: every id used, ascending; server: the launch host)."""
     ids = "".join(str(d) for d in sorted({d for h in plan.hosts for d in h.devices}))
-    return f"hccl_{plan.size}p_{ids}_{plan.launch_host.address}.json"
+    return f"hccl_{plan.size}p_{ids}_{plan.launch_host.cluster_address}.json"
 
 
 def _ips(device_ips: Mapping[str, Mapping[int, str]], h: Host) -> Mapping[int, str]:
@@ -188,6 +188,46 @@ def _mpirun_exports(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
     return {**host_env(cluster, h), **_visible_devices(cluster, h)}
 
 
+TREE_SPAWN_HOSTS = 64  # above this many hosts mpirun's daemons would ssh to each other (tree spawn)
+
+
+def ssh_args(source: Host, target: Host) -> list[str]:
+    """What `ssh` on `source` needs, beyond the address, to log in to `target` as orch does: its
+    port and user when they are not ssh's defaults there. mpirun gets exactly these
+    (plm_rsh_args), and `orch check`'s mesh test uses them too."""
+    out = []
+    if target.port != 22:
+        out += ["-p", str(target.port)]
+    if target.user != source.user:
+        out += ["-l", target.user]
+    return out
+
+
+def mpirun_ssh_args(plan: RankPlan) -> list[str]:
+    """mpirun's one set of ssh options for every other host (make_plan checks they agree)."""
+    head = plan.launch_host
+    others = [h for h in plan.hosts if h.name != head.name and h.connection == "ssh"]
+    return ssh_args(head, others[0]) if others else []
+
+
+def interface_env(name: str) -> dict[str, str]:
+    """The variables that pin NCCL, HCCL and Gloo traffic to a NIC (job.interface)."""
+    return {"NCCL_SOCKET_IFNAME": name, "HCCL_SOCKET_IFNAME": name, "GLOO_SOCKET_IFNAME": name}
+
+
+def mpirun_interface(chosen: Mapping[str, tuple[str, str | None]]) -> tuple[str, dict[str, str]]:
+    """{host: (interface, its IPv4 network or None)} -> (mpirun's btl/oob_tcp_if_include value,
+    the variables exported to every rank). One name when every host agrees; otherwise the
+    networks (OpenMPI takes CIDRs) and the names as NCCL/HCCL prefix lists (Gloo takes one name:
+    left to each host's default)."""
+    names = sorted({n for n, _ in chosen.values()})
+    if len(names) == 1:
+        return names[0], interface_env(names[0])
+    nets = sorted({net for _, net in chosen.values() if net})
+    joined = ",".join(names)
+    return ",".join(nets) or joined, {"NCCL_SOCKET_IFNAME": joined, "HCCL_SOCKET_IFNAME": joined}
+
+
 def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
                 interface: str | None = None, output_dir: str | None = None,
                 pass_env: tuple[str, ...] = (), command: list[str] | None = None,
@@ -202,8 +242,16 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
             "--output-filename", output_dir or log_dir_path(cluster), "--merge-stderr-to-stdout"]
     if root:
         argv.append("--allow-run-as-root")
+    user_args = " ".join(job.mpirun_args)
+    if "bind-to" not in user_args:  # one rank per device, each free to use every core (as horovodrun)
+        argv += ["--bind-to", "none"]
     if job.on_failure == "continue":
         argv += ["-mca", "orte_abort_on_non_zero_status", "0"]
+    rsh = mpirun_ssh_args(plan)
+    if rsh and "plm_rsh_args" not in user_args:  # mpirun's own ssh to the other hosts: the inventory's port/user
+        argv += ["-mca", "plm_rsh_args", " ".join(rsh)]
+    if len(plan.hosts) > TREE_SPAWN_HOSTS and "tree_spawn" not in user_args:
+        argv += ["-mca", "plm_rsh_no_tree_spawn", "1"]  # every ssh from the launch host, as `orch check` tests
     if interface:
         argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
     for name, value in _mpirun_exports(cluster, plan).items():
@@ -252,7 +300,7 @@ def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, *, log_dir: str
     return ["msrun",
             f"--worker_num={plan.size}",
             f"--local_worker_num={host.slots}",
-            f"--master_addr={plan.launch_host.address}",
+            f"--master_addr={plan.launch_host.cluster_address}",
             f"--master_port={job.master_port}",
             f"--node_rank={plan.node_rank(host_name)}",
             f"--log_dir={log_dir or log_dir_path(cluster)}",

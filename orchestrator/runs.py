@@ -193,13 +193,7 @@ class Run:
 
     # ---- rebuilding what status/down/logs need
     def hosts(self) -> tuple[Host, ...]:
-        out = []
-        for h in self.data["hosts"]:
-            h = dict(h)
-            h["devices"] = tuple(h["devices"])
-            h["device_ips"] = {int(k): v for k, v in h.get("device_ips", {}).items()}
-            out.append(Host(**h))
-        return tuple(out)
+        return tuple(Host.from_dict(h) for h in self.data["hosts"])
 
     def cluster(self) -> Cluster:
         j = self.data["job"]
@@ -234,9 +228,7 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         job.is_secret(k) for h in cluster.hosts for k in h.env)
     hosts = []
     for h in cluster.hosts:
-        d = asdict(h)
-        d["devices"] = list(h.devices)
-        d["device_ips"] = {str(k): v for k, v in h.device_ips.items()}
+        d = h.to_dict()
         d["env"] = mask_env(job, dict(h.env))
         hosts.append(d)
     secrets = secret_values(cluster)

@@ -9,18 +9,22 @@ each with its file, line and field path.
 from __future__ import annotations
 
 import getpass
+import os
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
 
 from .errors import Location, SpecError, UsageError
 from .yamlsrc import Source, load_yaml
+
+if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a config is read, not before
+    from .transport.sshconfig import SshConfig
 
 KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
 KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
@@ -75,10 +79,19 @@ class RawHostKeys(_Raw):
     devices: list[int] | None = None
     device_ips: dict[int, str] | None = None
     env: dict[str, EnvValue] | None = None
+    jump: str | list[str] | None = None
+    mpi_address: str | None = None
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
     _port = field_validator("port")(_within(1, 65535, "port must be between 1 and 65535"))
+
+    @field_validator("mpi_address")
+    @classmethod
+    def _mpi_address(cls, v):
+        if v is not None and (not v.strip() or any(c.isspace() or c in "\0'\"\\$`;&|<>()" for c in v)):
+            raise ValueError(f"mpi_address {v!r} is not a host name or IP address")
+        return v
 
     @field_validator("slots")
     @classmethod
@@ -160,6 +173,8 @@ class RawSsh(_Raw):
     fanout: int = 64
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     retries: int = 3
+    config_file: str = "~/.ssh/config"
+    jump_fanout: int = 10
 
     @field_validator("connect_timeout", "command_timeout")
     @classmethod
@@ -168,7 +183,7 @@ class RawSsh(_Raw):
             raise ValueError("must be > 0 seconds")
         return v
 
-    @field_validator("fanout", "retries")
+    @field_validator("fanout", "retries", "jump_fanout")
     @classmethod
     def _atleast1(cls, v):
         if v < 1:
@@ -198,8 +213,16 @@ class RawJob(_Raw):
     restarts: int = 0
     restart_delay: float = 0.0
     stall_timeout: float | None = None
+    interface: str | None = None
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v):
+        if v is not None and v != "auto" and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", v):
+            raise ValueError(f"interface {v!r} is not a network interface name (e.g. eth0, ib0) or 'auto'")
+        return v
 
     @field_validator("timeout")
     @classmethod
@@ -251,10 +274,53 @@ class Host:
     devices: tuple[int, ...] = (0,)
     device_ips: Mapping[int, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    hostname: str | None = None          # where SSH connects, when ssh_config's HostName differs from address
+    jump: tuple["Host", ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
+    proxy_command: str | None = None     # ssh_config's ProxyCommand, tokens expanded
+    mpi_address: str | None = None       # how the other hosts reach this one, when not as the controller does
+    keepalive: float | None = None       # ssh_config's ServerAliveInterval
+    connect_timeout: float | None = None  # ssh_config's ConnectTimeout (ssh.connect_timeout, if set, wins)
+
+    @property
+    def ssh_address(self) -> str:
+        """Where the controller's SSH connection goes (through the jump hosts, if any)."""
+        return self.hostname or self.address
+
+    @property
+    def cluster_address(self) -> str:
+        """How the cluster's own hosts reach this one: hostfiles, rank tables, MASTER_ADDR."""
+        return self.mpi_address or self.hostname or self.address
 
     @property
     def target(self) -> str:
-        return f"{self.user}@{self.address}" + (f":{self.port}" if self.port != 22 else "")
+        return f"{self.user}@{self.ssh_address}" + (f":{self.port}" if self.port != 22 else "")
+
+    @property
+    def route(self) -> str:
+        """How the controller reaches the host: user@hostname[:port], and through what."""
+        if self.jump:
+            return f"{self.target} via {' -> '.join(j.target for j in self.jump)}"
+        if self.proxy_command:
+            return f"{self.target} via ProxyCommand {self.proxy_command}"
+        return self.target
+
+    def to_dict(self) -> dict:
+        """JSON-ready, lossless: `Host.from_dict(h.to_dict()) == h`."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["devices"] = list(self.devices)
+        d["device_ips"] = {str(k): v for k, v in self.device_ips.items()}
+        d["env"] = dict(self.env)
+        d["jump"] = [j.to_dict() for j in self.jump]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Host":
+        d = dict(d)
+        d["devices"] = tuple(d.get("devices", (0,)))
+        d["device_ips"] = {int(k): v for k, v in d.get("device_ips", {}).items()}
+        d["jump"] = tuple(cls.from_dict(j) for j in d.get("jump", ()))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -264,6 +330,8 @@ class SshSettings:
     fanout: int = 64
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     retries: int = 3
+    config_file: str | None = "~/.ssh/config"   # None: `none`, no ssh_config read
+    jump_fanout: int = 10       # new connections opened through one jump host at once
 
 
 @dataclass(frozen=True)
@@ -285,6 +353,7 @@ class Job:
     restarts: int = 0
     restart_delay: float = 0.0
     stall_timeout: float | None = None
+    interface: str | None = None   # NIC for MPI/NCCL/HCCL/Gloo traffic: a name or "auto"
 
     def is_secret(self, name: str) -> bool:
         return name in self.secret_env or bool(SECRET_NAME.search(name))
@@ -447,6 +516,8 @@ class _Problems:
     def pydantic(self, exc: ValidationError, src: Source, offset: tuple = ()) -> None:
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+            if err["loc"] and loc[-1:] != err["loc"][-1:]:  # the user's own key looks like a tag ("dict[")
+                loc += err["loc"][-1:]
             path = offset + loc
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
@@ -526,8 +597,9 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
     hosts: tuple[Host, ...] = ()
     groups: dict[str, tuple[str, ...]] = {}
     slurm: Slurm | None = None
+    ssh_config = _ssh_config(raw, src, path.parent, problems)
     if isinstance(inv_data, dict):
-        hosts, groups, slurm = _parse_inventory(inv_data, inv_src, inv_prefix, inv_base, problems)
+        hosts, groups, slurm = _parse_inventory(inv_data, inv_src, inv_prefix, inv_base, problems, ssh_config)
     elif inv_data is not None and not (raw is None and isinstance(inv_data, (str, dict))):
         problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:' (or 'slurm:')")
 
@@ -536,7 +608,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
         job = _resolve_job(raw.job, src, problems)
     problems.raise_if_any()
     assert raw is not None and job is not None
-    ssh = SshSettings(**raw.ssh.model_dump())
+    ssh = SshSettings(**{**raw.ssh.model_dump(), "config_file": ssh_config.config.path if ssh_config else None})
     checks = Checks(versions=tuple(raw.checks.versions) if raw.checks.versions is not None else None,
                     skip=tuple(raw.checks.skip), min_free_gib=raw.checks.min_free_gib,
                     clock_skew=raw.checks.clock_skew)
@@ -605,8 +677,102 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                stall_timeout=rj.stall_timeout)
 
 
-def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problems: _Problems
-                     ) -> tuple[tuple[Host, ...], dict[str, tuple[str, ...]], Slurm | None]:
+class _SshLookup(NamedTuple):
+    config: "SshConfig"
+    timeout_from_config: bool  # ssh.connect_timeout not set in cluster.yaml: ConnectTimeout applies
+
+
+def _ssh_config(raw: RawCluster | None, src: Source, base: Path, problems: _Problems) -> _SshLookup | None:
+    """The OpenSSH client config `ssh.config_file` names, read once per invocation (None: `none`,
+    or the default ~/.ssh/config does not exist). A file named explicitly must exist."""
+    from .transport.sshconfig import DEFAULT_PATH, SshConfig, SshConfigError
+
+    name = raw.ssh.config_file if raw is not None else DEFAULT_PATH
+    if name.strip().lower() == "none":
+        return None
+    path = os.path.expanduser(name) if name.startswith("~") else str((base / name).absolute())
+    try:
+        cfg = SshConfig.load(path)
+    except SshConfigError as exc:
+        problems.add(Location(exc.where), exc.message)
+        return None
+    if cfg is None and name != DEFAULT_PATH:
+        problems.add(src.loc(("ssh", "config_file")), f"ssh config file {path} does not exist "
+                     "(write `config_file: none` to read no ssh config)")
+    if cfg is None:
+        return None
+    return _SshLookup(cfg, raw is None or "connect_timeout" not in raw.ssh.model_fields_set)
+
+
+def _resolve_ssh(h: Host, merged: dict, lookup: _SshLookup | None, loc: Location, problems: _Problems) -> Host:
+    """The host as SSH reaches it: the inventory's values, then ssh_config's for its address
+    (an alias there), then the defaults; jump hosts (inventory `jump:` or ProxyJump) resolved
+    the same way."""
+    from .transport.sshconfig import Entry, SshConfigError, expand, parse_hops
+
+    if h.connection != "ssh":
+        return h
+    cfg = lookup.config if lookup is not None else None
+    try:
+        e = cfg.lookup(h.address) if cfg is not None else Entry()
+        user = merged.get("user") or e.user or h.user
+        port = merged.get("port") or e.port or 22
+        tokens = dict(alias=h.address, port=port, user=user)
+        hostname = expand(e.hostname, hostname=h.address, **tokens) if e.hostname else None
+        tokens["hostname"] = hostname or h.address
+        ident = h.identity_file if "identity_file" in merged else _first_file(
+            [expand(f, **tokens) for f in e.identity_files])
+        known = h.known_hosts if "known_hosts" in merged or not e.known_hosts else \
+            expand(e.known_hosts[0], **tokens)
+        if "jump" in merged:
+            spec = merged["jump"]
+            hops = parse_hops(",".join(spec) if isinstance(spec, list) else spec, str(loc))
+        else:
+            hops = parse_hops(e.proxy_jump, f"{cfg.path} (ProxyJump for {h.address})") \
+                if e.proxy_jump and cfg is not None else ()
+        jump = _jump_hosts(hops, cfg, ident, known, str(loc), 0)
+        proxy = expand(e.proxy_command, **tokens) if e.proxy_command and not jump else None
+    except SshConfigError as exc:
+        problems.add(Location(exc.where) if exc.where != str(loc) else loc, exc.message)
+        return h
+    timeout = e.connect_timeout if lookup is not None and lookup.timeout_from_config else None
+    return replace(h, user=user, port=port, hostname=hostname, identity_file=ident, known_hosts=known,
+                   jump=jump, proxy_command=proxy, keepalive=e.server_alive_interval, connect_timeout=timeout)
+
+
+def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int) -> tuple[Host, ...]:
+    """Jump hosts as Hosts, each looked up in ssh_config like `ssh -J` does (its alias, user,
+    port, key, and its own ProxyJump in front of it). Without a key of its own, a hop uses the
+    target host's identity_file and known_hosts (the cluster's key usually opens its bastion)."""
+    from .transport.sshconfig import MAX_HOPS, Entry, SshConfigError, expand, parse_hops
+
+    out: list[Host] = []
+    for hop in hops:
+        if depth + len(out) >= MAX_HOPS:
+            raise SshConfigError(where, f"more than {MAX_HOPS} jump hosts (a ProxyJump loop?)")
+        e = cfg.lookup(hop.host) if cfg is not None else Entry()
+        user = hop.user or e.user or _local_user()
+        port = hop.port or e.port or 22
+        tokens = dict(alias=hop.host, port=port, user=user)
+        hostname = expand(e.hostname, hostname=hop.host, **tokens) if e.hostname else None
+        tokens["hostname"] = hostname or hop.host
+        own = _first_file([expand(f, **tokens) for f in e.identity_files])
+        kh = expand(e.known_hosts[0], **tokens) if e.known_hosts else known
+        if e.proxy_jump and not hop.user and not hop.port and cfg is not None and not out:
+            out.extend(_jump_hosts(parse_hops(e.proxy_jump, f"{cfg.path} (ProxyJump for {hop.host})"),
+                                   cfg, ident, known, where, depth + 1))
+        out.append(Host(name=str(hop), address=hop.host, hostname=hostname, user=user, port=port,
+                        identity_file=own or ident, known_hosts=kh, keepalive=e.server_alive_interval))
+    return tuple(out)
+
+
+def _first_file(paths: list[str]) -> str | None:
+    """The first of ssh_config's IdentityFiles that exists (OpenSSH skips missing ones too)."""
+    return next((p for p in paths if os.path.exists(p)), None)
+
+
+def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problems: _Problems,
+                     ssh_config: _SshLookup | None = None) -> tuple[tuple[Host, ...], dict[str, tuple[str, ...]], Slurm | None]:
     sub = Source(src.file, {k[len(prefix):]: v for k, v in src.lines.items() if k[:len(prefix)] == prefix},
                  prefix)
     try:
@@ -664,12 +830,13 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
             elif "/" in name:  # names become file names (msrun's per-host records and logs)
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} must not contain '/'")
-            h = Host(name=name, address=addr, **keys)
+            h = _resolve_ssh(Host(name=name, address=addr, **keys), merged, ssh_config,
+                             sub.loc(("hosts", i, "jump") if rh.jump is not None else ("hosts", i)), problems)
             if name in origin:
                 problems.add(sub.loc(("hosts", i)), f"duplicate host {name!r} (also from hosts[{origin[name][1]}]"
                              f", line {sub.line_of(origin[name])}); each host may appear once")
                 continue
-            key = (addr, h.port, h.connection)
+            key = (h.ssh_address, h.port, h.connection, tuple(j.target for j in h.jump))
             if h.connection == "ssh" and key in seen_addr:
                 problems.add(sub.loc(("hosts", i)), f"duplicate host address {addr}:{h.port} (also "
                              f"hosts[{seen_addr[key][1]}], line {sub.line_of(seen_addr[key])})")
@@ -721,7 +888,7 @@ def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices:
     kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
     return dict(user=merged.get("user") or _local_user(), port=merged.get("port", 22), identity_file=ident,
                 known_hosts=kh, connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
-                device_ips=dict(dips), env=dict(merged.get("env", {})))
+                device_ips=dict(dips), env=dict(merged.get("env", {})), mpi_address=merged.get("mpi_address"))
 
 
 def _local_user() -> str:

@@ -43,7 +43,7 @@ def lost_after(cluster: Cluster) -> float:
 
 def head_address(plan: RankPlan) -> str:
     h = plan.launch_host
-    return "127.0.0.1" if h.connection == "local" else h.address
+    return "127.0.0.1" if h.connection == "local" else h.cluster_address
 
 
 def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> dict[str, dict]:

@@ -10,15 +10,15 @@ from .base import Result, Spawned, SpawnSpec, Transport, build_script, quote_arg
 __all__ = ["Pool", "Result", "Spawned", "SpawnSpec", "Transport", "build_script", "make_transport", "quote_argv"]
 
 
-def make_transport(host: Host, ssh: SshSettings) -> Transport:
+def make_transport(host: Host, ssh: SshSettings, gateways=None) -> Transport:
+    """The host's transport; `gateways` (ssh.Gateways) shares jump-host connections between hosts."""
     if host.connection == "local":
         from .local import LocalTransport
 
         return LocalTransport(host, ssh.command_timeout)
     from .ssh import SshTransport
 
-    return SshTransport(host, connect_timeout=ssh.connect_timeout, command_timeout=ssh.command_timeout,
-                        retries=ssh.retries, host_key_policy=ssh.host_key_policy)
+    return SshTransport.for_settings(host, ssh, gateways)
 
 
 class Pool:
@@ -29,6 +29,7 @@ class Pool:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._transports: dict[str, Transport] = {}
+        self._gateways = None  # ssh.Gateways, made for the first host behind a jump host
         self._slurm = None
         self._lock = threading.Lock()
 
@@ -38,7 +39,11 @@ class Pool:
         with self._lock:
             t = self._transports.get(host.name)
             if t is None:
-                t = self._transports[host.name] = make_transport(host, self.cluster.ssh)
+                if host.jump and self._gateways is None:
+                    from .ssh import Gateways
+
+                    self._gateways = Gateways(self.cluster.ssh)
+                t = self._transports[host.name] = make_transport(host, self.cluster.ssh, self._gateways)
             return t
 
     def slurm(self):
@@ -57,6 +62,9 @@ class Pool:
             if self._slurm is not None:
                 transports.append(self._slurm.transport)
                 self._slurm = None
+            if self._gateways is not None:
+                transports.append(self._gateways)  # after the hosts behind them
+                self._gateways = None
         for t in transports:
             try:
                 t.close()

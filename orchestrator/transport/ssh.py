@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import paramiko
@@ -27,7 +28,7 @@ from paramiko.hostkeys import HostKeyEntry, HostKeys
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from ..errors import AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError
-from ..spec import Host
+from ..spec import Host, SshSettings
 from .base import CHUNK, Transport
 
 _known_hosts_lock = threading.Lock()
@@ -129,7 +130,8 @@ def _load_host_keys(client: paramiko.SSHClient, path: str, host_id: str) -> None
 
 
 def _host_id(host: Host) -> str:
-    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    """The host's name in known_hosts, as OpenSSH writes it: `[host]:port` for another port."""
+    return host.ssh_address if host.port == 22 else f"[{host.ssh_address}]:{host.port}"
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -151,7 +153,8 @@ class _Policy(paramiko.MissingHostKeyPolicy):
                 f"host key of {_host_id(self.host)} is not in {self.host.known_hosts} "
                 f"({key.get_name()} {fp})",
                 hint=f"check the fingerprint with the host's admin, then either run "
-                     f"`ssh-keyscan -p {self.host.port} {self.host.address} >> {self.host.known_hosts}` "
+                     f"`ssh-keyscan -p {self.host.port} {self.host.ssh_address} >> {self.host.known_hosts}` "
+                     + ("(from a machine that reaches it, e.g. the jump host) " if self.host.jump else "") +
                      f"or set ssh.host_key_policy: accept-new")
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _known_hosts_lock:
@@ -166,18 +169,61 @@ class _Policy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+class Gateways:
+    """The jump-host connections of one invocation: one per hop chain, shared by every host behind
+    it, and a cap (ssh.jump_fanout) on the new connections opened through each at once, which its
+    sshd would otherwise drop beyond MaxStartups."""
+
+    def __init__(self, ssh: SshSettings):
+        self.ssh = ssh
+        self._lock = threading.Lock()
+        self._hops: dict[tuple, tuple[SshTransport, threading.BoundedSemaphore]] = {}
+
+    def hop(self, chain: tuple[Host, ...]) -> tuple["SshTransport", threading.BoundedSemaphore]:
+        """The connection to chain[-1] (made through chain[:-1]) and its slots for new tunnels."""
+        key = tuple((j.user, j.ssh_address, j.port) for j in chain)
+        with self._lock:
+            got = self._hops.get(key)
+            if got is None:
+                t = SshTransport.for_settings(replace(chain[-1], jump=chain[:-1]), self.ssh, self)
+                t.failure_is_final = True  # every host behind it would try (and wait) again
+                got = self._hops[key] = (t, threading.BoundedSemaphore(self.ssh.jump_fanout))
+            return got
+
+    def close(self) -> None:
+        with self._lock:
+            hops, self._hops = list(self._hops.values()), {}
+        for t, _ in reversed(hops):  # the hosts behind a hop first
+            t.close()
+
+    def connections(self) -> int:
+        with self._lock:
+            return sum(t.connections_opened for t, _ in self._hops.values())
+
+
 class SshTransport(Transport):
     def __init__(self, host: Host, *, connect_timeout: float = 10, command_timeout: float = 120,
-                 retries: int = 3, host_key_policy: str = "strict"):
+                 retries: int = 3, host_key_policy: str = "strict", gateways: Gateways | None = None):
         super().__init__(host, command_timeout)
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = host.connect_timeout or connect_timeout
         self.retries = retries
         self.host_key_policy = host_key_policy
+        # jump hosts: the Pool's (shared by every host of the invocation), or this transport's own
+        self.gateways = gateways if gateways is not None or not host.jump else \
+            Gateways(SshSettings(connect_timeout=connect_timeout, command_timeout=command_timeout,
+                                 retries=retries, host_key_policy=host_key_policy))
+        self._own_gateways = gateways is None and host.jump != ()
         self._client: paramiko.SSHClient | None = None
         self._transport: paramiko.Transport | None = None
         self._lock = threading.Lock()
         self.connections_opened = 0
         self._refused: ConnectError | None = None  # a refused key / host key: final for this invocation
+        self.failure_is_final = False  # a jump host: any failed connect (after its retries) is final
+
+    @classmethod
+    def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> "SshTransport":
+        return cls(host, connect_timeout=ssh.connect_timeout, command_timeout=ssh.command_timeout,
+                   retries=ssh.retries, host_key_policy=ssh.host_key_policy, gateways=gateways)
 
     # ---- connection
     def connect(self) -> None:
@@ -191,6 +237,10 @@ class SshTransport(Transport):
             except (AuthError, HostKeyError) as exc:
                 self._refused = exc
                 raise
+            except ConnectError as exc:
+                if self.failure_is_final:
+                    self._refused = exc
+                raise
 
     def _connect(self) -> None:
         """Up to `retries` attempts, on transient network errors only (tenacity), within
@@ -203,12 +253,47 @@ class SshTransport(Transport):
                 budget = min(self.connect_timeout, deadline - time.monotonic())
                 if budget <= 0.05:
                     raise TransientNetworkError(
-                        self.host.name, f"could not connect to {self.host.target} within "
+                        self.host.name, f"could not connect to {self.host.route} within "
                         f"{self.connect_timeout * self.retries:g}s", hint=_UNREACHABLE_HINT)
                 self._client = self._open(budget)
                 self._transport = self._client.get_transport()
 
     def _open(self, timeout: float) -> paramiko.SSHClient:
+        if not self.host.jump:
+            return self._handshake(timeout, None)
+        gw, slots = self.gateways.hop(self.host.jump)
+        try:
+            gw.connect()
+        except HostError as exc:  # the hop failed (after its own retries): say which, for this host
+            raise _via(exc, self.host, gw.host, retry=False) from None
+        if not slots.acquire(timeout=self.command_timeout):
+            raise TransientNetworkError(self.host.name, f"waited {self.command_timeout:g}s for a free connection "
+                                        f"slot on jump host {gw.host.target}",
+                                        hint="raise ssh.jump_fanout if the jump host's sshd allows more "
+                                             "(MaxStartups)")
+        try:
+            return self._handshake(timeout, gw)
+        finally:
+            slots.release()
+
+    def open_tunnel(self, address: str, port: int, timeout: float) -> paramiko.Channel:
+        """A TCP connection from this host to address:port (as `ssh -W` makes), for a host behind it."""
+        self.connect()
+        transport = self._transport
+        try:
+            assert transport is not None
+            return transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
+        except paramiko.ChannelException as exc:  # the jump host's own connect failed
+            raise TransientNetworkError(self.host.name, f"could not reach {address}:{port} from here: {exc.text}",
+                                        hint="is the host up, and is this the address the jump host reaches "
+                                             "it by? (AllowTcpForwarding must be on in the jump host's sshd)"
+                                        ) from None
+        except (paramiko.SSHException, EOFError, OSError, AssertionError) as exc:
+            self.close()
+            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
+                                        hint=_UNREACHABLE_HINT) from None
+
+    def _handshake(self, timeout: float, gw: "SshTransport | None") -> paramiko.SSHClient:
         h = self.host
         kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
@@ -223,14 +308,26 @@ class SshTransport(Transport):
             else:  # encrypted (or a certificate): the agent's copy is used if it holds it, as `ssh -i` does
                 kwargs["key_filename"] = [h.identity_file]
                 kwargs["allow_agent"] = True
-        try:  # our own TCP connect: exact (float) timeout and socket errors we can name
-            kwargs["sock"] = socket.create_connection((h.address, h.port), timeout=timeout)
-            # paramiko writes each SSH message with its own send(): with Nagle's algorithm on, a
-            # small message after another one waits for the peer's delayed ACK (40 ms on Linux).
-            # That was 40-80 ms on every command (a channel open, the exec request, stdin, EOF).
-            kwargs["sock"].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except BaseException as exc:
-            raise self._translate(exc, timeout) from None
+        if gw is not None:
+            try:
+                kwargs["sock"] = gw.open_tunnel(h.ssh_address, h.port, timeout)
+            except HostError as exc:
+                raise _via(exc, h, gw.host) from None
+        elif h.proxy_command:
+            try:
+                kwargs["sock"] = paramiko.ProxyCommand(h.proxy_command)
+            except BaseException as exc:  # noqa: BLE001 - could not start it: say so, with the command
+                raise ConnectError(h.name, f"ProxyCommand {h.proxy_command!r} could not start: {exc}",
+                                   hint="check ProxyCommand in the ssh config (ssh.config_file)") from None
+        else:
+            try:  # our own TCP connect: exact (float) timeout and socket errors we can name
+                kwargs["sock"] = socket.create_connection((h.ssh_address, h.port), timeout=timeout)
+                # paramiko writes each SSH message with its own send(): with Nagle's algorithm on, a
+                # small message after another one waits for the peer's delayed ACK (40 ms on Linux).
+                # That was 40-80 ms on every command (a channel open, the exec request, stdin, EOF).
+                kwargs["sock"].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except BaseException as exc:
+                raise self._translate(exc, timeout) from None
         client = paramiko.SSHClient()
         if os.path.exists(h.known_hosts):
             try:
@@ -240,14 +337,14 @@ class SshTransport(Transport):
                 raise HostKeyError(h.name, f"cannot read known_hosts {h.known_hosts}: {exc}") from None
         client.set_missing_host_key_policy(_Policy(h, self.host_key_policy == "accept-new"))
         try:
-            client.connect(h.address, port=h.port, username=h.user, transport_factory=_make_transport, **kwargs)
+            client.connect(h.ssh_address, port=h.port, username=h.user, transport_factory=_make_transport, **kwargs)
         except BaseException as exc:
             client.close()
             kwargs["sock"].close()
             raise self._translate(exc, timeout) from None
         self.connections_opened += 1
         transport = client.get_transport()
-        transport.set_keepalive(15)
+        transport.set_keepalive(int(h.keepalive) if h.keepalive else 15)
         # paramiko's thread wakes every socket timeout (0.1 s) to look at its own state: 0.7 ms of
         # CPU per host per second, for every idle connection of the invocation (all of them, while
         # `orch check` waits for its slowest host or `orch up` follows a job). Data still wakes it
@@ -272,28 +369,28 @@ class SshTransport(Transport):
                              hint="load the key into ssh-agent (ssh-add) and leave identity_file unset")
         if isinstance(exc, paramiko.AuthenticationException):
             key = h.identity_file or "ssh-agent and the default keys (~/.ssh/id_*)"
-            return AuthError(h.name, f"password-free SSH to {h.user}@{h.address} failed: key {key} was refused",
+            return AuthError(h.name, f"password-free SSH to {h.user}@{h.ssh_address} failed: key {key} was refused",
                              hint=f"run `ssh-copy-id -p {h.port} {'-i ' + h.identity_file + ' ' if h.identity_file else ''}"
-                                  f"{h.user}@{h.address}`, or check user/identity_file in the inventory")
+                                  f"{h.user}@{h.ssh_address}`, or check user/identity_file in the inventory")
         if isinstance(exc, socket.gaierror):
-            return ConnectError(h.name, f"cannot resolve {h.address!r}: {exc.strerror or exc}",
+            return ConnectError(h.name, f"cannot resolve {h.ssh_address!r}: {exc.strerror or exc}",
                                 hint="check the address in the inventory or your DNS")
         if isinstance(exc, ConnectionRefusedError):
-            return TransientNetworkError(h.name, f"connection to {h.address}:{h.port} refused",
+            return TransientNetworkError(h.name, f"connection to {h.ssh_address}:{h.port} refused",
                                          hint="is sshd running on the host and listening on that port?")
         if isinstance(exc, (socket.timeout, TimeoutError)):
             return TransientNetworkError(h.name, f"timed out after {timeout:g}s connecting to "
-                                         f"{h.address}:{h.port}", hint=_UNREACHABLE_HINT)
+                                         f"{h.ssh_address}:{h.port}", hint=_UNREACHABLE_HINT)
         if isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
                                                       errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE):
-            return TransientNetworkError(h.name, f"cannot connect to {h.address}:{h.port}: {exc.strerror}",
+            return TransientNetworkError(h.name, f"cannot connect to {h.ssh_address}:{h.port}: {exc.strerror}",
                                          hint=_UNREACHABLE_HINT)
         if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
-            return AuthError(h.name, f"no usable key for {h.user}@{h.address}: no identity_file, no key in "
+            return AuthError(h.name, f"no usable key for {h.user}@{h.ssh_address}: no identity_file, no key in "
                              "ssh-agent and none of ~/.ssh/id_*",
                              hint="set identity_file in the inventory, or load a key with ssh-add")
         if isinstance(exc, (EOFError, paramiko.SSHException)):
-            return TransientNetworkError(h.name, f"SSH handshake with {h.address}:{h.port} failed: {exc}",
+            return TransientNetworkError(h.name, f"SSH handshake with {h.ssh_address}:{h.port} failed: {exc}",
                                          hint="is it an SSH server? is it overloaded (MaxStartups)?")
         if isinstance(exc, KeyboardInterrupt):
             return exc
@@ -305,6 +402,8 @@ class SshTransport(Transport):
                 self._client.close()
                 self._client = None
                 self._transport = None
+        if self._own_gateways:
+            self.gateways.close()
 
     # ---- the primitive
     def _exec(self, script, *, stdin, sink, timeout):
@@ -329,6 +428,14 @@ class SshTransport(Transport):
 
 
 _UNREACHABLE_HINT = "is the host up and reachable from here (address, firewall, link)?"
+
+
+def _via(exc: HostError, host: Host, hop: Host, retry: bool = True) -> HostError:
+    """A jump host's error, told for the host behind it, naming the hop that failed: the same kind
+    (a refused key stays final); not retried when `retry` is false (the hop retried already)."""
+    inner = exc.message[len(exc.host) + 2:] if exc.message.startswith(f"{exc.host}: ") else exc.message
+    kind = ConnectError if not retry and isinstance(exc, TransientNetworkError) else type(exc)
+    return kind(host.name, f"jump host {hop.target}: {inner}", hint=exc.hint)
 IDLE_WAKEUP = 2.0  # seconds: how often an idle connection's paramiko thread wakes up
 # A channel buffers at most its window (2 MiB) of received data: take all of it at once.
 # paramiko's buffer drops what is read from its front, so reading 64 KiB at a time from a full

@@ -255,16 +255,20 @@ def test_probe_script_sections_follow_checks_and_roles(tmp_path):
 
 
 def test_mesh_runs_from_the_launch_host_in_plan_order(tmp_path):
-    hs = [Host(name="b", address="10.0.0.10", user="u"), Host(name="a", address="10.0.0.9", user="u"),
-          Host(name="c", address="10.0.0.11", user="u", port=2222)]
+    """The mesh test runs the ssh that mpirun will run: the same address (mpi_address, else
+    ssh_config's HostName, else address) and the same options (plm_rsh_args)."""
+    hs = [Host(name="b", address="10.0.0.10", user="u", port=2222), Host(name="a", address="10.0.0.9", user="u"),
+          Host(name="c", address="node-c", hostname="10.0.0.11", user="v", port=2222),
+          Host(name="d", address="10.0.0.12", mpi_address="192.168.0.12", user="u", port=2222)]
     c = cluster(tmp_path, hosts=hs)
     plan = checks.make_check_plan(c)
     assert plan.launch.name == "a" and plan.mesh_from == {"a"}
     s = plan.script(c.host("a"))
-    assert "ssh -o BatchMode=yes -o ConnectTimeout=2 u@10.0.0.10 true" in s
-    assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 u@10.0.0.11 true" in s
+    assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 10.0.0.10 true" in s
+    assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 -l v 10.0.0.11 true" in s
+    assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 192.168.0.12 true" in s
     assert "_b mesh" not in plan.script(c.host("b"))
-    assert checks.make_check_plan(c, full_mesh=True).mesh_from == {"a", "b", "c"}
+    assert checks.make_check_plan(c, full_mesh=True).mesh_from == {"a", "b", "c", "d"}
 
 
 def test_probe_quotes_hostile_values(tmp_path):
@@ -506,7 +510,7 @@ def test_disk_workdir_clock_mesh_path_judges(tmp_path):
     assert checks.judge_clock(h, c0, c1, 999.95, 1000.15, 5).status == "warn"
     assert checks.judge_clock(h, c0, c1, 1006.95, 1007.15, 5).status == "pass"
     assert checks.judge_clock(h, sec("clock0", "1000"), sec("clock1", "1000"), 990, 1010, 5).status == "pass"
-    targets = [probes.MeshTarget(f"chk-h{i}", "root", f"198.18.14.{10 + i}", 22) for i in (2, 3, 4)]
+    targets = [probes.MeshTarget(f"chk-h{i}", f"198.18.14.{10 + i}") for i in (2, 3, 4)]
     m = checks.judge_mesh(h, probes.split_sections(fx("probe-mpi-h1.txt"))["mesh"], targets, 2)
     assert m.status == "fail" and "to 1 of 3 host(s): chk-h4: ssh: connect to host 198.18.14.14 port 22: " \
                                   "Connection refused" in m.message

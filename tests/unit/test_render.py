@@ -180,9 +180,55 @@ def test_mpirun_argv_basic():
     plan = make_plan(c)
     assert mpirun_argv(c, plan, hostfile_path="/data/job/hostfile", root=False) == [
         "mpirun", "-n", "16", "--hostfile", "/data/job/hostfile", "--wdir", "/data/job",
-        "--output-filename", "/data/job/log_output", "--merge-stderr-to-stdout",
+        "--output-filename", "/data/job/log_output", "--merge-stderr-to-stdout", "--bind-to", "none",
         "-x", "DATA_PATH=./MNIST_Data/train/", "-mca", "pml", "ob1", "python", "net.py"]
     assert mpirun_env(c, plan) == {}
+
+
+def test_mpirun_ssh_settings_follow_the_inventory():
+    """mpirun's own ssh to the other hosts gets their port and user (plm_rsh_args); nothing when
+    they are ssh's defaults on the launch host; above 64 hosts no tree spawn."""
+    import dataclasses
+
+    def with_ssh(h, **kw):
+        return dataclasses.replace(h, **kw)
+
+    hosts = [with_ssh(host(f"10.0.0.{i}", range(1)), port=2222, user="train") for i in (1, 2, 3)]
+    c = cluster(*hosts)
+    argv = mpirun_argv(c, make_plan(c), hostfile_path="/h", root=False)
+    assert argv[argv.index("plm_rsh_args") + 1] == "-p 2222"   # same user as the launch host: no -l
+    hosts[1:] = [with_ssh(h, user="other") for h in hosts[1:]]
+    hosts[0] = with_ssh(hosts[0], user="train")
+    c = cluster(*hosts)
+    argv = mpirun_argv(c, make_plan(c), hostfile_path="/h", root=False)
+    assert argv[argv.index("plm_rsh_args") + 1] == "-p 2222 -l other"
+    assert "plm_rsh_no_tree_spawn" not in argv
+    c = cluster(*[host(f"10.0.{i // 250}.{i % 250 + 1}", range(1)) for i in range(65)])
+    argv = mpirun_argv(c, make_plan(c), hostfile_path="/h", root=False)
+    assert "plm_rsh_args" not in argv
+    assert argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "1"
+    # the user's own choice wins
+    c = cluster(*hosts, mpirun_args=("--bind-to", "core", "-mca", "plm_rsh_args", "-F /x"))
+    argv = mpirun_argv(c, make_plan(c), hostfile_path="/h", root=False)
+    assert argv.count("--bind-to") == 1 and argv.count("plm_rsh_args") == 1
+
+
+def test_mpirun_refuses_hosts_with_different_ssh_ports():
+    import dataclasses
+
+    from orchestrator.errors import PlanError
+    hosts = [host("10.0.0.1", range(1)), dataclasses.replace(host("10.0.0.2", range(1)), port=2222),
+             host("10.0.0.3", range(1))]
+    with pytest.raises(PlanError, match="one ssh port and user"):
+        make_plan(cluster(*hosts))
+
+
+def test_mpirun_interface_one_name_or_networks():
+    from orchestrator.render import mpirun_interface
+    assert mpirun_interface({"a": ("eth1", "10.0.0.0/24"), "b": ("eth1", "10.0.0.0/24")}) == (
+        "eth1", {"NCCL_SOCKET_IFNAME": "eth1", "HCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1"})
+    assert mpirun_interface({"a": ("eth1", "10.0.0.0/24"), "b": ("ens5", "10.0.0.0/24")}) == (
+        "10.0.0.0/24", {"NCCL_SOCKET_IFNAME": "ens5,eth1", "HCCL_SOCKET_IFNAME": "ens5,eth1"})
 
 
 def test_mpirun_argv_root_interface_continue_and_secrets():
