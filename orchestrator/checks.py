@@ -209,7 +209,8 @@ class CheckPlan:
         return probes.probe_script(
             self.cluster, host, checks=self.checks, manifest=self.manifest,
             mesh_targets=mesh_targets(self.cluster, host) if host.name in self.mesh_from else (),
-            versions=self.tools, launch_host=host.name == self.launch.name)
+            versions=self.tools, launch_host=host.name == self.launch.name,
+            launch_address=self.launch.cluster_address)
 
     def applies(self, check: str, host: Host) -> bool:
         """Does this per-host check have a result for this host?"""
@@ -403,8 +404,8 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
         if run.stage == "connect":
             why = "not checked: SSH to the host failed"
             msg = _host_message(err, host)
-            if f"{host.user}@{host.address}" not in msg:
-                msg = f"{host.target}: {msg}"
+            if f"{host.user}@{host.ssh_address}" not in msg:
+                msg = f"{host.route}: {msg}"
         else:
             why = "not checked: the probe did not complete on the host"
             msg = f"connected to {host.target} but the probe failed: {_host_message(err, host)}"
@@ -417,13 +418,14 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
         return out
     s = run.sections
     judges: dict[str, Callable[[], list[CheckResult]]] = {
-        "ssh": lambda: [_r("ssh", host, "pass", f"{host.target} ({'local' if host.connection == 'local' else 'ssh'},"
+        "ssh": lambda: [_r("ssh", host, "pass", f"{host.route} ({'local' if host.connection == 'local' else 'ssh'},"
                                                   f" {run.connect_time:.2f}s to connect)")],
         "mesh": lambda: [judge_mesh(host, _get(s, "mesh"), mesh_targets(plan.cluster, host),
                                     plan.cluster.ssh.connect_timeout, plan.cluster.ssh.command_timeout)],
         "user": lambda: [judge_user(host, _get(s, "user"))],
         "path": lambda: [judge_path(plan.cluster, host, _get(s, "path"))],
-        "nic": lambda: [judge_nic(host, _get(s, "nic"), run.addresses)[0]],
+        "nic": lambda: [judge_nic(host, _get(s, "nic"), run.addresses)[0]]
+        + ([judge_interface(plan.cluster, host, _get(s, "iface"))] if plan.cluster.job.interface else []),
         "devices": lambda: [judge_devices(plan.cluster, host, s)],
         "workdir": lambda: [judge_workdir(plan.cluster, host, _get(s, "workdir"))],
         "disk": lambda: [judge_disk(plan.cluster, host, _get(s, "df"))],
@@ -838,6 +840,36 @@ def judge_users(per_host: Mapping[str, str], launcher: str) -> list[CheckResult]
     return [CheckResult("user", None, "warn", f"the login user differs: {parts}", tuple(per_host))]
 
 
+def judge_interface(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
+    """job.interface on this host: it must exist and have an IPv4 address."""
+    want = cluster.job.interface
+    got = probes.parse_interface(sec.body)
+    if got is None:
+        why = ("no route to the launch host's address was found (or no `ip` command)" if want == "auto"
+               else "no `ip` command to look it up")
+        return _r("nic", host, "fail", f"interface {want}: {why}")
+    if not got.address:
+        return _r("nic", host, "fail", f"interface {got.ifname} {'(auto) ' if want == 'auto' else ''}does not "
+                                       "exist on this host or has no IPv4 address; NCCL/HCCL/Gloo and MPI would "
+                                       "find no network there: fix job.interface (ip -o -4 addr lists them)")
+    return _r("nic", host, "pass", f"job.interface {want}: {got.ifname} {got.address}/{got.prefixlen}")
+
+
+def judge_interfaces(per_host: Mapping[str, probes.IfAddr]) -> list[CheckResult]:
+    """The interfaces job.interface picked on each host -> warn when they sit in different subnets
+    (ranks on one would not reach ranks on another through it)."""
+    nets: dict[str, list[str]] = {}
+    for h, a in per_host.items():
+        if a.address and a.prefixlen is not None:
+            nets.setdefault(str(ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)), []).append(h)
+    if len(nets) <= 1:
+        return []
+    parts = "; ".join(f"{net} on {fold(hs)}" for net, hs in sorted(nets.items(), key=lambda kv: -len(kv[1])))
+    return [CheckResult("nic", None, "warn", f"job.interface sits in different subnets: {parts}; unless they are "
+                        "routed to each other, ranks will not reach each other through it",
+                        tuple(h for hs in nets.values() for h in hs))]
+
+
 def judge_nic_names(per_host: Mapping[str, probes.IfAddr]) -> list[CheckResult]:
     """{host: interface address carrying its inventory address} -> warn when the names differ."""
     named = {h: a for h, a in per_host.items() if a.ifname}
@@ -952,7 +984,15 @@ def judge_across(plan: CheckPlan, runs: Sequence[ProbeRun]) -> list[CheckResult]
                 continue
             if a is not None:
                 carriers[r.host.name] = a
-        out += judge_nic_names(carriers)
+        out += judge_nic_names(carriers) if not plan.cluster.job.interface else []
+        if plan.cluster.job.interface:
+            chosen = {}
+            for r in ok:
+                s = r.sections.get("iface")  # type: ignore[union-attr]
+                got = probes.parse_interface(s.body) if s is not None and s.finished else None
+                if got is not None:
+                    chosen[r.host.name] = got
+            out += judge_interfaces(chosen)
     if "devices" in plan.checks and plan.cluster.job.platform == "ascend":
         confs = {}
         for r in ok:

@@ -99,7 +99,7 @@ PLAN_TABLE_MAX_RANKS = 64
               help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
                    "(ranktable launcher); the only option that touches hosts")
 @click.option("--interface", default=None, metavar="IFACE",
-              help="mpirun: the NIC for MPI traffic (-mca btl_tcp_if_include / oob_tcp_if_include)")
+              help="the NIC for MPI/NCCL/HCCL/Gloo traffic, as job.interface (a name, or auto)")
 def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool,
                  interface: str | None) -> None:
     """Show the rank plan and every file and command `orch up` would use. Touches no host
@@ -136,8 +136,11 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     elif probe:
         click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} needs no device IPs", err=True)
 
-    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root",
-                              interface=interface)
+    if interface:
+        from dataclasses import replace
+
+        cluster = replace(cluster, job=replace(cluster.job, interface=interface))
+    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root")
     if slurm_cmds is not None:
         files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"
     if as_json:
@@ -332,6 +335,17 @@ def _print_check(cluster, report) -> None:
     for name, v in rows:
         table.add_row(escape(name), *[(f"[{_CELL[s][1]}]{_CELL[s][0]}[/]" if s else "[dim]-[/]") for s in v])
     console.print(table)
+    routed = [h for h in cluster.hosts if h.route != h.target or h.ssh_address != h.address]
+    if routed:  # say where orch really connected, when ssh_config or jump hosts decide it
+        if len(routed) > CHECK_FOLD_ROWS:
+            by_via: dict[str, list[str]] = {}
+            for h in routed:
+                by_via.setdefault(h.route[len(h.target):].strip() or "directly", []).append(h.name)
+            lines = [f"{fold(names)}: {via}" for via, names in by_via.items()]
+        else:
+            lines = [f"{h.name}: {h.route}" for h in routed]
+        for line in lines:
+            console.print(f"[dim]route[/] {escape(line)}", soft_wrap=True)
     problems = report.problems()
     for p in problems:
         word, style = _CELL[p.status]
@@ -469,13 +483,14 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, quiet, follow
         device_ips = None
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
             device_ips = lifecycle.read_device_ips(rp, pool)
-        roots = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
+        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
         run = create_run(cluster, rp.to_dict())
         if alloc is not None:
             run.data["slurm"] = alloc.record()
             run.save()
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
-        launch = launchers.build(cluster, rp, run.id, root=roots, device_ips=device_ips)
+        launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
+                                 interfaces=prepared.interfaces)
         lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
         outcome = None
         try:

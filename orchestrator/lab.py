@@ -119,7 +119,7 @@ from typing import Iterable, Mapping, Sequence
 
 import click
 
-from . import labslurm
+from . import labnet, labslurm
 from .errors import LabError
 
 DEFAULT_ROOT = "/var/tmp/orch-lab"
@@ -208,6 +208,7 @@ class _HostPlan:
     dir: Path
     versions: dict[str, str] = field(default_factory=dict)
     refuse_key: bool = False
+    back_address: str | None = None  # the bastion's address on the hosts' bridge (bastion only)
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -281,12 +282,15 @@ def hccn_conf(index: int, devices: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
-def inventory_yaml(name: str, subnet: str, hosts: Sequence[LabHost], key: Path, known_hosts: Path) -> str:
+def inventory_yaml(name: str, subnet: str, hosts: Sequence[LabHost], key: Path, known_hosts: Path, *,
+                   user: str = "root", port: int = SSH_PORT, jump: str | None = None) -> str:
+    """`jump` (USER@ADDRESS:PORT of a bastion) goes into the defaults: every host is behind it."""
+    extra = f", jump: {labnet.yaml_str(jump)}" if jump else ""
     lines = [
         f"# orch lab {name!r}: {len(hosts)} simulated hosts on {subnet}; made by `orch lab up`,",
         "# removed by `orch lab down`. Usable unchanged as `inventory:` in a cluster.yaml.",
-        f"defaults: {{user: root, port: {SSH_PORT}, identity_file: {key}, "
-        f"known_hosts: {known_hosts}, slots: {SLOTS}}}",
+        f"defaults: {{user: {labnet.yaml_str(user)}, port: {port}, identity_file: {key}, "
+        f"known_hosts: {known_hosts}, slots: {SLOTS}{extra}}}",
         "hosts:",
     ]
     lines += [f"  - {{address: {h.address}, name: {h.name}}}" for h in hosts]
@@ -309,11 +313,11 @@ def host_path_env(pydir: str, site: bool, lib: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def sshd_config(host: LabHost, hdir: Path) -> str:
+def sshd_config(host: LabHost, hdir: Path, port: int = SSH_PORT, max_startups: str = "200:30:400") -> str:
     return "\n".join([
         f"# sshd of orch lab host {host.name}",
         f"ListenAddress {host.address}",
-        f"Port {SSH_PORT}",
+        f"Port {port}",
         f"HostKey {hdir}/ssh_host_ed25519_key",
         f"PidFile {hdir}/sshd.pid",
         "PermitRootLogin prohibit-password",
@@ -324,7 +328,7 @@ def sshd_config(host: LabHost, hdir: Path) -> str:
         "UsePAM no",
         "StrictModes no",
         "PermitUserEnvironment yes",
-        "MaxStartups 200:30:400",
+        f"MaxStartups {max_startups}",
         "MaxSessions 200",
         "LogLevel VERBOSE",
         "UseDNS no",
@@ -688,7 +692,13 @@ class Lab:
 
     @property
     def bridge(self) -> str:
+        """This machine's bridge (198.18.K.1): the hosts', or the bastion's front with --bastion."""
         return f"ol-br-{self.name}"
+
+    @property
+    def hosts_bridge_name(self) -> str:
+        """The bridge of the hosts behind a bastion (no address of this machine on it)."""
+        return f"ol-bh-{self.name}"
 
     def netns_name(self, i: int) -> str:
         return f"olab-{self.name}-{i}"
@@ -700,7 +710,15 @@ class Lab:
         return f"{self.name}-h{i}"
 
     def host_dir(self, i: int) -> Path:
+        """Host i's files; h0 is the bastion's."""
         return self.state_dir / f"h{i}"
+
+    def bastion_name(self) -> str:
+        return f"{self.name}-bastion"
+
+    def back_veth_name(self) -> str:
+        """Root-side veth of the bastion's NIC on the hosts' bridge (its front one is veth_name(0))."""
+        return f"ol{self.name}-0b"
 
     @property
     def inventory_path(self) -> Path:
@@ -725,6 +743,12 @@ class Lab:
         return self.state_dir / "known_hosts"
 
     @property
+    def ssh_config_path(self) -> Path:
+        """An OpenSSH client config naming every host (and the bastion) by its lab name:
+        ``ssh -F <this> NAME-h1 hostname`` (through the bastion with --bastion)."""
+        return self.state_dir / "ssh_config"
+
+    @property
     def state_path(self) -> Path:
         return self.state_dir / "lab.json"
 
@@ -733,7 +757,13 @@ class Lab:
         return self.state_dir / HOLDER_COMM
 
     def sshd_log(self, i: int) -> Path:
+        """Host i's sshd log (i = 0: the bastion's)."""
         return self.host_dir(i) / "sshd.log"
+
+    @property
+    def bastion_sshd_log(self) -> Path:
+        """The bastion's sshd log (LogLevel VERBOSE: one "Accepted publickey" line per connection)."""
+        return self.sshd_log(labnet.BASTION_INDEX)
 
     # ---- state
 
@@ -762,28 +792,71 @@ class Lab:
 
     @property
     def subnet(self) -> str:
+        """The subnet of this machine's bridge (the hosts', unless they are behind a bastion)."""
         return self.state()["subnet"]
 
+    @property
+    def hosts_subnet(self) -> str:
+        """The subnet the hosts are on (behind the bastion with --bastion)."""
+        st = self.state()
+        return st.get("hosts_subnet") or st["subnet"]
+
+    @property
+    def ssh_port(self) -> int:
+        return int(self.state().get("ssh_port") or SSH_PORT)
+
+    @property
+    def user(self) -> str:
+        """The inventory's user (root unless the lab was made with --user)."""
+        return self.state().get("user") or "root"
+
+    @property
+    def bastion(self) -> LabHost | None:
+        """The bastion (host 0; its address is on this machine's bridge), or None."""
+        rec = self.state().get("bastion")
+        return self._host_from(rec) if rec else None
+
     def host(self, i: int) -> LabHost:
-        hosts = self.hosts
-        if not isinstance(i, int) or not 1 <= i <= len(hosts):
-            raise LabError(f"lab {self.name!r} has no host {i!r}", hint=f"hosts are 1..{len(hosts)}")
-        return hosts[i - 1]
+        """Host i (1..N); 0 is the bastion of a lab made with --bastion."""
+        return self._host_from(self._record(self.state(), i))
 
     @staticmethod
     def _host_from(rec: dict) -> LabHost:
         return LabHost(rec["index"], rec["name"], rec["address"], rec["netns"], rec["veth"])
 
+    def _record(self, state: dict, i: int) -> dict:
+        """Host i's record in `state` (mutable; i = 0: the bastion's)."""
+        hosts = state["hosts"]
+        if isinstance(i, int) and not isinstance(i, bool):
+            if 1 <= i <= len(hosts):
+                return hosts[i - 1]
+            if i == labnet.BASTION_INDEX and state.get("bastion"):
+                return state["bastion"]
+        hint = f"hosts are 1..{len(hosts)}" + (" (0: the bastion)" if state.get("bastion") else "")
+        raise LabError(f"lab {self.name!r} has no host {i!r}", hint=hint)
+
+    @staticmethod
+    def _all_records(state: dict) -> list[dict]:
+        """Every host's record, the bastion's (if any) last."""
+        return list(state["hosts"]) + ([state["bastion"]] if state.get("bastion") else [])
+
     def _host_record(self, i: int) -> dict:
-        self.host(i)
-        return self.state()["hosts"][i - 1]
+        return self._record(self.state(), i)
 
     # ---- up
 
     def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
-           slurm: bool = False) -> "Lab":
+           slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False) -> "Lab":
         """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
-        returns self."""
+        returns self. `ssh_port`: every sshd listens there; `user`: the inventory's user, an
+        ordinary account (uid 4300) on every host; `bastion`: the hosts are reachable only
+        through a bastion host (see orchestrator/labnet.py)."""
+        ssh_port = labnet.validate_port(ssh_port)
+        user = labnet.validate_user(user)
+        if slurm and bastion:
+            raise LabError("a lab cannot have both --slurm and --bastion",
+                           hint="Slurm's controller runs on this machine and must reach every slurmd; "
+                                "drop one of the two")
         tools = preflight(_UP_TOOLS + (tuple(labslurm.TOOLS) if slurm else ()))
         if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
@@ -796,15 +869,22 @@ class Lab:
             if not isinstance(idx, int) or not 1 <= idx <= n:
                 raise LabError(f"--refuse-key names host {idx!r}, but the lab has hosts 1..{n}")
             refuse.add(idx)
-        self._check_root_path()
+        self._check_root_path(user != "root")
+        passwd = group = None
+        if user != "root":
+            # per-host copies of the machine's files (only read here), bound over /etc/passwd and /etc/group
+            shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+            passwd = labnet.passwd_with_user(Path("/etc/passwd").read_text(), user, f"/home/{user}", shell)
+            group = labnet.group_with_user(Path("/etc/group").read_text(), user)
 
         self.down()
         with _locked(self.root):
             k = self._pick_subnet()
+            m = self._pick_subnet(also_used={k}, salt="b") if bastion else k
             self.state_dir.mkdir(mode=0o755)
-            created = self._claim_mountpoints()
+            created = self._claim_mountpoints(("/home",) if user != "root" else ())
             hosts = [
-                LabHost(i, self.host_name(i), f"{SUBNET_PREFIX}.{k}.{HOST_PREFIX + i}",
+                LabHost(i, self.host_name(i), f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + i}",
                         self.netns_name(i), self.veth_name(i))
                 for i in range(1, n + 1)
             ]
@@ -816,6 +896,10 @@ class Lab:
                 "subnet": f"{SUBNET_PREFIX}.{k}.0/24",
                 "gateway": f"{SUBNET_PREFIX}.{k}.1",
                 "bridge": self.bridge,
+                "hosts_subnet": f"{SUBNET_PREFIX}.{m}.0/24",
+                "ssh_port": ssh_port,
+                "user": user,
+                "bastion": None,
                 "created_at": time.time(),
                 "python": sys.executable,
                 "mountpoints_created": created,
@@ -826,14 +910,33 @@ class Lab:
                     for h in hosts
                 ],
             }
+            if bastion:
+                b = labnet.BASTION_INDEX
+                state["bastion"] = dict(
+                    index=b, name=self.bastion_name(), address=f"{SUBNET_PREFIX}.{k}.{HOST_PREFIX + b}",
+                    netns=self.netns_name(b), veth=self.veth_name(b), holder_pid=None, sshd_pid=None,
+                    versions={}, refuse_key=False,
+                    # its NIC on the hosts' network, which is the lab's second, reserved subnet
+                    back_address=f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + b}", back_veth=self.back_veth_name(),
+                    k=m, subnet=f"{SUBNET_PREFIX}.{m}.0/24", bridge=self.hosts_bridge_name,
+                )
             self._save_state(state)
         try:
+            if passwd is not None:
+                _write(self.state_dir / "passwd", passwd)
+                _write(self.state_dir / "group", group)
             self._build(state, hosts, plan_vary, refuse, tools)
             if slurm:
                 state["slurm"] = labslurm.start(self.state_dir, self.name, k, state["gateway"], hosts, _run,
                                                 lambda i: self._enter(self._holder(i)), _nsenter_run, _which)
-                _write(self.slurm_inventory_path, labslurm.inventory_yaml(
-                    self.name, n, Path(state["slurm"]["conf"]), self.key_path, self.known_hosts_path, SLOTS))
+                text = labslurm.inventory_yaml(self.name, n, Path(state["slurm"]["conf"]), self.key_path,
+                                               self.known_hosts_path, SLOTS)
+                if user != "root" or ssh_port != SSH_PORT:
+                    head = "defaults: {user: root,"
+                    if head not in text:
+                        raise LabError("cannot put --user/--ssh-port into the Slurm inventory (its format changed)")
+                    text = text.replace(head, f"defaults: {{user: {labnet.yaml_str(user)}, port: {ssh_port},", 1)
+                _write(self.slurm_inventory_path, text)
                 self._save_state(state)
         except BaseException as exc:
             if os.environ.get("ORCH_LAB_KEEP_FAILED"):
@@ -846,32 +949,41 @@ class Lab:
             raise
         return self
 
-    def _check_root_path(self) -> None:
-        for bad in ("/tmp", "/root", "/data", "/opt/orch-lab", "/run", "/etc", "/proc", "/sys", "/dev"):
+    def _check_root_path(self, home: bool = False) -> None:
+        for bad in ("/tmp", "/root", "/data", "/opt/orch-lab", "/run", "/etc", "/proc", "/sys", "/dev") \
+                + (("/home",) if home else ()):
             if self.root == Path(bad) or Path(bad) in self.root.parents:
                 raise LabError(
                     f"ORCH_LAB_ROOT={self.root} is under {bad}, which lab hosts mount over",
                     hint=f"use a directory elsewhere, e.g. the default {DEFAULT_ROOT}",
                 )
 
-    def _pick_subnet(self) -> int:
-        used: set[int] = set()
+    def _pick_subnet(self, also_used: Iterable[int] = (), salt: str = "") -> int:
+        """A free third octet: no other lab's (its own subnet or its bastion's hosts' subnet), no
+        address or route of this machine in 198.18.K.0/24."""
+        used: set[int] = set(also_used)
         for other in self.root.iterdir():
             if other.name == self.name:
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                used.add(int(json.loads((other / "lab.json").read_text())["k"]))
+                st = json.loads((other / "lab.json").read_text())
+                used.add(int(st["k"]))
+                if st.get("bastion"):
+                    used.add(int(st["bastion"]["k"]))
         res = _run(["ip", "-o", "-4", "addr", "show"], check=False, timeout=10)
         for m in re.finditer(r"inet\s+198\.18\.(\d+)\.\d+", res.stdout):
             used.add(int(m.group(1)))
-        start = subnet_octet(self.name)
+        res = _run(["ip", "-o", "-4", "route", "show", "table", "all"], check=False, timeout=10)
+        for m in re.finditer(r"(?:^|\s)198\.18\.(\d+)\.\d+", res.stdout):
+            used.add(int(m.group(1)))
+        start = subnet_octet(self.name + salt)
         for step in range(250):
             k = (start - 1 + step) % 250 + 1
             if k not in used:
                 return k
         raise LabError("every 198.18.K.0/24 subnet is taken by other labs", hint="orch lab down --name OTHER")
 
-    def _claim_mountpoints(self) -> list[str]:
+    def _claim_mountpoints(self, extra_dirs: Sequence[str] = ()) -> list[str]:
         """Create missing mountpoints on the real fs; record them in the shared registry."""
         reg_path = self.root / REGISTRY
         try:
@@ -879,7 +991,7 @@ class Lab:
         except (OSError, ValueError):
             reg = {"created_dirs": [], "created_files": [], "mounts": []}
         created = []
-        for d in _MOUNTPOINT_DIRS:
+        for d in _MOUNTPOINT_DIRS + tuple(extra_dirs):
             if not os.path.lexists(d):
                 os.makedirs(d, mode=0o755)
                 reg["created_dirs"].append(d)
@@ -906,24 +1018,29 @@ class Lab:
 
     def _build(self, state: dict, hosts: list[LabHost], vary: dict, refuse: set[int], tools: dict) -> None:
         sd = self.state_dir
+        port, user, brec = state["ssh_port"], state["user"], state.get("bastion")
         plans = [_HostPlan(h, self.host_dir(h.index), host_versions(vary, h.index), h.index in refuse) for h in hosts]
-        for p in plans:
+        bplan = _HostPlan(self._host_from(brec), self.host_dir(brec["index"]),
+                          back_address=brec["back_address"]) if brec else None
+        every = plans + ([bplan] if bplan else [])  # the order of _all_records(state)
+        for p in every:
             p.dir.mkdir()
 
         # keys: the lab's user key + one host key per host, in parallel
         keygen = tools["ssh-keygen"]
         jobs = [[keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"orch-lab-{self.name}", "-f", str(self.key_path)]]
         jobs += [[keygen, "-q", "-t", "ed25519", "-N", "", "-C", p.host.name, "-f", str(p.dir / "ssh_host_ed25519_key")]
-                 for p in plans]
+                 for p in every]
         _parallel(lambda argv: _run(argv, what="ssh-keygen", timeout=30), jobs)
         user_pub = (sd / "id_ed25519.pub").read_text().strip()
         user_key = self.key_path.read_text()
-        known = "".join(
-            f"{p.host.address},{p.host.name} {(p.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ')[0]} "
-            f"{(p.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ')[1]}\n"
-            for p in plans
-        )
-        _write(self.known_hosts_path, known)
+        entries = []
+        for p in every:
+            pub = (p.dir / "ssh_host_ed25519_key.pub").read_text().split(" ")
+            names = [p.host.address] + ([p.back_address] if p.back_address else []) + [p.host.name]
+            entries.append((names, f"{pub[0]} {pub[1]}"))
+        _write(self.known_hosts_path, labnet.known_hosts_text(entries, port))
+        known = labnet.known_hosts_text(entries, port, both=True)  # a host's own: `ssh -p P` and plain names
 
         # per-host files
         try:
@@ -932,6 +1049,8 @@ class Lab:
             base_hosts = "127.0.0.1 localhost\n"
         hosts_text = base_hosts.rstrip("\n") + f"\n# orch lab {self.name}\n" + "".join(
             f"{h.address} {h.name}\n" for h in hosts)
+        if bplan:
+            hosts_text += f"{bplan.back_address} {bplan.host.name}\n"
         try:
             base_bashrc = Path("/root/.bashrc").read_text()
         except OSError:
@@ -948,21 +1067,40 @@ class Lab:
             raise LabError(f"the lab's init runs with this python, but {sys.executable!r} cannot be a #! interpreter",
                            hint="run orch from a python whose path has no spaces")
         _write(self.init_path, init_script(sys.executable), 0o755)
-        for p in plans:
-            self._write_host(p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools)
+        for p in every:
+            self._write_host(p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools,
+                             port=port, user=user)
 
-        # network: bridge, namespaces, veths in one `ip -batch`
+        # network: bridge(s), namespaces, veths in one `ip -batch`
         k = state["k"]
         lines = [
             f"link add name {self.bridge} type bridge forward_delay 0",
             f"addr add {SUBNET_PREFIX}.{k}.1/24 dev {self.bridge}",
             f"link set {self.bridge} up",
         ]
+        hosts_bridge = self.bridge
+        # behind a bastion: no IPv6 link-local either on this machine's side of the hosts' network
+        v6 = brec is not None and os.path.isdir("/proc/sys/net/ipv6")
+        no_v6 = (lambda dev: [f"link set {dev} addrgenmode none"] if v6 else [])
+        if brec:
+            hosts_bridge = brec["bridge"]
+            b = bplan.host
+            lines += [f"link add name {hosts_bridge} type bridge forward_delay 0", *no_v6(hosts_bridge),
+                      f"link set {hosts_bridge} up",
+                      # no way from here to the hosts: a connect fails at once, nothing leaves the machine
+                      f"route add unreachable {brec['subnet']}",
+                      f"netns add {b.netns}",
+                      f"link add {b.veth} type veth peer name eth0 netns {b.netns}",
+                      f"link set {b.veth} master {self.bridge} up",
+                      f"link add {brec['back_veth']} type veth peer name eth1 netns {b.netns}",
+                      *no_v6(brec["back_veth"]),
+                      f"link set {brec['back_veth']} master {hosts_bridge} up"]
         for h in hosts:
             lines += [
                 f"netns add {h.netns}",
                 f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
-                f"link set {h.veth} master {self.bridge} up",
+                *no_v6(h.veth),
+                f"link set {h.veth} master {hosts_bridge} up",
             ]
         res = _run(["ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=120)
         if res.returncode != 0:
@@ -995,24 +1133,30 @@ class Lab:
                 )
             return pids[0]
 
-        holders = _parallel(start_holder, plans, workers=8)
-        for rec, pid in zip(state["hosts"], holders):
+        holders = _parallel(start_holder, every, workers=8)
+        for rec, pid in zip(self._all_records(state), holders):
             rec["holder_pid"] = pid
         self._save_state(state)
 
-        # sshd per host, inside the holder's namespaces
-        _parallel(lambda h: self._start_sshd(h, wait=False), hosts, workers=8)
+        # sshd per host (and the bastion), inside the holder's namespaces
+        _parallel(lambda p: self._start_sshd(p.host, wait=False), every, workers=8)
         deadline = time.monotonic() + 20
-        for rec, h in zip(state["hosts"], hosts):
-            rec["sshd_pid"] = self._wait_sshd(h, deadline)
+        for rec, p in zip(self._all_records(state), every):
+            rec["sshd_pid"] = self._wait_sshd_pid(p.host, deadline)
+        self._await_reachable([p.host for p in every], deadline)
 
-        _write(self.inventory_path, inventory_yaml(self.name, state["subnet"], hosts, self.key_path,
-                                                   self.known_hosts_path))
+        jump = f"{user}@{bplan.host.address}:{port}" if bplan else None
+        _write(self.inventory_path, inventory_yaml(self.name, state["hosts_subnet"], hosts, self.key_path,
+                                                   self.known_hosts_path, user=user, port=port, jump=jump))
+        _write(self.ssh_config_path, labnet.ssh_client_config(
+            self.name, hosts, bplan.host if bplan else None, user=user, port=port, key=self.key_path,
+            known_hosts=self.known_hosts_path, state_dir=self.state_dir))
         state["status"] = "up"
         self._save_state(state)
 
     def _write_host(self, p: _HostPlan, user_pub: str, user_key: str, known: str, hosts_text: str, bashrc: str,
-                    pydir: str, real_ompi: str, hide_exes: dict[str, list[str]], tools: dict) -> None:
+                    pydir: str, real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
+                    port: int = SSH_PORT, user: str = "root") -> None:
         d, h = p.dir, p.host
         (d / "data").mkdir()
         tmp = d / "tmp"
@@ -1033,9 +1177,7 @@ class Lab:
         _write(ssh / "id_ed25519", user_key, 0o600)
         _write(ssh / "id_ed25519.pub", user_pub + "\n", 0o644)
         _write(ssh / "known_hosts", known, 0o644)
-        _write(ssh / "config", "Host *\n    BatchMode yes\n    StrictHostKeyChecking yes\n"
-                               "    UserKnownHostsFile ~/.ssh/known_hosts\n    IdentityFile ~/.ssh/id_ed25519\n"
-                               "    ConnectTimeout 10\n", 0o600)
+        _write(ssh / "config", labnet.HOST_SSH_CONFIG, 0o600)
 
         opt = d / "opt"
         for sub in ("bin", "site", "lib"):
@@ -1075,7 +1217,18 @@ class Lab:
         has_site = any((opt / "site").iterdir())
         has_lib = any((opt / "lib").iterdir())
         _write(ssh / "environment", host_path_env(pydir, has_site, has_lib), 0o600)
-        _write(d / "sshd_config", sshd_config(h, d))
+        if p.back_address:
+            _write(d / "sshd_config", sshd_config(h, d, port, labnet.BASTION_MAX_STARTUPS))
+        else:
+            _write(d / "sshd_config", sshd_config(h, d, port))
+
+        home = d / "home"
+        if user != "root":
+            # the user's home (bound at /home/USER) with a ~/.ssh like root's; /data is theirs
+            home.mkdir(mode=0o755)
+            shutil.copytree(ssh, home / ".ssh")
+            for path in [home, *home.rglob("*"), d / "data"]:
+                os.chown(path, labnet.USER_ID, labnet.USER_ID)
 
         q = shlex.quote
         script = [
@@ -1085,6 +1238,16 @@ class Lab:
             "ip link set lo up",
             f"ip addr add {h.address}/24 dev eth0",
             "ip link set eth0 up",
+        ]
+        if p.back_address:
+            # the bastion: a second NIC on the hosts' network, and no forwarding between the two
+            # (a new network namespace may inherit ip_forward=1 from this machine's)
+            script += [
+                f"ip addr add {p.back_address}/24 dev eth1",
+                "ip link set eth1 up",
+                "echo 0 > /proc/sys/net/ipv4/ip_forward",
+            ]
+        script += [
             f"echo {q(h.name)} > /proc/sys/kernel/hostname",
             "mount --make-rprivate /",
             # this network namespace's own sysfs (/sys/class/net shows eth0), with the machine's cgroups
@@ -1103,6 +1266,21 @@ class Lab:
             f"mount --bind {q(str(ssh))} /root/.ssh",
             f"cat {q(str(d / 'bashrc'))} > /root/.bashrc",
         ]
+        if user != "root":
+            rootov = d / "rootov"
+            script += [
+                f"mount --bind {q(str(self.state_dir / 'passwd'))} /etc/passwd",
+                f"mount --bind {q(str(self.state_dir / 'group'))} /etc/group",
+                # /home: an overlay like /root (the real homes stay visible, writes stay on the host)
+                f"mkdir {q(str(rootov / 'homeup'))} {q(str(rootov / 'homework'))}",
+                "mount -t overlay orch-lab-home -o "
+                + q(f"lowerdir=/home,upperdir={rootov / 'homeup'},workdir={rootov / 'homework'}") + " /home",
+                f"mkdir -p {q('/home/' + user)}",
+                f"mount --bind {q(str(home))} {q('/home/' + user)}",
+                # the user may run this machine's python (under /root, say pyenv's); /root's own
+                # mode changes only in this host's overlay
+                "chmod 711 /root",
+            ]
         if p.versions.get("openmpi") == "none":
             for n, (dirpath, names) in enumerate(sorted(hide_exes.items())):
                 if not dirpath.startswith("/root/"):  # /root is an overlay already

@@ -67,9 +67,27 @@ def _wrapped(rdir: str, command) -> list[str]:
     return ["python3", posixpath.join(rdir, AGENT), "rank", "--", *command]
 
 
+AUTO_INTERFACE = "<auto>"  # what `orch plan` shows for job.interface: auto (each host says at launch)
+
+
+def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str, str | None]]:
+    """job.interface as far as it is known without asking the hosts."""
+    name = cluster.job.interface
+    if not name:
+        return {}
+    return {h.name: (AUTO_INTERFACE if name == "auto" else name, None) for h in plan.hosts}
+
+
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
-          device_ips: Mapping[str, Mapping[int, str]] | None = None, interface: str | None = None) -> Launch:
+          device_ips: Mapping[str, Mapping[int, str]] | None = None,
+          interfaces: Mapping[str, tuple[str, str | None]] | None = None) -> Launch:
+    """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
+    (default: as far as the cluster file says)."""
     job = cluster.job
+    if interfaces is None:
+        interfaces = planned_interfaces(cluster, plan)
+    # NCCL/HCCL/Gloo pinned to job.interface; the user's own values (job/host env) win
+    if_env = {h: render.interface_env(n) for h, (n, _) in interfaces.items()}
     rdir = run_dir(cluster, run_id)
     procs: dict[str, list[Proc]] = {h.name: [] for h in plan.hosts}
     files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.hosts}
@@ -77,10 +95,11 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     if job.launcher == "mpirun":
         head = plan.launch_host
         files[head.name][render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None).encode()
-        job_x = {**job.env, **stall_env}
+        mca, mpi_if_env = render.mpirun_interface(interfaces) if interfaces else (None, {})
+        job_x = {**mpi_if_env, **job.env, **stall_env}
         c = _with_env(cluster, job_x)
         argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
-                                  interface=interface, output_dir=ATTEMPT_DIR,
+                                  interface=mca, output_dir=ATTEMPT_DIR,
                                   pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR),
                                   command=_wrapped(rdir, job.command), tag=(RUN_VAR, run_id))
         env = {**render.mpirun_env(c, plan), **_launcher_path_env(cluster, head.name)}
@@ -93,7 +112,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
                 files[h.name][render.RANK_TABLE] = data
         head = plan.launch_host
         for r in plan.ranks:
-            env = render.rank_env(cluster, plan, r, table)
+            env = {**if_env.get(r.host, {}), **render.rank_env(cluster, plan, r, table)}
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)
             # torch/gloo-style names too, so one script runs under any launcher
@@ -108,7 +127,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         for h in plan.hosts:
             argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR)
             argv = argv[:len(argv) - n] + msrun_task(job.command)
-            env = {**render.msrun_env(cluster, plan, h.name), **stall_env}
+            env = {**if_env.get(h.name, {}), **render.msrun_env(cluster, plan, h.name), **stall_env}
             procs[h.name].append(Proc(f"msrun.{h.name}", tuple(argv), env, job.workdir, "msrun.log"))
     else:  # pragma: no cover - the model allows no other
         raise ValueError(job.launcher)
@@ -152,8 +171,7 @@ def _launcher_path_env(cluster: Cluster, host: str) -> dict[str, str]:
 PLAN_RUN_ID = "<run-id>"
 
 
-def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: str | None = None,
-                    redact: bool = True, device_ips: Mapping[str, Mapping[int, str]] | None = None,
+def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: bool = True, device_ips: Mapping[str, Mapping[int, str]] | None = None,
                     run_id: str = PLAN_RUN_ID) -> dict[str, list[dict]]:
     """{host name: [process record]}: exactly what each host's supervisor starts for attempt 1
     of a run (`orch up` runs these very argv lists), hosts in plan order. A record is
@@ -163,7 +181,7 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: 
     roots = {h.name: root for h in plan.hosts}
     if job.launcher == "ranktable" and job.platform == "ascend" and device_ips is None:
         device_ips = {h.name: {d: "<device ip>" for d in h.devices} for h in plan.hosts}
-    launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips, interface=interface)
+    launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips)
     adir = posixpath.join(run_dir(cluster, run_id), "a1")
     out: dict[str, list[dict]] = {}
     for h in plan.hosts:
@@ -180,13 +198,13 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, interface: 
 
 
 def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
-               root: bool, interface: str | None = None) -> dict[str, str]:
+               root: bool) -> dict[str, str]:
     """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
     plan.json, commands.json (secrets redacted; the very processes each host's supervisor
     starts), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
     files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),
-                "hosts": launch_commands(cluster, plan, root=root, interface=interface, redact=True,
+                "hosts": launch_commands(cluster, plan, root=root, redact=True,
                                          device_ips=device_ips)}
     files["commands.json"] = json.dumps(commands, indent=2) + "\n"
     if plan.launcher == "mpirun":

@@ -13,6 +13,7 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import time
 from dataclasses import dataclass
@@ -69,14 +70,23 @@ def _fan(cluster: Cluster, hosts, fn: Callable, timeout: float | None = None):
     return fan_out(hosts, fn, limit=cluster.ssh.fanout, timeout=timeout)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` learnt from every host."""
+
+    root: dict[str, bool]                           # {host: the launch user is root}
+    interfaces: dict[str, tuple[str, str | None]]   # {host: (job.interface there, its IPv4 network)}
+
+
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None) -> dict[str, bool]:
+            events: Events | None = None) -> Prepared:
     """One round trip per host before anything is written: who we are there (root or not),
-    python3 for the supervisor, and no other live run in the workdir (unless `force`, which
-    stops it). Returns {host: the launch user is root}."""
+    job.interface there, python3 for the supervisor, and no other live run in the workdir
+    (unless `force`, which stops it)."""
     events = events or Events()
+    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
-        pool[h].run(supervisor.prepare_script(cluster)).check("preparing the launch").out))
+        pool[h].run(script).check("preparing the launch").out))
     bad = [o.error for o in res.values() if not o.ok]
     if bad:
         raise LaunchError("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
@@ -89,6 +99,16 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
         elif tuple(int(x) for x in py.split(".")[:2] if x.isdigit()) < MIN_PYTHON:
             problems.append(f"{name}: python3 is {py}; the run's supervisor needs "
                             f">= {'.'.join(map(str, MIN_PYTHON))}")
+    interfaces: dict[str, tuple[str, str | None]] = {}
+    for name, o in res.items():
+        got = o.value["interface"]
+        if cluster.job.interface and (got is None or not got.address):
+            problems.append(f"{name}: job.interface {cluster.job.interface}: "
+                            + (f"{got.ifname} does not exist there or has no IPv4 address" if got
+                               else "no route to the launch host (or no `ip` command)"))
+        elif got is not None:
+            net = ipaddress.ip_network(f"{got.address}/{got.prefixlen}", strict=False) if got.prefixlen else None
+            interfaces[name] = (got.ifname or "", str(net) if net else None)
     if problems:
         raise LaunchError("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
@@ -104,7 +124,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return {n: o.value["uid"] == 0 for n, o in res.items()}
+    return Prepared({n: o.value["uid"] == 0 for n, o in res.items()}, interfaces)
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,

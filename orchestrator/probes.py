@@ -230,6 +230,36 @@ def _mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_ti
     return body
 
 
+def interface_script(interface: str, launch_address: str) -> str:
+    """Prints `ifc NAME ADDR/PREFIX` for job.interface on this host: the named interface, or
+    (`auto`) the one its route to the launch host leaves by (for the launch host itself: the one
+    carrying its address); `-` for what is missing. Parsed by parse_interface."""
+    q = shlex.quote
+    if interface == "auto":
+        find = (f"t={q(launch_address)}\n"
+                "case $t in *[!0-9.]*) t=$(getent ahostsv4 \"$t\" 2>/dev/null | awk '{print $1; exit}') ;; esac\n"
+                "i=$(ip -4 route get \"${t:-0.0.0.0}\" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' | head -n 1)\n"
+                "[ \"$i\" = lo ] && i=$(ip -o -4 addr show 2>/dev/null | awk -v a=\"$t\" "
+                "'{split($4, p, \"/\"); if (p[1] == a) {print $2; exit}}')\n")
+    else:
+        find = f"i={q(interface)}\n"
+    return (find + "a=$(ip -o -4 addr show dev \"${i:--}\" 2>/dev/null | awk '{print $4; exit}')\n"
+            "echo \"ifc ${i:--} ${a:--}\"")
+
+
+def parse_interface(text: str) -> IfAddr | None:
+    """interface_script's output -> the interface and its IPv4 address (address '' when it has
+    none); None when no interface was found (no route, or no `ip`)."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "ifc":
+            if parts[1] == "-":
+                return None
+            addr, _, plen = parts[2].partition("/")
+            return IfAddr(parts[1], "" if addr == "-" else addr, int(plen) if plen.isdigit() else None)
+    return None
+
+
 def _mesh_start(body: str) -> str:
     """Start the mesh test in the background, right away: it is the slowest section (a connection
     to every other host) and it then runs while the other sections do. Its output waits in a
@@ -244,12 +274,13 @@ def _mesh_section() -> str:
 
 def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None = None,
                  manifest: Sequence[SyncFile] = (), mesh_targets: Sequence[MeshTarget] = (),
-                 versions: Iterable[str] = (), launch_host: bool = False) -> str:
+                 versions: Iterable[str] = (), launch_host: bool = False, launch_address: str = "") -> str:
     """The one script run on `host`. Pure: same inputs, same script.
 
     checks: the check names to probe for (default: all); manifest: the files orch up will
     sync (sizes, hashes); mesh_targets: hosts this one must reach with ssh as mpirun does;
-    versions: the tools whose versions to report; launch_host: also probe the msrun port."""
+    versions: the tools whose versions to report; launch_host: also probe the msrun port;
+    launch_address: the launch host's cluster address (job.interface: auto looks for its route)."""
     want = set(checks) if checks is not None else None
 
     def on(*names: str) -> bool:
@@ -277,6 +308,8 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
         parts.append(_path_section(cluster, env))
     if on("nic"):
         parts.append(_section("nic", "ip -o addr show 2>/dev/null || hostname -I"))
+        if job.interface:
+            parts.append(_section("iface", interface_script(job.interface, launch_address)))
     if on("devices") and job.platform == "ascend":
         parts.append(_section("hccn", f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; "
                                       f"else echo {NOT_INSTALLED}; fi"))

@@ -674,7 +674,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
-               stall_timeout=rj.stall_timeout)
+               stall_timeout=rj.stall_timeout, interface=rj.interface)
 
 
 class _SshLookup(NamedTuple):

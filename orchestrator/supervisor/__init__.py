@@ -136,16 +136,21 @@ _LIVE_PY = ("import sys,os,fcntl\nprint('py %d.%d' % sys.version_info[:2])\n"
             "except OSError:\n print('live',os.read(fd,200).decode('utf-8','replace').strip() or '?')\n")
 
 
-def prepare_script(cluster: Cluster) -> str:
-    """One round trip before anything is written: the user id, python3's version, and the run
-    that holds the workdir now (if one does)."""
+def prepare_script(cluster: Cluster, launch_address: str = "") -> str:
+    """One round trip before anything is written: the user id, job.interface on this host (if
+    set), python3's version, and the run that holds the workdir now (if one does)."""
+    from ..probes import interface_script
+
     lock = f"{cluster.job.workdir.rstrip('/')}/.orch/lock"
-    return (f"echo uid $(id -u)\ncommand -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
+    iface = interface_script(cluster.job.interface, launch_address) + "\n" if cluster.job.interface else ""
+    return (f"echo uid $(id -u)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
             f"python3 -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
 
 
 def parse_prepare(text: str) -> dict:
-    out: dict = {"uid": None, "python": None, "live": None}
+    from ..probes import parse_interface
+
+    out: dict = {"uid": None, "python": None, "live": None, "interface": parse_interface(text)}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         rest = rest.strip()
