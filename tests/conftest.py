@@ -18,6 +18,27 @@ import sys
 import pytest
 
 
+def pytest_configure(config) -> None:
+    """Tests never read the user's real ~/.ssh (config, keys, known_hosts): HOME is a fresh empty
+    directory for the whole session, for orch and everything it starts. Packages installed with
+    `pip install --user` stay visible (PYTHONUSERBASE keeps the real one)."""
+    import site
+    import tempfile
+
+    if os.environ.get("ORCH_TEST_HOME"):  # already done (a pytest started by a test)
+        return
+    os.environ.setdefault("PYTHONUSERBASE", site.getuserbase())
+    home = tempfile.mkdtemp(prefix="orch-test-home-")
+    os.environ["HOME"] = os.environ["ORCH_TEST_HOME"] = home
+    config._orch_test_home = home
+
+
+def pytest_unconfigure(config) -> None:
+    home = getattr(config, "_orch_test_home", None)
+    if home:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def _lab_unavailable() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"the lab needs Linux network namespaces; this is {sys.platform}"

@@ -1,0 +1,134 @@
+"""The OpenSSH client config: what an inventory address resolves to, and who wins."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.runs import Run
+from orchestrator.spec import Host, load_cluster
+from orchestrator.transport.sshconfig import Hop, SshConfig, SshConfigError, expand, parse_hops
+
+CONFIG = """\
+Host bastion
+  HostName 203.0.113.5
+  User admin
+  Port 2200
+  IdentityFile {keys}/bastion_key
+
+Host gpu-*
+  HostName %h.cluster.internal
+  User train
+  Port 2222
+  IdentityFile {keys}/missing_key
+  IdentityFile {keys}/id_%r
+  ProxyJump bastion
+  ServerAliveInterval 7
+  ConnectTimeout 4
+  UserKnownHostsFile {keys}/known_%h
+
+Host viaproxy
+  HostName 10.9.9.9
+  ProxyCommand nc -X connect %h %p %r %%
+
+Include {keys}/more.conf
+"""
+
+
+def _cluster(tmp_path: Path, hosts: str, ssh: str = "config_file: ssh_config", extra_inventory: str = "") -> Path:
+    keys = tmp_path / "keys"
+    keys.mkdir(exist_ok=True)
+    for name in ("bastion_key", "id_train", "id_ops", "inv_key"):
+        (keys / name).write_text("not a real key\n")
+    (keys / "more.conf").write_text("Host included\n  HostName 10.7.7.7\n  Port 2022\n")
+    (tmp_path / "ssh_config").write_text(CONFIG.format(keys=keys))
+    p = tmp_path / "cluster.yaml"
+    p.write_text(f"inventory:\n  defaults: {{slots: 1{extra_inventory}}}\n  hosts:\n"
+                 + textwrap.indent(textwrap.dedent(hosts), "    ")
+                 + f"ssh: {{{ssh}}}\njob: {{workdir: /data/job, command: [\"true\"]}}\n")
+    return p
+
+
+def test_alias_resolves_through_ssh_config(tmp_path):
+    c = load_cluster(_cluster(tmp_path, "- {address: gpu-3}\n"))
+    h = c.hosts[0]
+    keys = tmp_path / "keys"
+    assert (h.name, h.address, h.hostname, h.user, h.port) == ("gpu-3", "gpu-3", "gpu-3.cluster.internal", "train",
+                                                               2222)
+    assert h.identity_file == str(keys / "id_train")   # the first IdentityFile that exists, %r expanded
+    assert h.known_hosts == str(keys / "known_gpu-3.cluster.internal")
+    assert (h.keepalive, h.connect_timeout) == (7.0, 4.0)
+    assert h.cluster_address == "gpu-3.cluster.internal"
+    [j] = h.jump
+    assert (j.hostname, j.user, j.port, j.identity_file) == ("203.0.113.5", "admin", 2200, str(keys / "bastion_key"))
+    assert h.route == "train@gpu-3.cluster.internal:2222 via admin@203.0.113.5:2200"
+
+
+def test_cluster_yaml_wins_over_ssh_config(tmp_path):
+    keys = tmp_path / "keys"
+    c = load_cluster(_cluster(tmp_path, f"- {{address: gpu-3, user: ops, port: 22, identity_file: {keys}/inv_key, "
+                                        "jump: 'root@10.0.0.1:2201'}\n",
+                              ssh="config_file: ssh_config, connect_timeout: 9"))
+    h = c.hosts[0]
+    assert (h.user, h.port, h.identity_file) == ("ops", 22, str(keys / "inv_key"))
+    assert h.hostname == "gpu-3.cluster.internal"     # what cluster.yaml does not say still comes from ssh_config
+    assert h.connect_timeout is None                   # ssh.connect_timeout is set: ssh_config's 4 s does not apply
+    [j] = h.jump
+    assert (j.address, j.user, j.port) == ("10.0.0.1", "root", 2201)
+    assert j.identity_file == str(keys / "inv_key")    # a hop without a key of its own uses the host's
+
+
+def test_proxy_command_tokens_use_the_final_values(tmp_path):
+    c = load_cluster(_cluster(tmp_path, "- {address: viaproxy, user: u1, port: 2022}\n"))
+    assert c.hosts[0].proxy_command == "nc -X connect 10.9.9.9 2022 u1 %"
+    assert c.hosts[0].route.endswith("via ProxyCommand nc -X connect 10.9.9.9 2022 u1 %")
+
+
+def test_include_and_chains(tmp_path):
+    c = load_cluster(_cluster(tmp_path, "- {address: included}\n- {address: 10.0.0.5, jump: [a@h1, 'h2:2', bastion]}\n"))
+    inc, chained = c.hosts
+    assert (inc.hostname, inc.port) == ("10.7.7.7", 2022)
+    assert [j.target for j in chained.jump] == ["a@h1", f"{chained.jump[1].user}@h2:2", "admin@203.0.113.5:2200"]
+
+
+def test_config_file_none_and_missing_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))   # no ~/.ssh/config there: nothing is read
+    c = load_cluster(_cluster(tmp_path, "- {address: gpu-3}\n", ssh="retries: 1"))
+    assert (c.hosts[0].hostname, c.hosts[0].port, c.hosts[0].jump, c.ssh.config_file) == (None, 22, (), None)
+    c = load_cluster(_cluster(tmp_path, "- {address: gpu-3}\n", ssh="config_file: none"))
+    assert c.hosts[0].hostname is None
+    with pytest.raises(SpecError, match=r"cluster.yaml:\d+: ssh.config_file: ssh config file .*nope does not exist"):
+        load_cluster(_cluster(tmp_path, "- {address: gpu-3}\n", ssh="config_file: nope"))
+
+
+def test_bad_jump_is_located(tmp_path):
+    with pytest.raises(SpecError) as exc:
+        load_cluster(_cluster(tmp_path, "- {address: 10.0.0.5, jump: 'a@b:99999'}\n"))
+    assert "cluster.yaml:" in str(exc.value) and "hosts[0].jump" in str(exc.value)
+    assert "port must be between 1 and 65535" in str(exc.value)
+
+
+def test_run_record_keeps_the_route(tmp_path):
+    """run.json round-trips a host losslessly, jump hosts included (status/down reach it the same way)."""
+    h = load_cluster(_cluster(tmp_path, "- {address: gpu-3, mpi_address: 192.168.1.3}\n")).hosts[0]
+    assert Host.from_dict(h.to_dict()) == h
+    assert Run(tmp_path, "x", {"hosts": [h.to_dict()]}).hosts() == (h,)
+
+
+def test_parse_hops_and_tokens():
+    assert parse_hops("u@b:22, c ,ssh://x@[::1]:7", "w") == (Hop("b", "u", 22), Hop("c"), Hop("::1", "x", 7))
+    assert parse_hops("none", "w") == ()
+    for bad in ("a b", "u@", "h:0", ""):
+        with pytest.raises(SshConfigError):
+            parse_hops(bad, "w")
+    assert expand("%h:%p:%r:%n:%%:%x", alias="a", hostname="h", port=2, user="u") == "h:2:u:a:%:%x"
+
+
+def test_unparsable_config_names_the_file(tmp_path):
+    p = tmp_path / "cfg"
+    p.write_text("Host a\n  =broken\n")
+    with pytest.raises(SshConfigError, match=str(p)):
+        SshConfig(str(p), p.read_text())
