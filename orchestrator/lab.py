@@ -1354,26 +1354,51 @@ class Lab:
         return found if _pid_alive(found) else None
 
     def _wait_sshd(self, h: LabHost, deadline: float, holder: int | None = None) -> int:
+        pid = self._wait_sshd_pid(h, deadline, holder)
+        self._await_reachable([h], deadline)
+        return pid
+
+    def _wait_sshd_pid(self, h: LabHost, deadline: float, holder: int | None = None) -> int:
         if holder is None:
             holder = self._holder(h.index)
         while True:
             pid = self._sshd_pid(h.index, holder)
             if pid:
-                break
+                return pid
             if time.monotonic() > deadline:
                 raise LabError(f"{h.name}: sshd did not come up: {self._log_tail(h.index)}",
                                hint=f"see {self.sshd_log(h.index)}")
             time.sleep(0.01)
-        # the pid file is written after listen(); one connect proves the path through the bridge
-        while True:
-            try:
-                with socket.create_connection((h.address, SSH_PORT), timeout=2):
-                    return pid
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise LabError(f"{h.name}: sshd runs (pid {pid}) but {h.address}:{SSH_PORT} is unreachable: {exc}",
-                                   hint=f"check the link: orch lab status --name {self.name}") from None
-                time.sleep(0.02)
+
+    def _await_reachable(self, hosts: Sequence[LabHost], deadline: float) -> None:
+        """Until every host's sshd port accepts a connection. The pid file is written after listen();
+        one connect proves the path through the bridge: from here, or for hosts behind a bastion
+        from the bastion's network namespace (one probe process for all of them)."""
+        state = self.state()
+        port = int(state.get("ssh_port") or SSH_PORT)
+        brec = state.get("bastion")
+        behind = [h for h in hosts if brec and h.index != brec["index"]]
+        for h in hosts:
+            if h in behind:
+                continue
+            while True:
+                try:
+                    with socket.create_connection((h.address, port), timeout=2):
+                        break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        raise LabError(f"{h.name}: sshd runs but {h.address}:{port} is unreachable: {exc}",
+                                       hint=f"check the link: orch lab status --name {self.name}") from None
+                    time.sleep(0.02)
+        if behind:
+            left = max(deadline - time.monotonic(), 0.5)
+            res = _run(["nsenter", f"--net={_NETNS_DIR}/{brec['netns']}", sys.executable, "-I", "-S", "-c",
+                        labnet.REACH_PROBE, f"{left:.2f}", *(f"{h.address}:{port}" for h in behind)],
+                       check=False, timeout=left + 20, what="reaching the hosts from the bastion")
+            if res.returncode != 0:
+                raise LabError(f"sshd runs but the bastion {brec['name']} cannot reach: "
+                               f"{(res.stdout or res.stderr).strip()[-500:]}",
+                               hint=f"check the links: orch lab status --name {self.name}")
 
     def _log_tail(self, i: int, lines: int = 3) -> str:
         try:
@@ -1388,12 +1413,13 @@ class Lab:
         h = self.host(i)
         pidfile = self.host_dir(i) / "sshd.pid"
         state = self.state()
+        rec = self._record(state, i)
         pid = self._sshd_pid(i)
         if on:
             if pid:
                 return
             new = self._start_sshd(h)
-            state["hosts"][i - 1]["sshd_pid"] = new
+            rec["sshd_pid"] = new
         else:
             if pid:
                 os.kill(pid, signal.SIGTERM)
@@ -1404,13 +1430,14 @@ class Lab:
                     os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(FileNotFoundError):
                 pidfile.unlink()
-            state["hosts"][i - 1]["sshd_pid"] = None
+            rec["sshd_pid"] = None
         self._save_state(state)
 
     # ---- link
 
     def link(self, i: int, up: bool) -> None:
-        """Take host i's link down (it vanishes from the network) or bring it back."""
+        """Take host i's link down (it vanishes from the network) or bring it back. The bastion's
+        (i = 0) is its NIC on this machine's bridge: down, no host can be reached from here."""
         preflight(("ip",))
         h = self.host(i)
         _run(["ip", "link", "set", h.veth, "up" if up else "down"], what=f"{h.name}: ip link set {h.veth}")
@@ -1426,7 +1453,7 @@ class Lab:
 
     def exec(self, i: int, argv: Sequence[str], *, input: str | None = None, timeout: float = 60,
              check: bool = False, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run argv on host i: inside its net+uts+mount+pid namespaces (as root, cwd /).
+        """Run argv on host i (0: the bastion): inside its net+uts+mount+pid namespaces (as root, cwd /).
 
         Text output. ``ps``/``/proc`` show the host's processes; pids are host-local.
         """
@@ -1439,35 +1466,48 @@ class Lab:
                            f"{res.stderr.strip()[-300:]}")
         return res
 
-    def ssh_argv(self, i: int, command: str | None = None, *, connect_timeout: int = 5) -> list[str]:
-        """The system ssh client's argv to reach host i with the lab's key (reads nothing in ~/.ssh)."""
-        h = self.host(i)
-        argv = [
-            "ssh", "-F", "/dev/null", "-i", str(self.key_path),
+    def ssh_argv(self, i: int, command: str | None = None, *, connect_timeout: int = 5,
+                 user: str | None = None) -> list[str]:
+        """The system ssh client's argv to reach host i (0: the bastion) as `user` (default root)
+        with the lab's key and port (reads nothing in ~/.ssh); through the bastion, as the same
+        user, when the lab has one."""
+        state = self.state()
+        h = self._host_from(self._record(state, i))
+        user = user or "root"
+        opts = [
+            "-i", str(self.key_path),
             "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={self.known_hosts_path}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={connect_timeout}",
-            "-o", "LogLevel=ERROR", "-p", str(SSH_PORT), f"root@{h.address}",
+            "-o", "LogLevel=ERROR", "-p", str(state.get("ssh_port") or SSH_PORT),
         ]
+        argv = ["ssh", "-F", "/dev/null", *opts]
+        brec = state.get("bastion")
+        if brec and i != brec["index"]:
+            jump = ["ssh", "-F", "/dev/null", *opts, "-W", "[%h]:%p", f"{user}@{brec['address']}"]
+            argv += ["-o", "ProxyCommand=" + shlex.join(jump)]
+        argv.append(f"{user}@{h.address}")
         if command is not None:
             argv.append(command)
         return argv
 
     def ssh(self, i: int, command: str, *, timeout: float = 30, connect_timeout: int = 5,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        """Run a shell command on host i over real SSH; never raises for a non-zero exit."""
+            input: str | None = None, user: str | None = None) -> subprocess.CompletedProcess:
+        """Run a shell command on host i over real SSH (as `user`, default root); never raises for
+        a non-zero exit."""
         try:
-            return subprocess.run(self.ssh_argv(i, command, connect_timeout=connect_timeout), input=input,
-                                  capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(self.ssh_argv(i, command, connect_timeout=connect_timeout, user=user),
+                                  input=input, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             return subprocess.CompletedProcess(exc.cmd, 255, exc.stdout or "", f"timed out after {timeout:g}s")
 
     # ---- status
 
     def status(self) -> list[HostStatus]:
+        """One per host, 1..N; then the bastion's (host.index 0), if the lab has one."""
         preflight(("ip",))
         out = []
-        for rec in self.state()["hosts"]:
+        for rec in self._all_records(self.state()):
             h = self._host_from(rec)
             pid = self._sshd_pid(h.index, rec.get("holder_pid"))
             out.append(HostStatus(
@@ -1541,7 +1581,8 @@ class Lab:
             state = json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             state = {}
-        holders = [(h["index"], h["holder_pid"]) for h in state.get("hosts", []) if h.get("holder_pid")]
+        recs = state.get("hosts", []) + ([state["bastion"]] if state.get("bastion") else [])
+        holders = [(h["index"], h["holder_pid"]) for h in recs if h.get("holder_pid")]
         found = self.state_dir.exists()
 
         # 1. processes: SIGKILL everything in the lab's namespaces until none is left
@@ -1559,20 +1600,30 @@ class Lab:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.02)
 
-        # 2. network: veths, bridge, namespaces
-        vpat = re.compile(rf"ol{re.escape(self.name)}-\d+")
+        # 2. network: veths, bridges, namespaces (the bastion's too: netns -0, veths -0 and -0b,
+        # the hosts' bridge, the unreachable route to their subnet)
+        vpat = re.compile(rf"ol{re.escape(self.name)}-\d+b?")
         npat = re.compile(rf"olab-{re.escape(self.name)}-\d+")
         links = [x for x in _listdir("/sys/class/net") if vpat.fullmatch(x)]
         nss = [x for x in _listdir(_NETNS_DIR) if npat.fullmatch(x)]
+        bridges = [b for b in (self.bridge, self.hosts_bridge_name) if os.path.exists(f"/sys/class/net/{b}")]
         lines = [f"link del {v}" for v in links]
-        if os.path.exists(f"/sys/class/net/{self.bridge}"):
-            lines.append(f"link del {self.bridge}")
+        lines += [f"link del {b}" for b in bridges]
         lines += [f"netns del {ns}" for ns in nss]
+        route = None
+        with contextlib.suppress(KeyError, TypeError):
+            route = state["bastion"]["subnet"]
+        if route and _run(["ip", "-4", "route", "show", "type", "unreachable", route], check=False,
+                          timeout=10).stdout.strip():
+            lines.append(f"route del unreachable {route}")
         if lines:
             found = True
             res = _run(["ip", "-force", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=120)
-            left = ([v for v in links + [self.bridge] if os.path.exists(f"/sys/class/net/{v}")]
+            left = ([v for v in links + bridges if os.path.exists(f"/sys/class/net/{v}")]
                     + [n for n in nss if os.path.exists(f"{_NETNS_DIR}/{n}")])
+            if route and _run(["ip", "-4", "route", "show", "type", "unreachable", route], check=False,
+                              timeout=10).stdout.strip():
+                left.append(f"route unreachable {route}")
             if left:
                 raise LabError(f"lab {self.name!r}: could not remove {', '.join(left)}: {res.stderr.strip()[-300:]}")
 
@@ -1620,7 +1671,7 @@ def list_labs(root: str | os.PathLike | None = None) -> list[str]:
         if m:
             names.add(m.group(1))
     for entry in _listdir("/sys/class/net"):
-        m = re.fullmatch(r"ol-br-([a-z0-9]{1,8})", entry)
+        m = re.fullmatch(r"ol-b[rh]-([a-z0-9]{1,8})", entry)
         if m:
             names.add(m.group(1))
     return sorted(names)
@@ -1677,20 +1728,36 @@ _name_option = click.option("--name", default="lab", show_default=True, help="La
 @click.option("--refuse-key", multiple=True, type=int, metavar="I", help="Host I does not accept the lab key.")
 @click.option("--slurm", is_flag=True, help="Also run a real Slurm: slurmctld here, a slurmd on every host "
                                             "(Debian's slurm-wlm and munge); prints its inventory too.")
+@click.option("--ssh-port", type=click.IntRange(1, 65535), default=SSH_PORT, show_default=True,
+              help="Port of every host's sshd (and the bastion's).")
+@click.option("--user", default="root", show_default=True,
+              help=f"The inventory's user: an ordinary account (uid {labnet.USER_ID}, home /home/USER) on every "
+                   "host; root login still works.")
+@click.option("--bastion", is_flag=True, help="Put the hosts on a network this machine cannot reach, behind a bastion "
+                                              "(host 0, a jump host); writes an ssh_config too.")
 def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...],
-           slurm: bool) -> None:
+           slurm: bool, ssh_port: int, user: str, bastion: bool) -> None:
     """Start N hosts (replacing a lab of the same name); prints the inventory path."""
     lab = Lab(name)
     t0 = time.monotonic()
-    lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm)
+    lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm, ssh_port=ssh_port,
+           user=user, bastion=bastion)
     st = lab.state()
-    click.echo(f"lab {name}: {n} hosts on {st['subnet']} (bridge {st['bridge']}) up in {time.monotonic() - t0:.1f}s")
+    where = (f"{st['hosts_subnet']} behind a bastion on {st['subnet']}" if st.get("bastion") else st["subnet"])
+    click.echo(f"lab {name}: {n} hosts on {where} (bridge {st['bridge']}) up in {time.monotonic() - t0:.1f}s")
     if n <= 32:
         for rec in st["hosts"]:
             extra = " ".join(f"{k}={v}" for k, v in sorted(rec["versions"].items()))
             if rec["refuse_key"]:
                 extra += " refuse-key"
             click.echo(f"  {rec['name']:<14} {rec['address']:<15} {extra}".rstrip())
+    if st.get("bastion"):
+        b = st["bastion"]
+        click.echo(f"  {b['name']:<14} {b['address']:<15} bastion (host 0), {b['back_address']} on the hosts' side")
+    if ssh_port != SSH_PORT or user != "root":
+        click.echo(f"ssh: user {user}, port {ssh_port}")
+    if st.get("bastion"):
+        click.echo(f"ssh_config (every host by name, through the bastion): {lab.ssh_config_path}")
     click.echo(str(lab.inventory_path))
     if slurm:
         click.echo(f"Slurm: partition {labslurm.PARTITION}, SLURM_CONF={lab.slurm_conf}; a Slurm inventory:")
@@ -1721,6 +1788,9 @@ def lab_status(name: str) -> None:
         return
     st = lab.state()
     click.echo(f"lab {name}: {st['subnet']} bridge {st['bridge']} status {st.get('status')}")
+    if st.get("bastion"):
+        b = st["bastion"]
+        click.echo(f"hosts on {b['subnet']} (bridge {b['bridge']}) behind the bastion {b['name']} (host 0)")
     rows = [("HOST", "ADDRESS", "NETNS", "SSHD", "LINK")]
     for s in lab.status():
         rows.append((
@@ -1733,6 +1803,8 @@ def lab_status(name: str) -> None:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    if st.get("bastion"):
+        click.echo(f"ssh_config: {lab.ssh_config_path}")
     click.echo(f"inventory: {lab.inventory_path}")
 
 
@@ -1741,7 +1813,7 @@ def lab_status(name: str) -> None:
 @click.argument("index", type=int)
 @_name_option
 def lab_sshd(action: str, index: int, name: str) -> None:
-    """Stop or start host INDEX's sshd (fault injection)."""
+    """Stop or start host INDEX's sshd (fault injection); 0 is the bastion."""
     Lab(name).sshd(index, action == "start")
     click.echo(f"lab {name}: host {index} sshd {'started' if action == 'start' else 'stopped'}")
 
@@ -1751,6 +1823,6 @@ def lab_sshd(action: str, index: int, name: str) -> None:
 @click.argument("index", type=int)
 @_name_option
 def lab_link(action: str, index: int, name: str) -> None:
-    """Take host INDEX's network link down or up (fault injection)."""
+    """Take host INDEX's network link down or up (fault injection); 0 is the bastion's outer link."""
     Lab(name).link(index, action == "up")
     click.echo(f"lab {name}: host {index} link {action}")

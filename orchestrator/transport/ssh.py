@@ -276,13 +276,13 @@ class SshTransport(Transport):
         finally:
             slots.release()
 
-    def open_tunnel(self, address: str, port: int, timeout: float) -> paramiko.Channel:
+    def open_tunnel(self, address: str, port: int, timeout: float) -> "_Tunnel":
         """A TCP connection from this host to address:port (as `ssh -W` makes), for a host behind it."""
         self.connect()
         transport = self._transport
         try:
             assert transport is not None
-            return transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
+            return _Tunnel(transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout))
         except paramiko.ChannelException as exc:  # the jump host's own connect failed
             raise TransientNetworkError(self.host.name, f"could not reach {address}:{port} from here: {exc.text}",
                                         hint="is the host up, and is this the address the jump host reaches "
@@ -428,6 +428,33 @@ class SshTransport(Transport):
 
 
 _UNREACHABLE_HINT = "is the host up and reachable from here (address, firewall, link)?"
+
+
+class _Tunnel:
+    """A direct-tcpip channel used as the socket of the connection behind a jump host, with send()
+    and close() never at once: paramiko's Channel lets go of its lock before it writes, so a close
+    from another thread (a host's connection dropped after a failure) could reach the jump host
+    before the data, and its sshd then drops the WHOLE jump connection ("data packet referred to
+    nonexistent channel"), every other host's tunnel with it (seen 10 times in 30 fan-outs)."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self._chan = chan
+        self._lock = threading.Lock()
+
+    def send(self, data) -> int:
+        with self._lock:
+            return self._chan.send(data)
+
+    def sendall(self, data) -> None:
+        with self._lock:
+            self._chan.sendall(data)
+
+    def close(self) -> None:
+        with self._lock:
+            self._chan.close()
+
+    def __getattr__(self, name):
+        return getattr(self._chan, name)
 
 
 def _via(exc: HostError, host: Host, hop: Host, retry: bool = True) -> HostError:
