@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -373,3 +375,193 @@ def test_two_named_labs_get_distinct_subnets(lab, varied):
     _, v = varied
     assert lab.state()["k"] != v.state()["k"]
     assert not set(h.address for h in lab.hosts) & set(h.address for h in v.hosts)
+
+
+# --------------------------------------------------------------------------- --ssh-port / --user / --bastion
+
+
+PORT, USER = 2222, "train"
+
+
+def hb_name(suffix: str = "") -> str:
+    return f"hb{os.getpid() % 100000}{suffix}"
+
+
+def cfg_ssh(lab: Lab, alias: str, command: str, timeout: float = 40) -> subprocess.CompletedProcess:
+    """What a user would type with the lab's ssh_config: ssh -F FILE ALIAS CMD."""
+    return subprocess.run(["ssh", "-F", str(lab.ssh_config_path), alias, command], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def bastion_leftovers(name: str, state_dir: Path, route: str) -> list[str]:
+    out = leftovers(name, state_dir)
+    out += [f"link {x}" for x in os.listdir("/sys/class/net") if re.fullmatch(rf"ol{name}-\d+b?|ol-bh-{name}", x)
+            and f"link {x}" not in out]
+    res = subprocess.run(["ip", "-4", "route", "show", "type", "unreachable", route], capture_output=True, text=True)
+    if res.stdout.strip():
+        out.append(f"route {res.stdout.strip()}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def behind(lab_factory):
+    """Two hosts behind a bastion, every sshd on PORT, the inventory's user USER."""
+    lab = Lab(hb_name())
+    try:
+        yield lab.up(2, ssh_port=PORT, user=USER, bastion=True)
+    finally:
+        lab.down()
+
+
+def test_options_write_inventory_known_hosts_and_ssh_config(behind):
+    b, hosts, st = behind.bastion, behind.hosts, behind.state()
+    inv = yaml.safe_load(behind.inventory_path.read_text())
+    assert inv["defaults"] == {"user": USER, "port": PORT, "identity_file": str(behind.key_path),
+                               "known_hosts": str(behind.known_hosts_path), "slots": 2,
+                               "jump": f"{USER}@{b.address}:{PORT}"}
+    assert inv["hosts"] == [{"address": h.address, "name": h.name} for h in hosts]
+    assert (st["ssh_port"], st["user"], behind.ssh_port, behind.user) == (PORT, USER, PORT, USER)
+    assert behind.host(0) == b and b.index == 0 and b.name == f"{behind.name}-bastion"
+    # the bastion's address is on this machine's subnet, the hosts are on another, reserved one
+    assert b.address.startswith(st["subnet"].rsplit(".", 1)[0] + ".")
+    assert st["bastion"]["subnet"] == st["hosts_subnet"] == behind.hosts_subnet != st["subnet"]
+    assert all(h.address.startswith(st["hosts_subnet"].rsplit(".", 1)[0] + ".") for h in hosts)
+    known = behind.known_hosts_path.read_text().splitlines()
+    for h in hosts + [b]:
+        line = next(ln for ln in known if ln.startswith(f"[{h.address}]:{PORT},"))
+        assert f"[{h.name}]:{PORT}" in line.split()[0].split(",")
+    assert not any(h.address in ln.split()[0].split(",") for h in hosts for ln in known)  # no port-22 form
+    # OpenSSH's own reading of the config
+    for h in hosts:
+        res = subprocess.run(["ssh", "-G", "-F", str(behind.ssh_config_path), h.name], capture_output=True,
+                             text=True, timeout=10)
+        conf = dict(ln.split(" ", 1) for ln in res.stdout.splitlines() if " " in ln)
+        assert (conf["hostname"], conf["user"], conf["port"], conf["proxyjump"]) == (h.address, USER, str(PORT),
+                                                                                     b.name)
+        assert conf["identityfile"] == str(behind.key_path)
+        assert conf["userknownhostsfile"] == str(behind.known_hosts_path)
+        assert (conf["stricthostkeychecking"], conf["batchmode"]) == ("true", "yes")
+
+
+def test_only_the_bastion_is_reachable_and_its_log_shows_each_connection(behind):
+    b = behind.bastion
+    for h in behind.hosts:
+        for port in (PORT, 22):
+            with pytest.raises(OSError):
+                socket.create_connection((h.address, port), timeout=3).close()
+    socket.create_connection((b.address, PORT), timeout=3).close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((b.address, 22), timeout=3).close()
+    assert behind.exec(0, ["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() == "0"
+
+    gateway = behind.state()["gateway"]
+
+    def through_bastion() -> int:
+        return behind.bastion_sshd_log.read_text().count(f"Accepted publickey for {USER} from {gateway} ")
+
+    before = through_bastion()
+    for h in behind.hosts:
+        res = cfg_ssh(behind, h.name, "hostname")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == h.name
+    assert through_bastion() == before + len(behind.hosts)
+
+
+def test_user_is_an_ordinary_account_owning_data(behind):
+    h1, h2 = behind.host(1), behind.host(2)
+    marker = f"u{uuid.uuid4().hex[:8]}"
+    res = cfg_ssh(behind, h1.name, f"id -u; id -g; id -un; echo $HOME; stat -c '%u %a' ~/.ssh ~/.ssh/id_ed25519; "
+                                   f"stat -c %U /data; mkdir /data/{marker} && stat -c %U /data/{marker}; "
+                                   f"touch ~/{marker}")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n") == ["4300", "4300", USER, f"/home/{USER}", "4300 700", "4300 600", USER, USER, ""]
+    # the inventory's key and user with the lab helpers; root login still works
+    assert behind.ssh(2, "id -u", user=USER).stdout == "4300\n"
+    assert behind.ssh(2, "id -u").stdout == "0\n"
+    # homes are per host; this machine has no such user
+    assert behind.ssh(2, f"ls ~/{marker}", user=USER).returncode != 0
+    assert behind.exec(1, ["ls", f"/home/{USER}/{marker}"]).returncode == 0
+    with pytest.raises(KeyError):
+        pwd.getpwuid(4300)
+    assert not Path(f"/home/{USER}").exists()
+
+
+def test_hosts_ssh_to_each_other_as_the_user_on_the_port(behind):
+    h1, h2 = behind.host(1), behind.host(2)
+    res = cfg_ssh(behind, h1.name, f"ssh -p {PORT} {h2.address} id -un && ssh -p {PORT} {h2.name} hostname && "
+                                   f"{{ ssh {h2.name} true 2>&1; echo rc=$?; }}")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[:2] == [USER, h2.name]
+    assert "Connection refused" in res.stdout and lines[-1] == "rc=255"  # ~/.ssh/config sets no port
+    res = cfg_ssh(behind, h1.name, f"mpirun -mca plm_rsh_args '-p {PORT}' -H {h1.address}:1,{h2.address}:1 "
+                                   "-n 2 hostname", timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.split()) == [h1.name, h2.name]
+
+
+def test_status_exec_sshd_and_link_cover_the_bastion(behind):
+    b = behind.bastion
+    r = orch("lab", "status", "--name", behind.name)
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"^{b.name}\s+{re.escape(b.address)}\s+{b.netns}\s+up \(pid \d+\)\s+up$", r.stdout, re.M), \
+        r.stdout
+    assert f"ssh_config: {behind.ssh_config_path}" in r.stdout
+    st = behind.status()
+    assert [s.host for s in st] == behind.hosts + [b] and all(s.ok for s in st)
+    assert behind.exec(0, ["hostname"]).stdout.strip() == b.name
+
+    r = orch("lab", "sshd", "stop", "0", "--name", behind.name)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert behind.ssh(1, "true").returncode == 255
+        assert not behind.status()[-1].sshd_alive
+    finally:
+        behind.sshd(0, True)
+    assert behind.ssh(1, "hostname", user=USER).stdout.strip() == behind.host(1).name
+
+    behind.link(0, False)
+    try:
+        assert behind.ssh(2, "true", connect_timeout=2).returncode == 255
+        assert not behind.status()[-1].link_up
+    finally:
+        behind.link(0, True)
+    assert behind.status()[-1].link_up
+    assert cfg_ssh(behind, behind.host(2).name, "hostname").stdout.strip() == behind.host(2).name
+
+
+def test_bastion_lab_from_the_cli_and_down_leaves_nothing(lab_factory):
+    name = hb_name("d")
+    lab = Lab(name)
+    try:
+        r = orch("lab", "up", "1", "--name", name, "--bastion")
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.strip().splitlines()
+        assert out[-1] == str(lab.inventory_path) and str(lab.ssh_config_path) in out[-2]
+        b, h = lab.bastion, lab.host(1)
+        inv = yaml.safe_load(lab.inventory_path.read_text())
+        assert inv["defaults"]["jump"] == f"root@{b.address}:22"
+        assert (inv["defaults"]["user"], inv["defaults"]["port"]) == ("root", 22)
+        assert f"{h.address},{h.name} ssh-ed25519 " in lab.known_hosts_path.read_text()
+        res = cfg_ssh(lab, h.name, "hostname; id -u")
+        assert res.returncode == 0 and res.stdout.split() == [h.name, "0"], res.stderr
+        route = lab.hosts_subnet
+        assert bastion_leftovers(name, lab.state_dir, route) != []
+
+        r = orch("lab", "down", "--name", name)
+        assert r.returncode == 0, r.stderr
+        assert bastion_leftovers(name, lab.state_dir, route) == []
+        assert name not in labmod.list_labs()
+    finally:
+        lab.down()
+
+
+def test_option_errors():
+    with pytest.raises(LabError, match="--slurm and --bastion"):
+        Lab(hb_name("z")).up(1, slurm=True, bastion=True)
+    with pytest.raises(LabError, match="bad ssh port"):
+        Lab(hb_name("z")).up(1, ssh_port=70000)
+    with pytest.raises(LabError, match="bad lab user name"):
+        Lab(hb_name("z")).up(1, user="Bad User")
+    with pytest.raises(LabError, match="already has 'root'"):
+        labmod.labnet.passwd_with_user("root:x:0:0::/root:/bin/sh\n", "root", "/home/root", "/bin/sh")
