@@ -2,7 +2,7 @@
 
 `orch lab up 4` makes four hosts that look like separate machines to everything orch
 does over SSH: each has its own network namespace (address 198.18.K.(10+i) on a
-bridge), hostname, real sshd on port 22, /data, /tmp, /etc/hccn.conf, /etc/hosts
+bridge), hostname, real sshd on port 22 (or --ssh-port), /data, /tmp, /etc/hccn.conf, /etc/hosts
 (every lab host's name), /root and /root/.ssh. Needs root on Linux and iproute2,
 util-linux, openssh-server/-client and openmpi-bin.
 
@@ -17,14 +17,32 @@ Layout (NAME defaults to ``lab``; ORCH_LAB_ROOT defaults to /var/tmp/orch-lab)::
         inventory.yaml      usable unchanged as `inventory:` in a cluster.yaml
         id_ed25519(.pub)    the lab's user key (root on every host accepts it)
         known_hosts         every host's address and name with its host key
+        ssh_config          OpenSSH client config: every host by its name (ProxyJump with --bastion)
+        passwd, group       with --user: the copies bound over /etc/passwd and /etc/group
         h<i>/               host i: sshd_config, sshd.log, sshd.pid, host key,
                             data/ (-> /data), ssh/ (-> /root/.ssh), opt/ (-> /opt/orch-lab),
-                            tmp/ (-> /tmp), hccn.conf, hosts, bashrc, setup.sh
+                            tmp/ (-> /tmp), hccn.conf, hosts, bashrc, setup.sh,
+                            home/ (-> /home/USER with --user); h0/ is the bastion's
 
 Network: bridge ``ol-br-NAME`` in the root namespace holds 198.18.K.1/24 (K is derived
 from NAME, recorded in lab.json, and never shared by two labs); host i is netns
 ``olab-NAME-i`` with ``eth0`` = 198.18.K.(10+i), its root-side veth is ``olNAME-i``.
 Hosts have no default route: they reach each other and the controller, nothing else.
+
+Options (orchestrator/labnet.py has the details), each recorded in lab.json:
+  --ssh-port P  (``ssh_port``) every sshd listens on P; the inventory says ``port: P`` and the
+                lab's known_hosts lists ``[address]:P`` / ``[name]:P``.
+  --user NAME   (``user``) every host has an ordinary user NAME (uid/gid 4300, home /home/NAME,
+                owner of /data) from per-host copies of /etc/passwd and /etc/group; the inventory
+                says ``user: NAME``; root login still works (``Lab.ssh(i, cmd, user=NAME)``).
+  --bastion     (``bastion``: its record, with the hosts' subnet ``k``/``subnet`` and bridge) the
+                hosts sit on bridge ``ol-bh-NAME`` (198.18.M.0/24, M reserved like K, an
+                ``unreachable`` route to it here) that this machine has no address on; host 0,
+                ``NAME-bastion`` (netns ``olab-NAME-0``, veths ``olNAME-0`` on ol-br-NAME and
+                ``olNAME-0b`` on ol-bh-NAME, no IP forwarding), is the only way in. The inventory
+                gets ``jump: USER@BASTION:PORT``; ``Lab.ssh_config_path`` (ssh -F FILE NAME-h1)
+                names every host with ProxyJump to the bastion. ``Lab.exec/ssh/sshd/link(0, ...)``,
+                status and down cover the bastion.
 
 Each host's uts+mount+pid namespaces are kept alive by a holder process, ``orch-lab-init``
 (the state dir's tiny python init, started as ``ip netns exec olab-NAME-i unshare --uts
