@@ -90,12 +90,14 @@ def lab_factory():
 
     made: list[Lab] = []
 
-    def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None, slurm: bool = False) -> Lab:
+    def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None, slurm: bool = False,
+             **topology) -> Lab:
+        """`topology`: Lab.up's ssh_port, user, bastion."""
         if slurm:
             _require_slurm()
         lab = Lab(name or _name(letter))
         made.append(lab)
-        return lab.up(n, vary=vary, refuse_key=refuse_key, slurm=slurm)
+        return lab.up(n, vary=vary, refuse_key=refuse_key, slurm=slurm, **topology)
 
     make.name = _name  # type: ignore[attr-defined]
     yield make

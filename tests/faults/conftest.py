@@ -30,11 +30,11 @@ def fx_lab(lab_factory):
     and torn down by `lab_factory` at the end of the session."""
     made = {}
 
-    def make(letter: str, n: int, vary=None, refuse_key=()):
+    def make(letter: str, n: int, vary=None, refuse_key=(), **topology):
         name = f"fx{letter}{_b36(os.getpid())}"[:8]
-        spec = (n, tuple(vary or ()), tuple(refuse_key))
+        spec = (n, tuple(vary or ()), tuple(refuse_key), tuple(sorted(topology.items())))
         if name not in made:
-            made[name] = (spec, lab_factory(letter, n, vary=vary, refuse_key=refuse_key, name=name))
+            made[name] = (spec, lab_factory(letter, n, vary=vary, refuse_key=refuse_key, name=name, **topology))
         if made[name][0] != spec:  # two modules asked for different labs under one letter
             raise AssertionError(f"fx_lab({letter!r}) is already a lab of {made[name][0]}, not {spec}: "
                                  "pick another letter")

@@ -1,0 +1,191 @@
+"""A cluster as real ones are: three hosts reachable only through a bastion, sshd on port 2222,
+an ordinary user (`train`), named only by aliases in an ssh_config with ProxyJump."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import orch, run_ids, runs_dir
+
+pytestmark = pytest.mark.lab
+
+PORT, USER, UID = 2222, "train", 4300
+PRINT = 'echo "$(hostname) $(id -un) rank=${RANK:-$OMPI_COMM_WORLD_RANK} if=$NCCL_SOCKET_IFNAME,$GLOO_SOCKET_IFNAME"'
+
+
+@pytest.fixture(scope="module")
+def rc(fx_lab):
+    return fx_lab("j", 3, bastion=True, ssh_port=PORT, user=USER)
+
+
+def _write(rc, tmp_path: Path, *, ssh_config: Path | None = None, name: str = "cluster.yaml",
+           inventory=None, **job) -> Path:
+    """A cluster.yaml naming the hosts only by their aliases in `ssh_config` (the lab's)."""
+    doc = {
+        "inventory": inventory or {"defaults": {"slots": 2}, "hosts": [{"address": f"{rc.name}-h[1-3]"}]},
+        "ssh": {"config_file": str(ssh_config or rc.ssh_config_path), "connect_timeout": 5, "retries": 2},
+        "job": {"workdir": "/data/rc", "command": ["sh", "-c", PRINT], **job},
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _bastion_logins(rc) -> int:
+    try:
+        return rc.bastion_sshd_log.read_text(errors="replace").count("Accepted publickey")
+    except FileNotFoundError:
+        return 0
+
+
+def _latest(tmp_path: Path) -> dict:
+    return json.loads((runs_dir(tmp_path) / run_ids(tmp_path)[-1] / "run.json").read_text())
+
+
+def test_the_controller_cannot_reach_the_hosts_directly(rc):
+    """The topology is what it claims: only the bastion is reachable from here."""
+    import socket
+
+    for i in (1, 2, 3):
+        with pytest.raises(OSError):
+            socket.create_connection((rc.host(i).address, PORT), timeout=1).close()
+    socket.create_connection((rc.bastion.address, PORT), timeout=5).close()
+
+
+def test_check_through_the_bastion_by_alias(rc, tmp_path):
+    """`orch check` on aliases only ssh_config knows: every check passes (mesh included, with
+    mpirun's own `ssh -p 2222`), each host's route is shown, and the bastion saw ONE login."""
+    _write(rc, tmp_path, launcher="mpirun")
+    before = _bastion_logins(rc)
+    res = orch("check", cwd=tmp_path, check_rc=0)
+    out = res.stdout.decode()
+    for i in (1, 2, 3):
+        assert f"route {rc.name}-h{i}: {USER}@{rc.host(i).address}:{PORT} via {USER}@{rc.bastion.address}:{PORT}" \
+            in out, out
+    assert _bastion_logins(rc) - before == 1
+    doc = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=0).stdout)
+    mesh = [r for r in doc["results"] if r["check"] == "mesh"]
+    assert [r["status"] for r in mesh] == ["pass"], mesh
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
+def test_up_and_logs_as_an_ordinary_user_through_the_bastion(rc, tmp_path, launcher):
+    """`orch up` and `orch logs --rank N` by alias through the bastion: every rank runs as
+    `train` on its host, with `job.interface: auto` exported (the lab's eth0); mpirun gets the
+    port (plm_rsh_args) and no --allow-run-as-root; the workdir and logs belong to train."""
+    workdir = f"/data/rc-{launcher}"
+    _write(rc, tmp_path, launcher=launcher, workdir=workdir, interface="auto")
+    before = _bastion_logins(rc)
+    orch("up", "-q", cwd=tmp_path, check_rc=0, timeout=120)
+    assert _bastion_logins(rc) - before == 1, "one connection to the bastion per invocation"
+    for rank in range(6):
+        out = orch("logs", "--rank", rank, cwd=tmp_path, check_rc=0).stdout.decode()
+        host = rc.host(1 + rank // 2).name
+        assert out == f"{host} {USER} rank={rank} if=eth0,eth0\n", (rank, out)
+    rec = _latest(tmp_path)
+    if launcher == "mpirun":
+        [cmd] = [c["command"] for cs in rec["commands"].values() for c in cs]
+        assert "--allow-run-as-root" not in cmd and f"plm_rsh_args '-p {PORT}'" in cmd, cmd
+        assert "--bind-to none" in cmd and "btl_tcp_if_include eth0" in cmd, cmd
+    for i in (1, 2, 3):
+        owners = rc.exec(i, ["sh", "-c", f"stat -c %u {workdir} {workdir}/.orch/*/a1 {workdir}/log_output/"]).stdout
+        assert set(owners.split()) == {str(UID)}, owners
+
+
+def test_inventory_jump_without_ssh_config(rc, tmp_path):
+    """The lab's own inventory says `jump:` in its defaults (no ssh_config read at all)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"inventory": str(rc.inventory_path), "ssh": {"config_file": "none"},
+                                    "job": {"workdir": "/data/rc-inv", "command": ["sh", "-c", PRINT],
+                                            "launcher": "ranktable"}}))
+    orch("up", "-q", cwd=tmp_path, check_rc=0, timeout=120)
+    assert orch("logs", "--rank", 3, cwd=tmp_path, check_rc=0).stdout.decode().startswith(f"{rc.host(2).name} {USER}")
+
+
+def test_msrun_trains_mindspore_as_train_through_the_bastion(rc, tmp_path):
+    """The MindSpore playbook (msrun, 3 hosts x 2 workers) by alias through the bastion, as
+    user train: every rank trains and ends with the same weights."""
+    venv = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
+    if not (venv / "bin" / "msrun").exists():
+        pytest.fail(f"msrun not in {venv}/bin: run `bash scripts/install-e2e-deps.sh` (scripts/test.sh does)")
+    src = Path(__file__).resolve().parents[2] / "playbooks" / "mindspore-msrun"
+    job = yaml.safe_load((src / "cluster.yaml").read_text())["job"]
+    job["sync"] = [str(src / s) for s in job["sync"]]
+    job["env"]["EPOCHS"] = "1"
+    job["workdir"] = "/data/rc-msrun"
+    _write(rc, tmp_path, **job)
+    orch("up", "-q", cwd=tmp_path, timeout=400, check_rc=0)
+    sums = set()
+    for rank in range(6):
+        out = orch("logs", "--rank", rank, cwd=tmp_path, check_rc=0).stdout.decode()
+        m = re.search(rf"^rank {rank}/6 on (\S+): weights checksum ([0-9a-f]{{16}})$", out, re.M)
+        assert m and m.group(1) == rc.host(1 + rank // 2).name, out[-2000:]
+        sums.add(m.group(2))
+    assert len(sums) == 1
+
+
+def _keygen(path: Path, passphrase: str = "") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True,
+                   capture_output=True)
+    return path
+
+
+def test_a_key_the_bastion_refuses_names_the_bastion(rc, tmp_path):
+    """The bastion refuses the key ssh_config gives it: every host fails naming the bastion (the
+    hop that failed), and the bastion is asked once, not once per host."""
+    other = _keygen(tmp_path / "other_key")
+    text = rc.ssh_config_path.read_text()
+    head, sep, rest = text.partition(f"Host {rc.name}-bastion\n")
+    block, sep2, tail = rest.partition("\n\n")
+    block = re.sub(r"IdentityFile \S+", f"IdentityFile {other}", block)
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(head + sep + block + sep2 + tail)
+    _write(rc, tmp_path, ssh_config=cfg)
+    res = orch("check", "--json", cwd=tmp_path, check_rc=1)
+    doc = json.loads(res.stdout)
+    ssh = {r["host"]: r for r in doc["results"] if r["check"] == "ssh"}
+    assert set(ssh) == {f"{rc.name}-h{i}" for i in (1, 2, 3)}
+    for r in ssh.values():
+        assert r["status"] == "fail"
+        assert f"jump host {USER}@{rc.bastion.address}:{PORT}" in r["message"] and "refused" in r["message"], r
+    log = rc.bastion_sshd_log.read_text(errors="replace")
+    assert log.count(f"Failed publickey for {USER}") + log.count("Connection closed by authenticating user") >= 1
+
+
+def test_an_encrypted_key_without_agent_fails_clearly_and_fast(rc, tmp_path):
+    """identity_file protected by a passphrase, no agent: one clear error per host, no prompt,
+    no wait for time-outs (the limit here is loose; it takes well under a second)."""
+    key = _keygen(tmp_path / "enc_key", passphrase="secret words")
+    inv = yaml.safe_load(rc.inventory_path.read_text())
+    inv["defaults"]["identity_file"] = str(key)
+    _write(rc, tmp_path, inventory=inv)
+    t0 = time.monotonic()
+    res = orch("check", "--json", cwd=tmp_path, check_rc=1, env={"SSH_AUTH_SOCK": ""})
+    took = time.monotonic() - t0
+    ssh = [r for r in json.loads(res.stdout)["results"] if r["check"] == "ssh"]
+    assert ssh and all("protected by a passphrase and orch never prompts" in r["message"] for r in ssh), ssh
+    assert took < 10, f"{took:.1f}s"
+
+
+def test_a_missing_interface_fails_check_on_that_host(rc, tmp_path):
+    """job.interface names a NIC only host 1 has: check fails hosts 2 and 3 (not 1); up refuses
+    to start anything, even with --skip-checks."""
+    rc.exec(1, ["sh", "-c", "ip link add orchx0 type veth peer name orchx1 && ip addr add 10.99.0.1/24 dev orchx0"])
+    try:
+        _write(rc, tmp_path, interface="orchx0", launcher="ranktable")
+        doc = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=1).stdout)
+        nic = {(r["host"], r["status"]) for r in doc["results"] if r["check"] == "nic" and "orchx0" in r["message"]}
+        assert nic == {(f"{rc.name}-h1", "pass"), (f"{rc.name}-h2", "fail"), (f"{rc.name}-h3", "fail")}, doc
+        res = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1)
+        err = res.stderr.decode()
+        assert "nothing was started" in err and f"{rc.name}-h2: job.interface orchx0" in err, err
+    finally:
+        rc.exec(1, ["ip", "link", "del", "orchx0"])
