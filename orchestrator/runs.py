@@ -203,7 +203,8 @@ class Run:
                   restart_delay=j.get("restart_delay", 0.0), stall_timeout=j.get("stall_timeout"))
         hosts = self.hosts()
         sl = self.data.get("slurm")
-        slurm = Slurm(nodes=len(hosts), template=hosts[0], login=sl.get("login"), conf=sl.get("conf")) \
+        slurm = Slurm(nodes=len(hosts), template=hosts[0], login=sl.get("login"), conf=sl.get("conf"),
+                      login_host=Host.from_dict(sl["login_host"]) if sl.get("login_host") else None) \
             if sl and hosts else None
         return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=hosts,
                        job=job, ssh=SshSettings(**self.data["ssh"]), slurm=slurm)

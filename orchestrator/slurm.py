@@ -231,8 +231,9 @@ class Client:
         s = cluster.slurm
         assert s is not None
         self.slurm = s
-        host = replace(s.template, name=s.login or "localhost", address=s.login or "localhost",
-                       connection="ssh" if s.login else "local", port=22 if s.login else s.template.port)
+        host = s.login_host or replace(s.template, name=s.login or "localhost", address=s.login or "localhost",
+                                       connection="ssh" if s.login else "local",
+                                       port=22 if s.login else s.template.port)
         self.transport = make_transport(host, cluster.ssh)
         self.env = {"SLURM_CONF": s.conf} if s.conf else None
         self.where = f"on {s.login}" if s.login else "here"
@@ -377,7 +378,8 @@ class Allocation:
         """What run.json keeps of the allocation (for status and down from any later shell)."""
         s = self.client.slurm
         return {"job_id": self.job.job_id, "batch_host": self.job.batch_host, "nodes": list(self.job.nodes),
-                "login": s.login, "conf": s.conf}
+                "login": s.login, "conf": s.conf,
+                "login_host": s.login_host.to_dict() if s.login_host else None}
 
     def keep(self) -> None:
         self.done = True

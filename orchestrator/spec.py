@@ -383,6 +383,7 @@ class Slurm:
     extra: tuple[str, ...] = ()
     login: str | None = None   # an ssh host where Slurm commands run; None: this machine
     conf: str | None = None    # SLURM_CONF for those commands; None: Slurm's own default
+    login_host: Host | None = None  # `login` as SSH reaches it (ssh_config, jump hosts), port 22 by default
 
 
 @dataclass(frozen=True)
@@ -796,8 +797,13 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
         conf = rs.conf
         if conf is not None:
             conf = str(Path(conf).expanduser()) if conf.startswith("~") else str((base / conf).absolute())
+        login_host = None
+        if rs.login:  # the login node: the defaults' user, key and jump host, but not the nodes' port
+            login_keys = {k: v for k, v in defaults.items() if k != "port"}
+            login_host = _resolve_ssh(Host(name=rs.login, address=rs.login, **{**keys, "port": 22}), login_keys,
+                                      ssh_config, sub.loc(("slurm", "login")), problems)
         return (), {}, Slurm(**{**rs.model_dump(), "extra": tuple(rs.extra), "conf": conf},
-                             template=Host(name="", address="", **keys))
+                             template=Host(name="", address="", **keys), login_host=login_host)
     assert inv.hosts is not None
     hosts: list[Host] = []
     origin: dict[str, tuple] = {}

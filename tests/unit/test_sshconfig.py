@@ -132,3 +132,16 @@ def test_unparsable_config_names_the_file(tmp_path):
     p.write_text("Host a\n  =broken\n")
     with pytest.raises(SshConfigError, match=str(p)):
         SshConfig(str(p), p.read_text())
+
+
+def test_slurm_login_node_resolves_through_ssh_config(tmp_path):
+    """inventory.slurm.login may be an alias too (a login node behind a bastion is the usual case);
+    the nodes' port from defaults does not apply to it."""
+    p = _cluster(tmp_path, "- {address: x}\n")
+    p.write_text(p.read_text().replace("  defaults: {slots: 1}\n  hosts:\n    - {address: x}\n",
+                                       "  defaults: {slots: 1, port: 2200}\n  slurm: {nodes: 2, login: gpu-login}\n"))
+    s = load_cluster(p).slurm
+    assert s.template.port == 2200
+    lh = s.login_host
+    assert (lh.hostname, lh.user, lh.port) == ("gpu-login.cluster.internal", "train", 2222)
+    assert [j.hostname for j in lh.jump] == ["203.0.113.5"]
