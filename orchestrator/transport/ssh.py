@@ -196,10 +196,6 @@ class Gateways:
         for t, _ in reversed(hops):  # the hosts behind a hop first
             t.close()
 
-    def connections(self) -> int:
-        with self._lock:
-            return sum(t.connections_opened for t, _ in self._hops.values())
-
 
 class SshTransport(Transport):
     def __init__(self, host: Host, *, connect_timeout: float = 10, command_timeout: float = 120,
