@@ -137,8 +137,10 @@ def needed_tools(cluster: Cluster) -> list[str]:
     out = ["python"]
     if job.launcher == "mpirun":
         out.append("openmpi")
-    if job.launcher == "msrun" or job.platform == "ascend":
+    if job.launcher == "msrun" or (job.platform == "ascend" and job.launcher != "torchrun"):
         out.append("mindspore")
+    if job.launcher == "torchrun":
+        out.append("torch")
     if job.platform == "ascend":
         out.append("cann")
     if job.platform == "gpu":
@@ -220,7 +222,7 @@ class CheckPlan:
         if check == "devices":
             return job.platform in ("ascend", "gpu")
         if check == "ports":
-            return job.launcher == "msrun" and host.name == self.launch.name
+            return job.launcher in ("msrun", "torchrun") and host.name == self.launch.name
         if check == "mesh":
             return host.name in self.mesh_from
         if check == "files":
@@ -668,7 +670,8 @@ def judge_ports(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     listening = probes.parse_listening_ports(sec.body)
     if port in listening:
         return _r("ports", host, "fail", f"master_port {port} is already in use on the launch host (something "
-                                         "listens on it; a leftover msrun scheduler?): stop it or change "
+                                         "listens on it; a leftover msrun scheduler or torchrun store?): stop it or "
+                                         "change "
                                          "job.master_port")
     return _r("ports", host, "pass", f"master_port {port} is free")
 

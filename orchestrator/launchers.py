@@ -28,6 +28,8 @@ from .spec import Cluster
 RUN_VAR = "ORCH_RUN_ID"
 DIR_VAR = "ORCH_RUN_DIR"
 ATTEMPT_VAR = "ORCH_ATTEMPT"
+RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # as in agent.py (which the hosts run alone): job.rank_dirs
+RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # as in agent.py: `agent.py rank` keeps the rank's output
 ATTEMPT_DIR = "@ORCH_ATTEMPT_DIR@"
 AGENT = "agent.py"
 
@@ -91,12 +93,15 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     rdir = run_dir(cluster, run_id)
     procs: dict[str, list[Proc]] = {h.name: [] for h in plan.hosts}
     files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.hosts}
+    # what orch adds to every rank's environment (the user's own values, job/host env, win)
+    added = {**render.hccl_env(cluster, plan), **({RANK_DIRS_VAR: "1"} if job.rank_dirs else {})}
+    if_env = {h.name: {**if_env.get(h.name, {}), **added} for h in plan.hosts}
     stall_env = {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}
     if job.launcher == "mpirun":
         head = plan.launch_host
         files[head.name][render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None).encode()
         mca, mpi_if_env = render.mpirun_interface(interfaces) if interfaces else (None, {})
-        job_x = {**mpi_if_env, **job.env, **stall_env}
+        job_x = {**mpi_if_env, **added, **job.env, **stall_env}
         c = _with_env(cluster, job_x)
         argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
                                   interface=mca, output_dir=ATTEMPT_DIR,
@@ -112,7 +117,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
                 files[h.name][render.RANK_TABLE] = data
         head = plan.launch_host
         for r in plan.ranks:
-            env = {**if_env.get(r.host, {}), **render.rank_env(cluster, plan, r, table)}
+            env = {**if_env[r.host], **render.rank_env(cluster, plan, r, table)}
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)
             # torch/gloo-style names too, so one script runs under any launcher
@@ -127,8 +132,13 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         for h in plan.hosts:
             argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR)
             argv = argv[:len(argv) - n] + msrun_task(job.command)
-            env = {**if_env.get(h.name, {}), **render.msrun_env(cluster, plan, h.name), **stall_env}
+            env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env}
             procs[h.name].append(Proc(f"msrun.{h.name}", tuple(argv), env, job.workdir, "msrun.log"))
+    elif job.launcher == "torchrun":
+        for h in plan.hosts:
+            argv = render.torchrun_argv(cluster, plan, h.name, _wrapped(rdir, job.command))
+            env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env, RANK_OUTPUT_VAR: "1"}
+            procs[h.name].append(Proc(f"torchrun.{h.name}", tuple(argv), env, job.workdir, "torchrun.log"))
     else:  # pragma: no cover - the model allows no other
         raise ValueError(job.launcher)
     return Launch({k: tuple(v) for k, v in procs.items()}, files)

@@ -110,7 +110,7 @@ def fetch_launcher_logs(run: Run, cluster, plan, pool, attempt: int) -> None:
     launcher/a<K>-node<N>-<name> (N: the host's place in the plan; host names may hold anything)."""
     import posixpath
 
-    if cluster.job.launcher not in ("mpirun", "msrun"):
+    if cluster.job.launcher not in ("mpirun", "msrun", "torchrun"):
         return
     name = f"{cluster.job.launcher}.log"
     hosts = [plan.launch_host] if cluster.job.launcher == "mpirun" else list(plan.hosts)

@@ -174,11 +174,11 @@ def make_plan(cluster: Cluster) -> RankPlan:
         else:
             errors.extend(violations)
 
-    if job.launcher == "msrun":
+    if job.launcher in ("msrun", "torchrun"):
         slots = {h.slots for h in hosts}
         if len(slots) > 1:
-            errors.append("msrun rule: every host runs the same number of ranks (global rank = node_rank * "
-                          "local_worker_num + local index); slots here: " + _describe_by(hosts, lambda h: h.slots))
+            errors.append(f"{job.launcher} rule: every host runs the same number of ranks (global rank = node "
+                          "rank * ranks per node + local index); slots here: " + _describe_by(hosts, lambda h: h.slots))
 
     if job.launcher == "mpirun":
         errors.extend(mpirun_violations(hosts, job.platform))

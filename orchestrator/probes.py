@@ -119,8 +119,8 @@ def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
         out.append(("mpirun", "job"))
         prefix = mpirun_prefix(job.mpirun_args)
         out.append(("orted", f"{prefix.rstrip('/')}/bin/orted" if prefix else "plain"))
-    elif job.launcher == "msrun":
-        out.append(("msrun", "job"))
+    elif job.launcher in ("msrun", "torchrun"):
+        out.append((job.launcher, "job"))
     exe = job.command[0] if job.command else None
     if exe and not any(label == exe for label, _ in out):
         if "/" not in exe:
@@ -351,7 +351,7 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
             lines.append(f"[ -f {q} ] && printf 'size %s %s\\n' \"$(wc -c < {q})\" {q}")
         lines.append("true")
         parts.append(_section("files", "\n".join(lines)))
-    if on("ports") and launch_host and job.launcher == "msrun":
+    if on("ports") and launch_host and job.launcher in ("msrun", "torchrun"):
         parts.append(_section("ports", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || ss -ltn"))
     if on("stale"):
         parts.append(_section("stale", ("echo self=$$\n"

@@ -10,7 +10,8 @@ runs them. Same input -> same bytes (golden-file tested against the seeds).
 - `rank_table_legacy`         MindSpore 0.x group_list table (seed 001), same JSON layout.
 - `rank_env`                  one rank's environment for the ranktable launcher.
 - `mpirun_argv`/`mpirun_env`  the one mpirun command (run on the launch host).
-- `msrun_argv`/`msrun_env`    one msrun command per host.
+- `msrun_argv`/`node_env`     one msrun (or torchrun: `torchrun_argv`) command per host.
+- `hccl_env`                  HCCL's timeouts for an Ascend job.
 
 Secret environment variables (Job.is_secret: listed in job.secret_env or named
 *_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv: mpirun gets `-x NAME`
@@ -277,18 +278,15 @@ def mpirun_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
 
 def msrun_script(command: tuple[str, ...] | list[str]) -> list[str]:
     """job.command without its interpreter: msrun runs `python script args` itself.
-    `net.py a`, `python net.py a`, `/usr/bin/python3 net.py a` -> ['net.py', 'a']."""
+    `net.py a`, `python net.py a`, `/usr/bin/python3 net.py a` -> ['net.py', 'a'];
+    interpreter options stay (`python3 -u net.py` -> ['-u', 'net.py']): orch's worker wrapper
+    (launchers.msrun_task) hands them to the interpreter."""
     cmd = list(command)
     if cmd and _PYTHON.match(posixpath.basename(cmd[0])):
         cmd = cmd[1:]
-        if not cmd:
+        if not any(not a.startswith("-") for a in cmd):
             raise PlanError("msrun launcher: job.command names python but no script",
                             hint="command: python net.py [args]")
-        if cmd[0].startswith("-"):
-            raise PlanError(f"msrun launcher: msrun starts python itself and cannot pass interpreter "
-                            f"options ({cmd[0]!r} in job.command)",
-                            hint="drop them (use job.env, e.g. PYTHONUNBUFFERED: 1 for -u), "
-                                 "or use another launcher")
     return cmd
 
 
@@ -306,13 +304,59 @@ def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, *, log_dir: str
             f"--log_dir={log_dir or log_dir_path(cluster)}",
             "--join=True",
             f"--cluster_time_out={MSRUN_CLUSTER_TIME_OUT}",
+            # no worker has this id: msrun copies no worker's output into its own log (by default
+            # it tails every worker_N.log into it, a second copy of every rank's output)
+            f"--tail_worker_log={plan.size}",
             *msrun_script(job.command)]
 
 
-def msrun_env(cluster: Cluster, plan: RankPlan, host_name: str) -> dict[str, str]:
-    """The environment of one host's msrun: job.env, host env, device selection."""
+def node_env(cluster: Cluster, plan: RankPlan, host_name: str) -> dict[str, str]:
+    """The environment of one host's launcher (msrun, torchrun): job.env, host env, device selection."""
     host = plan.host(host_name)
     return {**host_env(cluster, host), **_visible_devices(cluster, host)}
+
+
+# --------------------------------------------------------------------------- torchrun
+
+
+def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: list[str]) -> list[str]:
+    """One host's torchrun (static rendezvous at the launch host): `command` is what each of its
+    workers runs as is (`--no-python`: job.command names its interpreter). torchrun restarts
+    nothing itself (orch does, job.restarts)."""
+    host = plan.host(host_name)
+    return ["torchrun",
+            f"--nnodes={len(plan.hosts)}",
+            f"--nproc-per-node={host.slots}",
+            f"--node-rank={plan.node_rank(host_name)}",
+            f"--master-addr={plan.launch_host.cluster_address}",
+            f"--master-port={cluster.job.master_port}",
+            "--max-restarts=0",
+            "--no-python",
+            *command]
+
+
+# --------------------------------------------------------------------------- HCCL
+
+
+HCCL_CONNECT_DEFAULT = 120   # HCCL's own default and minimum (seconds)
+HCCL_CONNECT_PER_HOST = 4    # ranks start further apart as hosts grow (one fan-out, one sync...)
+
+
+def hccl_connect_timeout(cluster: Cluster, hosts: int) -> int:
+    """job.hccl.connect_timeout, else HCCL's 120 s grown with the cluster (4 s a host, at most 7200)."""
+    if cluster.job.hccl_connect_timeout is not None:
+        return cluster.job.hccl_connect_timeout
+    return min(7200, max(HCCL_CONNECT_DEFAULT, HCCL_CONNECT_PER_HOST * hosts))
+
+
+def hccl_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
+    """HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT for an Ascend job (values in job.env win)."""
+    if cluster.job.platform != "ascend":
+        return {}
+    env = {"HCCL_CONNECT_TIMEOUT": str(hccl_connect_timeout(cluster, len(plan.hosts)))}
+    if cluster.job.hccl_exec_timeout is not None:
+        env["HCCL_EXEC_TIMEOUT"] = str(cluster.job.hccl_exec_timeout)
+    return env
 
 
 # --------------------------------------------------------------------------- `orch plan --out`

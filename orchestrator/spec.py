@@ -195,8 +195,17 @@ class RawRankTable(_Raw):
     version: Literal["1.0", "legacy"] = "1.0"
 
 
+class RawHccl(_Raw):
+    connect_timeout: int | None = None
+    exec_timeout: int | None = None
+
+    _connect = field_validator("connect_timeout")(_within(120, 7200, "HCCL accepts a connect timeout of 120 to "
+                                                                      "7200 seconds"))
+    _exec = field_validator("exec_timeout")(_within(1, 17340, "HCCL accepts an exec timeout of 1 to 17340 seconds"))
+
+
 class RawJob(_Raw):
-    launcher: Literal["mpirun", "ranktable", "msrun"] = "mpirun"
+    launcher: Literal["mpirun", "ranktable", "msrun", "torchrun"] = "mpirun"
     platform: Literal["ascend", "gpu", "cpu"] = "cpu"
     workdir: str
     command: str | list[str]
@@ -214,6 +223,8 @@ class RawJob(_Raw):
     restart_delay: float = 0.0
     stall_timeout: float | None = None
     interface: str | None = None
+    rank_dirs: bool = False
+    hccl: RawHccl = RawHccl()
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
@@ -338,7 +349,7 @@ class SshSettings:
 class Job:
     workdir: str
     command: tuple[str, ...]
-    launcher: Literal["mpirun", "ranktable", "msrun"] = "mpirun"
+    launcher: Literal["mpirun", "ranktable", "msrun", "torchrun"] = "mpirun"
     platform: Literal["ascend", "gpu", "cpu"] = "cpu"
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()
@@ -354,6 +365,9 @@ class Job:
     restart_delay: float = 0.0
     stall_timeout: float | None = None
     interface: str | None = None   # NIC for MPI/NCCL/HCCL/Gloo traffic: a name or "auto"
+    rank_dirs: bool = False        # each rank starts in workdir/rank_<N>/
+    hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
+    hccl_exec_timeout: int | None = None
 
     def is_secret(self, name: str) -> bool:
         return name in self.secret_env or bool(SECRET_NAME.search(name))
@@ -541,7 +555,7 @@ def _is_union_tag(p: str) -> bool:
 
 _KNOWN_KEYS = {
     (): RawCluster, ("ssh",): RawSsh, ("job",): RawJob, ("checks",): RawChecks,
-    ("job", "rank_table"): RawRankTable,
+    ("job", "rank_table"): RawRankTable, ("job", "hccl"): RawHccl,
 }
 
 
@@ -675,7 +689,8 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
-               stall_timeout=rj.stall_timeout, interface=rj.interface)
+               stall_timeout=rj.stall_timeout, interface=rj.interface, rank_dirs=rj.rank_dirs,
+               hccl_connect_timeout=rj.hccl.connect_timeout, hccl_exec_timeout=rj.hccl.exec_timeout)
 
 
 class _SshLookup(NamedTuple):
@@ -881,11 +896,7 @@ def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices:
                      f"devices {devices} lists {len(devices)} ids but slots is {slots}: they must match")
     if len(set(devices)) != len(devices):
         problems.add(sub.loc((*where, "devices")), f"devices {devices} repeats an id")
-    dips = merged.get("device_ips", {})
-    for d in dips:
-        if d not in devices:
-            problems.add(sub.loc((*where, "device_ips")),
-                         f"device_ips names device {d}, which is not in devices {devices}")
+    dips = merged.get("device_ips", {})  # may list every device of the host (as /etc/hccn.conf does)
     ident = merged.get("identity_file")
     if ident:
         ident = str((base / Path(ident).expanduser()).absolute()) if not ident.startswith("~") else \

@@ -6,6 +6,7 @@
 #   - apt: libopenmpi-dev (mpicc + mpi.h, to build mpi4py against the system Open MPI)
 #   - a venv, $ORCH_TRAIN_VENV (default /opt/orch-venvs/train), made from the python3 that
 #     runs the tests, holding mindspore==2.10.0 (CPU; ~800 MB wheel, provides `msrun`),
+#     torch==2.13.0 (the CPU build, which these machines keep on disk; provides `torchrun`),
 #     mpi4py (built from source with mpicc, so it talks to the same Open MPI as `mpirun`)
 #     and numpy.
 #
@@ -22,6 +23,7 @@ set -euo pipefail
 VENV=${ORCH_TRAIN_VENV:-/opt/orch-venvs/train}
 PY=${PYTHON:-python3}
 MS_VERSION=2.10.0
+TORCH_VERSION=2.13.0
 PIP=(--disable-pip-version-check --no-input -q)
 
 log() { echo "install-e2e-deps: $*" >&2; }
@@ -49,12 +51,14 @@ fi
 
 # 2. Already complete? (versions match, mpi4py is linked to Open MPI, msrun is there)
 check() {
-  [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/msrun" ] || return 1
-  "$VENV/bin/python" - "$MS_VERSION" "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" <<'EOF' 2>/dev/null
+  [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/msrun" ] && [ -x "$VENV/bin/torchrun" ] || return 1
+  "$VENV/bin/python" - "$MS_VERSION" "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
+    "$TORCH_VERSION" <<'EOF' 2>/dev/null
 import importlib.metadata as m, sys
-want_ms, want_py = sys.argv[1], sys.argv[2]
+want_ms, want_py, want_torch = sys.argv[1], sys.argv[2], sys.argv[3]
 assert "%d.%d" % sys.version_info[:2] == want_py, "python changed"
 assert m.version("mindspore") == want_ms, "mindspore version"
+assert m.version("torch").split("+")[0] == want_torch, "torch version"
 import numpy  # noqa: F401
 import mpi4py
 mpi4py.rc.initialize = False
@@ -63,7 +67,7 @@ assert "Open MPI" in MPI.Get_library_version(), "mpi4py not linked to Open MPI"
 EOF
 }
 if check; then
-  log "ok: $VENV (mindspore $MS_VERSION, mpi4py, numpy) already installed"
+  log "ok: $VENV (mindspore $MS_VERSION, torch $TORCH_VERSION, mpi4py, numpy) already installed"
   exit 0
 fi
 
@@ -88,8 +92,10 @@ fi
 if ! "$PY" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
   as_root_apt python3-dev   # Debian's own python3 ships its headers apart
 fi
-log "installing mindspore==$MS_VERSION, numpy, mpi4py into $VENV (first time: several minutes)"
+log "installing mindspore==$MS_VERSION, torch==$TORCH_VERSION, numpy, mpi4py into $VENV (first time: several minutes)"
 "$VENV/bin/python" -m pip install "${PIP[@]}" "mindspore==$MS_VERSION" numpy
+# torch on its own line: `pip install torch==2.13.0` takes the CPU build these machines keep on disk
+"$VENV/bin/python" -m pip install "${PIP[@]}" "torch==$TORCH_VERSION"
 MPICC=$(command -v mpicc) "$VENV/bin/python" -m pip install "${PIP[@]}" --no-binary mpi4py mpi4py
 if ! check; then  # an mpi4py that is there but talks to another MPI: rebuild it, not from the cache
   MPICC=$(command -v mpicc) "$VENV/bin/python" -m pip install "${PIP[@]}" --no-binary mpi4py \

@@ -47,6 +47,9 @@ RUN_VAR = "ORCH_RUN_ID"
 AGENT_VAR = "ORCH_AGENT"        # set in agents' own environment only: sweeps spare agents
 DIR_VAR = "ORCH_RUN_DIR"
 ATTEMPT_VAR = "ORCH_ATTEMPT"
+RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # job.rank_dirs: each rank starts in workdir/rank_<N>
+RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # `agent.py rank` writes the rank's output to its log itself
+WRAPPING_LAUNCHERS = ("mpirun", "msrun", "torchrun")  # their ranks run under `agent.py rank`
 ATTEMPT_DIR_TOKEN = "@ORCH_ATTEMPT_DIR@"   # in an argv: this attempt's directory
 TICK = 0.1
 HEARTBEAT = 1.0
@@ -309,8 +312,11 @@ class Local:
             self.ended(rec, 126, None)
             return
         try:
+            cwd = p["cwd"]
+            if rank is not None and env.get(RANK_DIRS_VAR):
+                cwd = enter_rank_dir(cwd, rank)
             argv = [a.replace(ATTEMPT_DIR_TOKEN, adir) for a in p["argv"]]
-            proc = subprocess.Popen(argv, cwd=p["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=fd,
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fd,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         except OSError as exc:
             os.write(fd, ("orch: cannot start %s: %s\n" % (p["argv"][0], exc.strerror)).encode())
@@ -340,7 +346,7 @@ class Local:
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             self.ended(self.procs[key], code, sig)
-        if self.launcher in ("mpirun", "msrun"):
+        if self.launcher in WRAPPING_LAUNCHERS:
             self.read_wrapped()
         self.watch_output()
         changed, self.changed = self.changed, False
@@ -1104,17 +1110,49 @@ def cmd_batch(gofile):
     return rc
 
 
+def enter_rank_dir(workdir, rank):
+    """job.rank_dirs: the rank's own directory, workdir/rank_<N>, holding a link to each top-level
+    entry of workdir (the synced code and data), so that the command runs as from workdir while
+    what the rank writes at fixed relative paths (checkpoints, ms_log/, kernel_meta/) stays its
+    own. Links already there (a restart) are kept. Returns the directory."""
+    d = os.path.join(workdir, "rank_%d" % rank)
+    try:
+        os.mkdir(d, 0o755)
+    except FileExistsError:
+        pass
+    have = set(os.listdir(d))
+    for name in os.listdir(workdir):
+        if name.startswith((".", "rank_")) or name in have:
+            continue
+        try:
+            os.symlink(os.path.join("..", name), os.path.join(d, name))
+        except OSError:
+            pass
+    return d
+
+
 def cmd_rank(argv):
-    """Run one rank under mpirun/msrun: its pid and its end (exit code or signal) go to files
-    the host's agent reads. Signals are passed on to the rank; its exit status is passed up."""
+    """Run one rank under mpirun/msrun/torchrun: its pid and its end (exit code or signal) go to
+    files the host's agent reads. Signals are passed on to the rank; its exit status is passed
+    up. With ORCH_RANK_OUTPUT (torchrun, which keeps no per-rank files of its own) the rank's
+    output goes to its log, as mpirun lays it out; with ORCH_RANK_DIRS it starts in its own
+    directory (enter_rank_dir)."""
     rundir = os.environ.get(DIR_VAR, "")
     attempt = os.environ.get(ATTEMPT_VAR, "1")
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID") or ""
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID") or os.environ.get("RANK") or ""
     adir = attempt_dir(rundir, int(attempt))
+    out, cwd = None, None
+    if rank.isdigit() and os.environ.get(RANK_DIRS_VAR):
+        cwd = enter_rank_dir(os.getcwd(), int(rank))
+    if rank.isdigit() and rundir and os.environ.get(RANK_OUTPUT_VAR):
+        log = rank_log(adir, int(rank), "mpirun")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     try:
-        proc = subprocess.Popen(argv)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out is not None else None)
     except OSError as exc:
-        sys.stderr.write("orch: cannot start %s: %s\n" % (argv[0], exc.strerror))
+        msg = "orch: cannot start %s: %s\n" % (argv[0], exc.strerror)
+        os.write(out, msg.encode()) if out is not None else sys.stderr.write(msg)
         code, sig, start = 127, None, now()
         proc = None
     else:
@@ -1134,6 +1172,8 @@ def cmd_rank(argv):
             except InterruptedError:
                 continue
         code, sig = (rc, None) if rc >= 0 else (None, -rc)
+    if out is not None:
+        os.close(out)
     if rank.isdigit() and rundir:
         try:
             write_atomic(os.path.join(adir, "rank.%s.exit" % rank),

@@ -162,6 +162,49 @@ def test_msrun_failing_worker_is_named_with_its_own_exit_code(e2e_lab, tmp_path)
     assert orch("logs", "--rank", "2", cwd=tmp_path).stdout == b"rank 2 up\n"
 
 
+# --------------------------------------------------------------------------- PyTorch over torchrun
+
+
+@pytest.mark.timeout(600)
+def test_torch_ddp_torchrun_2_hosts_x_2_workers(e2e_lab, tmp_path):
+    """PyTorch DDP (gloo, CPU) really trained: one torchrun per host, 4 workers, gradients
+    all-reduced between the two hosts every step; `orch logs --rank N` is worker N's output."""
+    _require_deps("torchrun", "python")
+    playbook(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"])
+    rec, took = up_ok(tmp_path, timeout=540)
+    print(f"torch ddp torchrun 2x2: orch up took {took:.1f}s")
+    assert [c["command"].split()[0] for h in rec["commands"].values() for c in h] == ["torchrun", "torchrun"]
+    assert_trained(tmp_path, e2e_lab, [1, 1, 2, 2])
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_failing_worker_is_named_and_everything_stops(e2e_lab, tmp_path):
+    """One worker fails: orch names that rank with its own exit code (torchrun alone would
+    only say its host's group failed), stops every other rank on every host, and the logs of
+    the others are theirs; `orch down` has nothing left to stop."""
+    _require_deps("torchrun")
+    (tmp_path / "fail.py").write_text(
+        "import os, sys, time\n"
+        "r = os.environ['RANK']\n"
+        "print(f'rank {r} of {os.environ[\"WORLD_SIZE\"]} local {os.environ[\"LOCAL_RANK\"]}', flush=True)\n"
+        "if r == '2':\n"
+        "    print('failing on purpose', flush=True); sys.exit(7)\n"
+        "time.sleep(120)\n")
+    playbook(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"], workdir="/data/e2e-torch-fail",
+             command="python fail.py", sync=[str(tmp_path / "fail.py")], timeout=120)
+    t0 = time.monotonic()
+    res = orch("up", "-q", cwd=tmp_path, timeout=240)
+    assert res.returncode == 1, (res.stdout.decode(), res.stderr.decode())
+    assert time.monotonic() - t0 < 90
+    err = res.stderr.decode()
+    assert f"rank 2 on {e2e_lab.host_name(2)}" in err and "exit code 7" in err and "failing on purpose" in err, err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["first_failure"]["rank"] == 2 and rec["first_failure"]["exit_code"] == 7
+    assert leftovers(rec["id"]) == []
+    assert orch("logs", "--rank", "1", cwd=tmp_path).stdout == b"rank 1 of 4 local 1\n"
+    assert orch("down", "--run", rec["id"], cwd=tmp_path).returncode == 0
+
+
 # --------------------------------------------------------------------------- MPI over mpirun
 
 

@@ -18,7 +18,7 @@ from orchestrator.errors import PlanError
 from orchestrator.plan import device_ips_for, make_plan, parse_hccn_conf, server_key
 from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (
-    REDACTED, hostfile, mpirun_argv, mpirun_env, msrun_argv, msrun_env, msrun_script,
+    REDACTED, hostfile, mpirun_argv, mpirun_env, msrun_argv, node_env, msrun_script,
     rank_env, rank_table, rank_table_filename, rank_table_legacy, rank_table_v1,
 )
 from orchestrator.spec import Cluster, Host, Job
@@ -266,6 +266,7 @@ def test_msrun_argv_per_host():
     assert msrun_argv(c, plan, "10.0.0.2") == [
         "msrun", "--worker_num=8", "--local_worker_num=4", "--master_addr=10.0.0.1", "--master_port=9000",
         "--node_rank=1", "--log_dir=/data/job/log_output", "--join=True", "--cluster_time_out=600",
+        "--tail_worker_log=8",
         "net.py", "--epochs", "2"]
     assert "--node_rank=0" in msrun_argv(c, plan, "10.0.0.1")
 
@@ -277,18 +278,27 @@ def test_msrun_strips_the_interpreter(command, script):
     assert msrun_script(command) == script
 
 
-@pytest.mark.parametrize("command", [["python"], ["python", "-u", "net.py"], ["python3", "-m", "train"]])
-def test_msrun_refuses_interpreter_options(command):
+@pytest.mark.parametrize("command", [["python"], ["python", "-u"]])
+def test_msrun_refuses_a_command_without_script(command):
     with pytest.raises(PlanError, match="msrun"):
         msrun_script(command)
 
 
-def test_msrun_env_per_host_devices_and_env():
+@pytest.mark.parametrize("command,script", [(["python3", "-u", "net.py"], ["-u", "net.py"]),
+                                            (["python3", "-m", "train", "x"], ["-m", "train", "x"])])
+def test_msrun_keeps_interpreter_options(command, script):
+    """msrun passes them through, and orch's worker wrapper hands them to the interpreter."""
+    from orchestrator.launchers import msrun_task
+    assert msrun_script(command) == script
+    assert msrun_task(command)[3:] == ["python3", *script]
+
+
+def test_node_env_per_host_devices_and_env():
     c = cluster(host("10.0.0.1", [4, 5], env={"NCCL_SOCKET_IFNAME": "eth1"}), host("10.0.0.2", [0, 1]),
                 launcher="msrun", platform="gpu", env={"A": "1"})
     plan = make_plan(c)
-    assert msrun_env(c, plan, "10.0.0.1") == {"A": "1", "NCCL_SOCKET_IFNAME": "eth1", "CUDA_VISIBLE_DEVICES": "4,5"}
-    assert msrun_env(c, plan, "10.0.0.2") == {"A": "1"}
+    assert node_env(c, plan, "10.0.0.1") == {"A": "1", "NCCL_SOCKET_IFNAME": "eth1", "CUDA_VISIBLE_DEVICES": "4,5"}
+    assert node_env(c, plan, "10.0.0.2") == {"A": "1"}
 
 
 # --------------------------------------------------------------------------- every host's commands
