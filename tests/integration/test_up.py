@@ -193,3 +193,24 @@ def test_local_demo_main_job(tmp_path):
     losses = [float(ln.rsplit(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("[rank 0] epoch")]
     assert losses[-1] < losses[0]
     assert b"epoch: 1, step: 1, loss is" in res.stdout
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
+def test_rank_dirs_give_each_rank_its_own_directory(lab, tmp_path, launcher):
+    """job.rank_dirs: each rank starts in workdir/rank_<N> (as the reference scripts' device_$i/),
+    finds the synced files there, and what it writes at a fixed relative path stays its own."""
+    (tmp_path / "rd.py").write_text(
+        "import os\n"
+        "r = os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ.get('RANK_ID')\n"
+        "open('ckpt.txt', 'w').write(r)\n"
+        "print(os.getcwd(), open('ckpt.txt').read(), flush=True)\n")
+    workdir = f"/data/up-rankdirs-{launcher}"
+    write_cluster(lab, tmp_path, workdir=workdir, hosts=2, launcher=launcher, command="python3 rd.py",
+                  sync=["rd.py"], rank_dirs=True)
+    orch("up", "-q", cwd=tmp_path, check_rc=0)
+    for r in range(4):
+        out = orch("logs", "--rank", str(r), cwd=tmp_path, check_rc=0).stdout.decode()
+        assert out == f"{workdir}/rank_{r} {r}\n", out
+        host = 1 + r // 2
+        assert lab.exec(host, ["cat", f"{workdir}/rank_{r}/ckpt.txt"]).stdout == str(r)
+    assert lab.exec(1, ["sh", "-c", f"test -e {workdir}/ckpt.txt || echo absent"]).stdout == "absent\n"

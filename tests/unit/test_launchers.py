@@ -71,11 +71,11 @@ def test_ranktable_every_rank_a_process_of_its_host_with_its_env_and_log():
     assert "RANK_TABLE_FILE" not in p3.env      # cpu: no rank table
 
 
-def run_rank(tmp_path, env, inner):
-    """Run a rank under the wrapper as mpirun or msrun would."""
+def run_rank(tmp_path, env, inner, cwd=None):
+    """Run a rank under the wrapper as mpirun, msrun or torchrun would."""
     shutil.copy(AGENT, tmp_path / "agent.py")
     (tmp_path / "a1").mkdir(exist_ok=True)
-    return subprocess.run(["python3", str(tmp_path / "agent.py"), "rank", "--", *inner],
+    return subprocess.run(["python3", str(tmp_path / "agent.py"), "rank", "--", *inner], cwd=cwd,
                           env={"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1", **env},
                           capture_output=True, text=True, timeout=30)
 
@@ -110,3 +110,68 @@ def test_msrun_scheduler_runs_unwrapped(tmp_path):
     worker = subprocess.run(["python3", task[1], task[2], "sh", "-c", "exit 4"], env={**env, "RANK_ID": "1",
                             "MS_ROLE": "MS_WORKER"}, capture_output=True, timeout=30)
     assert worker.returncode == 4 and json.loads((tmp_path / "a1" / "rank.1.exit").read_text())["exit_code"] == 4
+
+
+def test_torchrun_one_per_host_static_rendezvous_wrapped_workers():
+    c = cluster(["python", "train.py", "--lr", "1"], launcher="torchrun", master_port=29500)
+    plan = make_plan(c)
+    launch = launchers.build(c, plan, "RID", root={})
+    [p1], [p2] = launch.procs["h1"], launch.procs["h2"]
+    assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=10.0.0.1",
+                       "--master-port=29500", "--max-restarts=0", "--no-python",
+                       "python3", "/data/job/.orch/RID/agent.py", "rank", "--", "python", "train.py", "--lr", "1")
+    assert p1.key == "torchrun.h1" and p1.log == "torchrun.log" and p1.env["ORCH_RANK_OUTPUT"] == "1"
+
+
+def test_torchrun_needs_the_same_slots_everywhere():
+    from dataclasses import replace
+
+    from orchestrator.errors import PlanError
+    c = cluster(["python", "t.py"], launcher="torchrun")
+    c = replace(c, hosts=(c.hosts[0], replace(c.hosts[1], slots=1, devices=(0,))))
+    with pytest.raises(PlanError, match="torchrun rule"):
+        make_plan(c)
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable", "msrun", "torchrun"])
+def test_hccl_timeouts_and_rank_dirs_reach_every_rank(launcher):
+    """Ascend: HCCL_CONNECT_TIMEOUT grows with the cluster (at least HCCL's 120 s) or is job.hccl's;
+    job.env wins; rank_dirs is passed to whatever starts the ranks."""
+    from orchestrator.render import hccl_connect_timeout
+
+    c = cluster(["python", "t.py"], launcher=launcher, n_hosts=2, rank_dirs=True, hccl_exec_timeout=900)
+    from orchestrator.spec import Checks
+    c = Cluster(name=c.name, path=c.path, hosts=c.hosts, job=Job(**{**c.job.__dict__, "platform": "ascend"}),
+                checks=Checks(skip=("device-rules",)))  # 2 devices a host: not HCCL's rule, fine here
+    launch = launchers.build(c, make_plan(c), "RID", root={}, device_ips={
+        h.name: {0: "192.168.1.1", 1: "192.168.1.2"} for h in c.hosts})
+    for procs in launch.procs.values():
+        for p in procs:
+            env = dict(p.env)
+            if launcher == "mpirun":
+                env.update(a.split("=", 1) for a in p.argv if "=" in a and a.split("=", 1)[0].isupper())
+            assert (env["HCCL_CONNECT_TIMEOUT"], env["HCCL_EXEC_TIMEOUT"], env["ORCH_RANK_DIRS"]) == \
+                ("120", "900", "1"), (launcher, p)
+    assert hccl_connect_timeout(c, 2) == 120 and hccl_connect_timeout(c, 64) == 256
+    assert hccl_connect_timeout(c, 5000) == 7200
+    c = Cluster(name=c.name, path=c.path, hosts=c.hosts, checks=c.checks,
+                job=Job(**{**c.job.__dict__, "hccl_connect_timeout": 600, "env": {"HCCL_EXEC_TIMEOUT": "5"}}))
+    env = dict(launchers.build(c, make_plan(c), "RID", root={}, device_ips={
+        h.name: {0: "192.168.1.1", 1: "192.168.1.2"} for h in c.hosts}).procs["h1"][0].env)
+    if launcher != "mpirun":
+        assert (env["HCCL_CONNECT_TIMEOUT"], env["HCCL_EXEC_TIMEOUT"]) == ("600", "5")
+
+
+def test_wrapper_keeps_a_torchrun_ranks_output_and_enters_its_rank_dir(tmp_path):
+    """ORCH_RANK_OUTPUT: the rank's output goes to a1/1/rank.N/stdout (mpirun's layout, which
+    orch logs reads); ORCH_RANK_DIRS: it runs in workdir/rank_N, the workdir's entries linked."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "data.txt").write_text("shared\n")
+    res = run_rank(tmp_path, {"RANK": "3", "ORCH_RANK_OUTPUT": "1", "ORCH_RANK_DIRS": "1"},
+                   ["sh", "-c", "pwd; cat data.txt; echo mine > out.txt; echo err >&2; exit 2"], cwd=work)
+    assert res.returncode == 2 and res.stdout == ""
+    assert (tmp_path / "a1" / "1" / "rank.3" / "stdout").read_text() == f"{work}/rank_3\nshared\nerr\n"
+    assert (work / "rank_3" / "out.txt").read_text() == "mine\n" and not (work / "out.txt").exists()
+    assert (work / "rank_3" / "data.txt").is_symlink()
+    assert json.loads((tmp_path / "a1" / "rank.3.exit").read_text())["exit_code"] == 2

@@ -264,3 +264,30 @@ def test_hostile_input_is_bounded_and_located(tmp_path, text, line, needle):
     assert needle in msg and loc.file.endswith("cluster.yaml"), msg
     if line is not None:
         assert loc.line == line
+
+
+def test_device_ips_may_list_every_device_of_the_host(tmp_path):
+    """/etc/hccn.conf lists all 8 devices; copying it into device_ips is fine for a job on 4-7."""
+    c = load_cluster(write(tmp_path, """\
+        inventory:
+          hosts:
+            - address: 10.0.0.1
+              devices: [4, 5, 6, 7]
+              device_ips: {0: 192.168.100.1, 1: 192.168.101.1, 2: 192.168.102.1, 3: 192.168.103.1,
+                           4: 192.168.100.2, 5: 192.168.101.2, 6: 192.168.102.2, 7: 192.168.103.2}
+        job: {workdir: /data/j, command: x, launcher: ranktable, platform: ascend, rank_dirs: true,
+              hccl: {connect_timeout: 600, exec_timeout: 900}}
+        """))
+    from orchestrator.plan import device_ips_for, make_plan
+    assert device_ips_for(make_plan(c), {})["10.0.0.1"] == {4: "192.168.100.2", 5: "192.168.101.2",
+                                                             6: "192.168.102.2", 7: "192.168.103.2"}
+    assert (c.job.rank_dirs, c.job.hccl_connect_timeout, c.job.hccl_exec_timeout) == (True, 600, 900)
+
+
+def test_hccl_timeouts_are_bounded(tmp_path):
+    got = problems(tmp_path, """\
+        inventory: {hosts: [{address: 10.0.0.1}]}
+        job: {workdir: /data/j, command: x, hccl: {connect_timeout: 60, exec_timeout: 0, retries: 3}}
+        """)
+    msgs = " | ".join(m for _, _, m in got)
+    assert "120 to 7200" in msgs and "1 to 17340" in msgs and "unknown key 'retries'" in msgs, got
