@@ -424,7 +424,7 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
                                                   f" {run.connect_time:.2f}s to connect)")],
         "mesh": lambda: [judge_mesh(host, _get(s, "mesh"), mesh_targets(plan.cluster, host),
                                     plan.cluster.ssh.connect_timeout, plan.cluster.ssh.command_timeout)],
-        "user": lambda: [judge_user(host, _get(s, "user"))],
+        "user": lambda: [judge_user(host, _get(s, "user"), plan.cluster.job.launcher)],
         "path": lambda: [judge_path(plan.cluster, host, _get(s, "path"))],
         "nic": lambda: [judge_nic(host, _get(s, "nic"), run.addresses)[0]]
         + ([judge_interface(plan.cluster, host, _get(s, "iface"))] if plan.cluster.job.interface else []),
@@ -452,13 +452,14 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
     return out
 
 
-def judge_user(host: Host, sec: Section) -> CheckResult:
+def judge_user(host: Host, sec: Section, launcher: str = "mpirun") -> CheckResult:
     user = sec.body.strip()
     if sec.rc != 0 or not user or len(user.split()) != 1:
         return _r("user", host, "error", f"`id -un` failed: {probes.quote_output(sec.body)}")
     if user == "root":
-        return _r("user", host, "warn", "logged in as root: mpirun needs --allow-run-as-root (orch adds it); "
-                                        "a non-root user is safer")
+        return _r("user", host, "warn", "logged in as root"
+                  + (": mpirun needs --allow-run-as-root (orch adds it)" if launcher == "mpirun" else "")
+                  + "; a non-root user is safer")
     return _r("user", host, "pass", f"logged in as {user}")
 
 
@@ -688,14 +689,37 @@ def judge_stale(host: Host, sec: Section) -> list[CheckResult]:
     return out
 
 
+def clock_skew(first: Section, last: Section, t_send: float, t_recv: float) -> tuple[float, float]:
+    """(the host's clock minus this machine's, what the round trip cannot tell apart), in seconds."""
+    r0, r1 = probes.parse_clock(first.body), probes.parse_clock(last.body)
+    return (r0 + r1) / 2 - (t_send + t_recv) / 2, max(0.0, ((t_recv - t_send) - (r1 - r0)) / 2)
+
+
+def judge_hccl_timeout(cluster: Cluster, skews: Sequence[float], sent: Sequence[float]) -> list[CheckResult]:
+    """Ascend: HCCL gives ranks HCCL_CONNECT_TIMEOUT to find each other. Hosts whose clocks, or
+    whose probes (sent once each host was reached: how staggered a launch is) are already half of
+    that apart will start their ranks further apart than that some day: warn before EI0006
+    ("Getting socket times out")."""
+    if cluster.job.platform != "ascend" or max(len(skews), len(sent)) < 2:
+        return []
+    from .render import hccl_connect_timeout
+
+    limit = hccl_connect_timeout(cluster, len(cluster.hosts))
+    skew = max(skews) - min(skews) if skews else 0.0
+    spread = max(sent) - min(sent) if sent else 0.0
+    if max(skew, spread) < limit / 2:
+        return []
+    return [CheckResult("clock", None, "warn", f"the hosts' clocks are {skew:.0f}s apart and reaching them all "
+                        f"took {spread:.0f}s, while HCCL_CONNECT_TIMEOUT is {limit}s: ranks that start further apart "
+                        "than that fail with EI0006; raise job.hccl.connect_timeout (at most 7200) and run NTP")]
+
+
 def judge_clock(host: Host, first: Section, last: Section, t_send: float, t_recv: float,
                 limit: float) -> CheckResult:
     """Skew = host's midpoint - controller's midpoint; only beyond what the round trip can explain."""
-    r0, r1 = probes.parse_clock(first.body), probes.parse_clock(last.body)
     if not t_send or not t_recv:
         return _r("clock", host, "error", "no send/receive times to compare the clock with")
-    skew = (r0 + r1) / 2 - (t_send + t_recv) / 2
-    slack = max(0.0, ((t_recv - t_send) - (r1 - r0)) / 2)
+    skew, slack = clock_skew(first, last, t_send, t_recv)
     if abs(skew) - slack > limit:
         way = "ahead of" if skew > 0 else "behind"
         return _r("clock", host, "warn", f"clock is {abs(skew):.1f}s {way} this machine's (more than "
@@ -996,6 +1020,16 @@ def judge_across(plan: CheckPlan, runs: Sequence[ProbeRun]) -> list[CheckResult]
                 if got is not None:
                     chosen[r.host.name] = got
             out += judge_interfaces(chosen)
+    if "clock" in plan.checks and plan.cluster.job.platform == "ascend":
+        skews = []
+        for r in ok:
+            c0, c1 = r.sections.get("clock0"), r.sections.get("clock1")  # type: ignore[union-attr]
+            if c0 is not None and c1 is not None and r.t_send and r.t_recv:
+                try:
+                    skews.append(clock_skew(c0, c1, r.t_send, r.t_recv)[0])
+                except ProbeError:
+                    pass
+        out += judge_hccl_timeout(plan.cluster, skews, [r.t_send for r in ok if r.t_send])
     if "devices" in plan.checks and plan.cluster.job.platform == "ascend":
         confs = {}
         for r in ok:

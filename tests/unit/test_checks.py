@@ -658,3 +658,17 @@ def test_cli_check_json_exit_codes(tmp_path):
     res = CliRunner().invoke(cli, ["check", str(f), "--print-probe", "me"])
     assert res.exit_code == 0 and res.stdout.startswith("# orch check probe for me")
     assert CliRunner().invoke(cli, ["check", str(f), "--print-probe", "nobody"]).exit_code == 2
+
+
+def test_hccl_connect_timeout_warning(tmp_path):
+    """Ascend: clocks or launch spread at half of HCCL_CONNECT_TIMEOUT (120 s here) warn; cpu never."""
+    from dataclasses import replace as _replace
+    c = cluster(tmp_path)
+    asc = _replace(c, job=_replace(c.job, platform="ascend"))
+    assert checks.judge_hccl_timeout(asc, [0.0, 1.0], [100.0, 101.0]) == []
+    [w] = checks.judge_hccl_timeout(asc, [0.0, 70.0], [100.0, 101.0])
+    assert w.status == "warn" and "70s apart" in w.message and "HCCL_CONNECT_TIMEOUT is 120s" in w.message
+    assert checks.judge_hccl_timeout(asc, [0.0, 1.0], [100.0, 170.0])[0].status == "warn"
+    big = _replace(asc, job=_replace(asc.job, hccl_connect_timeout=600))
+    assert checks.judge_hccl_timeout(big, [0.0, 70.0], [100.0, 170.0]) == []
+    assert checks.judge_hccl_timeout(c, [0.0, 700.0], [0.0, 700.0]) == []
