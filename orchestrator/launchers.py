@@ -84,10 +84,10 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
           interfaces: Mapping[str, tuple[str, str | None]] | None = None) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
-    (default: as far as the cluster file says)."""
+    (default: a name the cluster file gives; `auto` is only known on the hosts)."""
     job = cluster.job
     if interfaces is None:
-        interfaces = planned_interfaces(cluster, plan)
+        interfaces = {h: v for h, v in planned_interfaces(cluster, plan).items() if v[0] != AUTO_INTERFACE}
     # NCCL/HCCL/Gloo pinned to job.interface; the user's own values (job/host env) win
     if_env = {h: render.interface_env(n) for h, (n, _) in interfaces.items()}
     rdir = run_dir(cluster, run_id)
@@ -191,7 +191,8 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     roots = {h.name: root for h in plan.hosts}
     if job.launcher == "ranktable" and job.platform == "ascend" and device_ips is None:
         device_ips = {h.name: {d: "<device ip>" for d in h.devices} for h in plan.hosts}
-    launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips)
+    launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips,
+                   interfaces=planned_interfaces(cluster, plan))
     adir = posixpath.join(run_dir(cluster, run_id), "a1")
     out: dict[str, list[dict]] = {}
     for h in plan.hosts:

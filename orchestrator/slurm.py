@@ -225,7 +225,8 @@ def plan_commands(cluster: Cluster) -> dict:
 class Client:
     """Runs Slurm's commands where the inventory says: here, or on `slurm.login` over ssh."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, gateways=None):
+        """gateways: the Pool's jump-host connections, shared with the nodes (transport.ssh.Gateways)."""
         from .transport import make_transport
 
         s = cluster.slurm
@@ -234,7 +235,7 @@ class Client:
         host = s.login_host or replace(s.template, name=s.login or "localhost", address=s.login or "localhost",
                                        connection="ssh" if s.login else "local",
                                        port=22 if s.login else s.template.port)
-        self.transport = make_transport(host, cluster.ssh)
+        self.transport = make_transport(host, cluster.ssh, gateways)
         self.env = {"SLURM_CONF": s.conf} if s.conf else None
         self.where = f"on {s.login}" if s.login else "here"
 

@@ -39,12 +39,16 @@ class Pool:
         with self._lock:
             t = self._transports.get(host.name)
             if t is None:
-                if host.jump and self._gateways is None:
-                    from .ssh import Gateways
-
-                    self._gateways = Gateways(self.cluster.ssh)
-                t = self._transports[host.name] = make_transport(host, self.cluster.ssh, self._gateways)
+                t = self._transports[host.name] = make_transport(host, self.cluster.ssh, self._gateways_for(host))
             return t
+
+    def _gateways_for(self, host: Host):
+        """The invocation's jump-host connections (made for the first host behind one). Lock held."""
+        if host.jump and self._gateways is None:
+            from .ssh import Gateways
+
+            self._gateways = Gateways(self.cluster.ssh)
+        return self._gateways
 
     def slurm(self):
         """The Slurm commands' client of a Slurm inventory (here, or its login host over ssh): one
@@ -53,7 +57,9 @@ class Pool:
 
         with self._lock:
             if self._slurm is None:
-                self._slurm = Client(self.cluster)
+                s = self.cluster.slurm
+                login = s.login_host if s is not None else None
+                self._slurm = Client(self.cluster, self._gateways_for(login) if login is not None else None)
             return self._slurm
 
     def close(self) -> None:

@@ -170,9 +170,9 @@ class _Policy(paramiko.MissingHostKeyPolicy):
 
 
 class Gateways:
-    """The jump-host connections of one invocation: one per hop chain, shared by every host behind
-    it, and a cap (ssh.jump_fanout) on the new connections opened through each at once, which its
-    sshd would otherwise drop beyond MaxStartups."""
+    """The jump-host connections of one invocation: one per hop chain (and key), shared by every
+    host behind it, and a cap (ssh.jump_fanout) on how many hosts' handshakes go through one jump
+    host at once (each is a TCP connection the jump host opens, and CPU on both ends)."""
 
     def __init__(self, ssh: SshSettings):
         self.ssh = ssh
@@ -181,19 +181,21 @@ class Gateways:
 
     def hop(self, chain: tuple[Host, ...]) -> tuple["SshTransport", threading.BoundedSemaphore]:
         """The connection to chain[-1] (made through chain[:-1]) and its slots for new tunnels."""
-        key = tuple((j.user, j.ssh_address, j.port) for j in chain)
+        key = tuple((j.user, j.ssh_address, j.port, j.identity_file, j.known_hosts) for j in chain)
         with self._lock:
             got = self._hops.get(key)
             if got is None:
                 t = SshTransport.for_settings(replace(chain[-1], jump=chain[:-1]), self.ssh, self)
-                t.failure_is_final = True  # every host behind it would try (and wait) again
+                # every host behind it would try (and wait) again: its failure answers them all for
+                # a while (a refused key or host key: for good, as for any host)
+                t.failure_memory = t.connect_timeout * t.retries
                 got = self._hops[key] = (t, threading.BoundedSemaphore(self.ssh.jump_fanout))
             return got
 
     def close(self) -> None:
         with self._lock:
             hops, self._hops = list(self._hops.values()), {}
-        for t, _ in reversed(hops):  # the hosts behind a hop first
+        for t, _ in sorted(hops, key=lambda h: -len(h[0].host.jump)):  # the hops behind a hop first
             t.close()
 
 
@@ -214,7 +216,8 @@ class SshTransport(Transport):
         self._lock = threading.Lock()
         self.connections_opened = 0
         self._refused: ConnectError | None = None  # a refused key / host key: final for this invocation
-        self.failure_is_final = False  # a jump host: any failed connect (after its retries) is final
+        self.failure_memory = 0.0  # a jump host: seconds a failed connect (after its retries) stands
+        self._failed: tuple[float, ConnectError] | None = None
 
     @classmethod
     def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> "SshTransport":
@@ -228,14 +231,15 @@ class SshTransport(Transport):
                 return
             if self._refused is not None:  # asking again would only be refused again (and logged)
                 raise self._refused
+            if self._failed is not None and time.monotonic() - self._failed[0] < self.failure_memory:
+                raise self._failed[1]
             try:
                 self._connect()
             except (AuthError, HostKeyError) as exc:
                 self._refused = exc
                 raise
             except ConnectError as exc:
-                if self.failure_is_final:
-                    self._refused = exc
+                self._failed = (time.monotonic(), exc)
                 raise
 
     def _connect(self) -> None:
@@ -263,10 +267,9 @@ class SshTransport(Transport):
         except HostError as exc:  # the hop failed (after its own retries): say which, for this host
             raise _via(exc, self.host, gw.host, retry=False) from None
         if not slots.acquire(timeout=self.command_timeout):
-            raise TransientNetworkError(self.host.name, f"waited {self.command_timeout:g}s for a free connection "
-                                        f"slot on jump host {gw.host.target}",
-                                        hint="raise ssh.jump_fanout if the jump host's sshd allows more "
-                                             "(MaxStartups)")
+            raise ConnectError(self.host.name, f"waited {self.command_timeout:g}s for one of the {gw.host.target} "
+                               "jump host's slots (ssh.jump_fanout) to connect through it",
+                               hint="raise ssh.jump_fanout, or ssh.command_timeout")
         try:
             return self._handshake(timeout, gw)
         finally:
@@ -285,6 +288,9 @@ class SshTransport(Transport):
                                              "it by? (AllowTcpForwarding must be on in the jump host's sshd)"
                                         ) from None
         except (paramiko.SSHException, EOFError, OSError, AssertionError) as exc:
+            if transport is not None and transport.is_active():  # this target is slow: not the connection
+                raise TransientNetworkError(self.host.name, f"could not reach {address}:{port} from here: {exc}",
+                                            hint="is the host up?") from None
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
@@ -310,8 +316,8 @@ class SshTransport(Transport):
             except HostError as exc:
                 raise _via(exc, h, gw.host) from None
         elif h.proxy_command:
-            try:
-                kwargs["sock"] = paramiko.ProxyCommand(h.proxy_command)
+            try:  # through a shell, as OpenSSH runs it (pipes, redirections, `exec ...`)
+                kwargs["sock"] = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + h.proxy_command))
             except BaseException as exc:  # noqa: BLE001 - could not start it: say so, with the command
                 raise ConnectError(h.name, f"ProxyCommand {h.proxy_command!r} could not start: {exc}",
                                    hint="check ProxyCommand in the ssh config (ssh.config_file)") from None

@@ -24,6 +24,7 @@ from pathlib import Path
 DEFAULT_PATH = "~/.ssh/config"
 _PCT = "\x00"  # stands in for '%' while paramiko parses, so that paramiko expands no token
 _INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.IGNORECASE)
+_BLOCK = re.compile(r"^\s*(host|match)(\s*=\s*|\s+)\S", re.IGNORECASE)
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's own limit
 MAX_HOPS = 8
 
@@ -134,8 +135,8 @@ class SshConfig:
 
         try:
             d = self._config.lookup(alias)
-        except paramiko.SSHException as exc:  # a Match exec/canonical it cannot evaluate
-            raise SshConfigError(self.path, f"cannot look up {alias!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a Match exec/canonical paramiko cannot evaluate, and kin
+            raise SshConfigError(self.path, f"cannot look up {alias!r}: {str(exc).replace(_PCT, '%')}") from None
 
         def one(key: str) -> str | None:
             v = d.get(key)
@@ -151,10 +152,13 @@ class SshConfig:
                 raise SshConfigError(self.path, f"{key} {v!r} (for host {alias}) is not a number") from None
 
         hostname = one("hostname")
+        port = number("port")
+        if port is not None and not 1 <= port <= 65535:
+            raise SshConfigError(self.path, f"Port {port} (for host {alias}) is not between 1 and 65535")
         return Entry(
             hostname=None if hostname in (None, alias) else hostname,
             user=one("user"),
-            port=number("port"),
+            port=port,
             identity_files=tuple(v.replace(_PCT, "%") for v in d.get("identityfile", ())),
             known_hosts=tuple((one("userknownhostsfile") or "").split()),
             proxy_jump=one("proxyjump"),
@@ -174,9 +178,12 @@ def _read_with_includes(path: str, depth: int) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise SshConfigError(path, f"cannot read it: {exc}") from None
     out = []
+    block = None  # the Host/Match line the file is in: what follows an Include still belongs to it
     for line in text.splitlines():
         m = _INCLUDE.match(line)
         if not m:
+            if _BLOCK.match(line):
+                block = line
             out.append(line)
             continue
         for name in m.group(1).split():
@@ -185,4 +192,6 @@ def _read_with_includes(path: str, depth: int) -> str:
                 name = os.path.join(os.path.expanduser("~/.ssh"), name)
             for included in sorted(glob.glob(name)):
                 out.append(_read_with_includes(included, depth + 1))
+        if block is not None:
+            out.append(block)
     return "\n".join(out) + "\n"

@@ -190,8 +190,9 @@ def test_an_encrypted_key_without_agent_fails_clearly_and_fast(rc, tmp_path):
 
 def test_a_missing_interface_fails_check_on_that_host(rc, tmp_path):
     """job.interface names a NIC only host 1 has: check fails hosts 2 and 3 (not 1); up refuses
-    to start anything, even with --skip-checks."""
-    rc.exec(1, ["sh", "-c", "ip link add orchx0 type veth peer name orchx1 && ip addr add 10.99.0.1/24 dev orchx0"])
+    to start anything, even with --skip-checks; once it is down on host 1, host 1 fails too."""
+    rc.exec(1, ["sh", "-c", "ip link add orchx0 type veth peer name orchx1 && ip addr add 10.99.0.1/24 dev orchx0 "
+                            "&& ip link set orchx1 up && ip link set orchx0 up"])
     try:
         _write(rc, tmp_path, interface="orchx0", launcher="ranktable")
         doc = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=1).stdout)
@@ -200,6 +201,10 @@ def test_a_missing_interface_fails_check_on_that_host(rc, tmp_path):
         res = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1)
         err = res.stderr.decode()
         assert "nothing was started" in err and f"{rc.name}-h2: job.interface orchx0" in err, err
+        rc.exec(1, ["ip", "link", "set", "orchx0", "down"])
+        doc = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=1).stdout)
+        assert [r["status"] for r in doc["results"] if r["check"] == "nic" and r["host"] == f"{rc.name}-h1"
+                and "orchx0" in r["message"]] == ["fail"], doc
     finally:
         rc.exec(1, ["ip", "link", "del", "orchx0"])
 

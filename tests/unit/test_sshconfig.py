@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -91,7 +92,9 @@ def test_include_and_chains(tmp_path):
     c = load_cluster(_cluster(tmp_path, "- {address: included}\n- {address: 10.0.0.5, jump: [a@h1, 'h2:2', bastion]}\n"))
     inc, chained = c.hosts
     assert (inc.hostname, inc.port) == ("10.7.7.7", 2022)
-    assert [j.target for j in chained.jump] == ["a@h1", f"{chained.jump[1].user}@h2:2", "admin@203.0.113.5:2200"]
+    local = chained.jump[1].user  # no user given: the local login name, as ssh -J does
+    assert [j.target for j in chained.jump] == ["a@h1", f"{local}@h2:2", "admin@203.0.113.5:2200"]
+    assert local and local not in ("a", "admin")
 
 
 def test_config_file_none_and_missing_default(tmp_path, monkeypatch):
@@ -116,6 +119,12 @@ def test_run_record_keeps_the_route(tmp_path):
     h = load_cluster(_cluster(tmp_path, "- {address: gpu-3, mpi_address: 192.168.1.3}\n")).hosts[0]
     assert Host.from_dict(h.to_dict()) == h
     assert Run(tmp_path, "x", {"hosts": [h.to_dict()]}).hosts() == (h,)
+    # Atlas A3 keys too, through JSON (whose keys are strings)
+    a3 = load_cluster(_cluster(tmp_path, "- {address: a3-1, slots: 2, super_device_ids: {0: 37748736, 1: 37814273},"
+                                         " super_pod_id: 0}\n")).hosts[0]
+    assert (a3.super_device_ids, a3.super_pod_id) == ({0: 37748736, 1: 37814273}, 0)
+    assert Host.from_dict(json.loads(json.dumps(a3.to_dict()))) == a3
+    assert Run(tmp_path, "y", {"hosts": [a3.to_dict()]}).hosts() == (a3,)
 
 
 def test_parse_hops_and_tokens():
@@ -145,3 +154,52 @@ def test_slurm_login_node_resolves_through_ssh_config(tmp_path):
     lh = s.login_host
     assert (lh.hostname, lh.user, lh.port) == ("gpu-login.cluster.internal", "train", 2222)
     assert [j.hostname for j in lh.jump] == ["203.0.113.5"]
+
+
+def test_include_inside_a_host_block_keeps_the_block(tmp_path):
+    """What follows an Include inside `Host a` still belongs to `Host a` (as in OpenSSH)."""
+    (tmp_path / "inc.conf").write_text("Host other\n  Port 2000\n")
+    (tmp_path / "cfg").write_text(f"Host a\n  Include {tmp_path}/inc.conf\n  HostName 5.5.5.5\n")
+    cfg = SshConfig.load(str(tmp_path / "cfg"))
+    assert cfg.lookup("a").hostname == "5.5.5.5" and cfg.lookup("other").port == 2000
+
+
+def test_bad_values_from_the_config_are_located(tmp_path):
+    p = _cluster(tmp_path, "- {address: gpu-3}\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host gpu-3\n  Port 70000\n")
+    with pytest.raises(SpecError, match=r"ssh_config: Port 70000 \(for host gpu-3\) is not between 1 and 65535"):
+        load_cluster(p)
+    cfg.write_text("Host gpu-3\n  User -oProxyCommand=x\n")
+    with pytest.raises(SpecError, match="is not a login name"):
+        load_cluster(p)
+    cfg.write_text("Match exec \"test %h = x\"\n  Port 2\n")
+    with pytest.raises(SpecError, match="cannot look up"):  # never a traceback
+        load_cluster(p)
+
+
+def test_mpi_address_is_one_hosts(tmp_path):
+    with pytest.raises(SpecError, match="defaults.mpi_address: mpi_address is one host's address"):
+        load_cluster(_cluster(tmp_path, "- {address: gpu-3}\n", extra_inventory=", mpi_address: 10.1.1.1"))
+    with pytest.raises(SpecError, match=r"hosts\[0\].mpi_address: .* gives 2 hosts"):
+        load_cluster(_cluster(tmp_path, "- {address: 'n[1-2]', mpi_address: 10.1.1.1}\n"))
+    with pytest.raises(SpecError, match="is not a host name or IP address"):
+        load_cluster(_cluster(tmp_path, "- {address: n1, mpi_address: -oProxyCommand=id}\n"))
+
+
+def test_slurm_nodes_go_through_the_defaults_jump_host(tmp_path):
+    from orchestrator.slurm import hosts_of
+    p = _cluster(tmp_path, "- {address: x}\n")
+    p.write_text(p.read_text().replace("  defaults: {slots: 1}\n  hosts:\n    - {address: x}\n",
+                                       "  defaults: {slots: 1, jump: bastion}\n  slurm: {nodes: 2}\n"))
+    s = load_cluster(p).slurm
+    [node] = hosts_of(s, ("node1",), {})
+    assert [j.hostname for j in node.jump] == ["203.0.113.5"]
+
+
+def test_type_errors_name_the_field_without_pydantic_tags(tmp_path):
+    p = _cluster(tmp_path, "- {address: x}\n")
+    p.write_text(p.read_text().replace('command: ["true"]', "command: 5"))
+    with pytest.raises(SpecError) as exc:
+        load_cluster(p)
+    assert "job.command:" in str(exc.value) and "job.command.str" not in str(exc.value)
