@@ -13,8 +13,9 @@ give cluster-wide results (host None) that name every host involved, folded
 
 The checks (names from spec.KNOWN_CHECKS; `checks.skip` skips them):
 ssh, mesh, user, versions, path, nic, devices, device-rules, workdir, disk,
-files, ports, stale, clock. A host that cannot be reached fails `ssh` and every
-other check of it is `error` ("not checked"); the other hosts' results stand.
+files, ports, stale, clock, and with --deep health (health.py). A host that
+cannot be reached fails `ssh` and every other check of it is `error` ("not
+checked"); the other hosts' results stand.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Callable, Iterable, Literal, Mapping, Sequence
 
-from . import probes
+from . import health, probes
 from .errors import HostError, OrchError
 from .fanout import fan_out
 from .probes import MeshTarget, ProbeError, Section, SyncFile
@@ -219,7 +220,7 @@ class CheckPlan:
         job = self.cluster.job
         if check not in self.checks:
             return False
-        if check == "devices":
+        if check in ("devices", "health"):  # health: only in checks with --deep
             return job.platform in ("ascend", "gpu")
         if check == "ports":
             return job.launcher in ("msrun", "torchrun") and host.name == self.launch.name
@@ -230,8 +231,8 @@ class CheckPlan:
         return check != "device-rules"  # cluster-wide only
 
 
-def make_check_plan(cluster: Cluster, *, full_mesh: bool = False) -> CheckPlan:
-    checks = tuple(active_checks(cluster))
+def make_check_plan(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False) -> CheckPlan:
+    checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
     hosts = plan_order(cluster.hosts)
     manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
@@ -241,9 +242,9 @@ def make_check_plan(cluster: Cluster, *, full_mesh: bool = False) -> CheckPlan:
                      full_mesh=full_mesh)
 
 
-def probe_for(cluster: Cluster, host_name: str, *, full_mesh: bool = False) -> str:
+def probe_for(cluster: Cluster, host_name: str, *, full_mesh: bool = False, deep: bool = False) -> str:
     """The probe script `orch check` would run on one host (`orch check --print-probe HOST`)."""
-    plan = make_check_plan(cluster, full_mesh=full_mesh)
+    plan = make_check_plan(cluster, full_mesh=full_mesh, deep=deep)
     return plan.script(cluster.host(host_name))
 
 
@@ -298,11 +299,12 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
     return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses)
 
 
-def run_checks(cluster: Cluster, pool, *, full_mesh: bool = False,
+def run_checks(cluster: Cluster, pool, *, full_mesh: bool = False, deep: bool = False,
                on_result: Callable[[CheckResult], None] | None = None) -> Report:
-    """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once)."""
+    """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
+    deep: also the device health probes (check `health`)."""
     t0 = time.monotonic()
-    plan = make_check_plan(cluster, full_mesh=full_mesh)
+    plan = make_check_plan(cluster, full_mesh=full_mesh, deep=deep)
     results: list[CheckResult] = []
 
     def emit(rs: Iterable[CheckResult]) -> None:
@@ -393,7 +395,7 @@ def _host_message(err: OrchError, host: Host) -> str:
 
 
 PER_HOST = ("ssh", "mesh", "user", "path", "nic", "devices", "workdir", "disk", "files", "ports", "stale",
-            "clock")
+            "clock", "health")
 
 
 def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
@@ -436,6 +438,7 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
         "stale": lambda: judge_stale(host, _get(s, "stale")),
         "clock": lambda: [judge_clock(host, _get(s, "clock0"), _get(s, "clock1"), run.t_send, run.t_recv,
                                       plan.cluster.checks.clock_skew)],
+        "health": lambda: [_r("health", host, *astuple(health.judge(plan.cluster, host, s)))],
     }
     for c in applicable:
         try:

@@ -243,11 +243,14 @@ _CELL = {"pass": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "
               help="Slurm inventory: check the nodes of this running allocation (default: allocate briefly)")
 @click.option("--print-probe", "print_probe", default=None, metavar="HOST",
               help="print the probe script orch check runs on HOST, and exit")
+@click.option("--deep", is_flag=True,
+              help="also check device health before a long job (check `health`, ascend/gpu: npu-smi health, "
+                   "hccn_tool link/net health/ping; nvidia-smi ECC, kernel-log XIDs); see docs/health.md")
 def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, slurm_job: str | None,
-                  print_probe: str | None) -> None:
+                  print_probe: str | None, deep: bool) -> None:
     """Preflight every host: ssh, versions, PATH, NICs, devices, workdir, disk, files, ports, stale
-    processes, clocks. One SSH connection and one remote command per host. A Slurm inventory's
-    nodes are those of --slurm-job, or of a brief allocation (released at once).
+    processes, clocks (--deep: and device health). One SSH connection and one remote command per host.
+    A Slurm inventory's nodes are those of --slurm-job, or of a brief allocation (released at once).
 
     Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage,
     3 Slurm refused the allocation."""
@@ -257,7 +260,7 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
     if slurm_job is not None and cluster.slurm is None:
         raise UsageError("--slurm-job: this inventory lists its hosts; it does not use Slurm")
     if cluster.slurm is None:
-        return _check_on(cluster, as_json, full_mesh, print_probe)
+        return _check_on(cluster, as_json, full_mesh, print_probe, deep)
     from . import slurm
 
     client = slurm.Client(cluster)
@@ -268,17 +271,17 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
                 raise UsageError(f"--slurm-job {slurm_job}: the job is {info.state or 'unknown to Slurm'}, "
                                  "not RUNNING")
             cluster = slurm.with_nodes(cluster, info, client.addresses(info.nodes))
-            return _check_on(cluster, as_json, full_mesh, print_probe)
+            return _check_on(cluster, as_json, full_mesh, print_probe, deep)
     finally:
         client.close()
     if not as_json:
         click.echo(f"orch: asking Slurm for {cluster.slurm.nodes} node(s) to check", err=True)
     with slurm.Allocation.request(cluster, lambda jid, why: None if as_json else click.echo(
             f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True)) as alloc:
-        return _check_on(alloc.cluster, as_json, full_mesh, print_probe)
+        return _check_on(alloc.cluster, as_json, full_mesh, print_probe, deep)
 
 
-def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None) -> None:
+def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, deep: bool = False) -> None:
     from . import checks
     from .errors import UsageError
     from .transport import Pool
@@ -290,7 +293,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None) 
 
             raise UsageError(f"--print-probe {print_probe!r}: no such host",
                              hint=f"hosts are: {fold(h.name for h in cluster.hosts)}")
-        click.echo(checks.probe_for(cluster, match[0].name, full_mesh=full_mesh), nl=False)
+        click.echo(checks.probe_for(cluster, match[0].name, full_mesh=full_mesh, deep=deep), nl=False)
         return
     status = None
     if not as_json and sys.stderr.isatty():
@@ -300,7 +303,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None) 
         status.start()
     try:
         with Pool(cluster) as pool:
-            report = checks.run_checks(cluster, pool, full_mesh=full_mesh)
+            report = checks.run_checks(cluster, pool, full_mesh=full_mesh, deep=deep)
     finally:
         if status is not None:
             status.stop()

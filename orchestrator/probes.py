@@ -280,7 +280,8 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
     checks: the check names to probe for (default: all); manifest: the files orch up will
     sync (sizes, hashes); mesh_targets: hosts this one must reach with ssh as mpirun does;
     versions: the tools whose versions to report; launch_host: also probe the msrun port;
-    launch_address: the launch host's cluster address (job.interface: auto looks for its route)."""
+    launch_address: the launch host's cluster address (job.interface: auto looks for its route).
+    `health` (orch check --deep) is probed only when `checks` names it."""
     want = set(checks) if checks is not None else None
 
     def on(*names: str) -> bool:
@@ -310,7 +311,8 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
         parts.append(_section("nic", "ip -o addr show 2>/dev/null || hostname -I"))
         if job.interface:
             parts.append(_section("iface", interface_script(job.interface, launch_address)))
-    if on("devices") and job.platform == "ascend":
+    deep = want is not None and "health" in want  # orch check --deep: health.py's sections, and npu-smi
+    if (on("devices") or deep) and job.platform == "ascend":
         parts.append(_section("hccn", f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; "
                                       f"else echo {NOT_INSTALLED}; fi"))
         parts.append(_section("npu", "if command -v npu-smi >/dev/null 2>&1; then $T npu-smi info; "
@@ -318,6 +320,10 @@ def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None =
     if on("devices") and job.platform == "gpu":
         parts.append(_section("gpus", "if command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi -L; "
                                       f"else echo {NOT_INSTALLED}; fi"))
+    if deep:
+        from . import health
+
+        parts += [_section(n, b) for n, b in health.sections(cluster, host)]
     if on("workdir", "disk", "files"):
         parts.append(_section("workdir", (
             f"W={qw}\n"
