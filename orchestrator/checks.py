@@ -32,6 +32,7 @@ from . import health, probes
 from .errors import HostError, OrchError
 from .fanout import fan_out
 from .probes import MeshTarget, ProbeError, Section, SyncFile
+from .devices import parse_npu_smi_dies
 from .spec import KNOWN_CHECKS, Cluster, Host, fold
 
 Status = Literal["pass", "warn", "fail", "error"]
@@ -555,7 +556,8 @@ def judge_devices(cluster: Cluster, host: Host, sections: Mapping[str, Section])
     npu_note = ""
     if npu_sec is not None and npu_sec.finished:
         try:
-            npus = probes.parse_npu_smi(npu_sec.body)
+            # Atlas A3: one row pair per die, devices are the dies' physical ids (devices.py)
+            npus = parse_npu_smi_dies(npu_sec.body) or probes.parse_npu_smi(npu_sec.body)
         except ProbeError as exc:
             npu_note = f"; npu-smi info not understood ({exc})"
     problems, warnings = [], []

@@ -135,6 +135,13 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             missing_ips = exc
     elif probe:
         click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} needs no device IPs", err=True)
+    if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend" \
+            and cluster.job.rank_table_version == "1.2":
+        rp, missing_sdids = _plan_super_devices(cluster, rp, probe)
+        if missing_sdids is not None:  # no rank table without them; the commands show placeholders
+            device_ips = None
+            missing_ips = missing_sdids if missing_ips is None else \
+                PlanError(f"{missing_ips.message}\n{missing_sdids.message}", hint=missing_sdids.hint)
 
     if interface:
         from dataclasses import replace
@@ -163,7 +170,9 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
                    err=True)
     elif missing_ips is not None:
         click.secho(f"WARNING: {render.RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
-                    f"{planning.HCCN_CONF} on the hosts", fg="yellow", err=True)
+                    f"{planning.HCCN_CONF} on the hosts"
+                    + (" (and npu-smi's spod-info, for rank table 1.2)" if cluster.job.rank_table_version == "1.2"
+                       else ""), fg="yellow", err=True)
 
 
 def _plan_probe_hccn(cluster, rp) -> dict:
@@ -192,6 +201,29 @@ def _plan_probe_hccn(cluster, rp) -> dict:
                         + "\n".join(f"  - {s}" for s in shown + more),
                         hint="run `orch check` for the connection problems, or give device_ips in the inventory")
     return {name: o.value for name, o in outcomes.items()}
+
+
+def _plan_super_devices(cluster, rp, probe: bool):
+    """Rank table 1.2 (Atlas A3): (the plan with every host's super_device_ids and super_pod_id, None),
+    read with npu-smi on the hosts where the inventory lacks them when `probe`; or, when some are
+    missing without --probe, (the plan with placeholders for the printed commands, the PlanError)."""
+    from dataclasses import replace
+
+    from . import devices, lifecycle
+    from .errors import PlanError
+    from .transport import Pool
+
+    if probe and any(devices.needs_probe(h) for h in rp.hosts):
+        with Pool(cluster) as pool:
+            return lifecycle.read_super_devices(rp, pool), None
+    try:
+        return devices.super_devices_for(rp, {}), None
+    except PlanError as exc:
+        if probe:
+            raise
+        n = iter(range(rp.size))
+        shown = tuple(replace(h, super_device_ids={d: next(n) for d in h.devices}, super_pod_id=0) for h in rp.hosts)
+        return replace(rp, hosts=shown), exc
 
 
 def _plan_print(cluster, rp) -> None:
@@ -486,6 +518,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, quiet, follow
         device_ips = None
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
             device_ips = lifecycle.read_device_ips(rp, pool)
+            if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
+                rp = lifecycle.read_super_devices(rp, pool)
         prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
         run = create_run(cluster, rp.to_dict())
         if alloc is not None:

@@ -431,6 +431,25 @@ def read_device_ips(plan: RankPlan, pool: Pool) -> dict[str, dict[int, str]]:
     return device_ips_for(plan, {n: o.value for n, o in outcomes.items()})
 
 
+def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
+    """Rank table 1.2 (Atlas A3): the plan with every host's super_device_ids and super_pod_id,
+    the inventory's first, else read with npu-smi (`npu-smi info -m`, then `npu-smi info -t
+    spod-info -i <card> -c <chip>` per device) on the hosts that need it, over the open
+    connections. Anything missing -> PlanError naming host and device (devices.super_devices_for)."""
+    from .devices import needs_probe, read_spod, super_devices_for
+    from .errors import PlanError
+
+    need = [h for h in plan.hosts if needs_probe(h)]
+    outcomes = fan_out(need, lambda h: read_spod(pool[h], h), limit=pool.cluster.ssh.fanout)
+    failed = [o.error for o in outcomes.values() if not o.ok]
+    if failed:
+        raise PlanError(f"could not run npu-smi on {len(failed)} host(s):\n"
+                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
+                        hint="run `orch check` for the connection problems, or give super_device_ids and "
+                             "super_pod_id in the inventory")
+    return super_devices_for(plan, {n: o.value for n, o in outcomes.items()})
+
+
 # --------------------------------------------------------------------------- a recorded run
 
 
@@ -507,4 +526,4 @@ def cluster_status(cluster: Cluster, plan: RankPlan) -> tuple[str | None, RunVie
 
 
 __all__ = ["Events", "LaunchError", "Lifecycle", "Outcome", "RunConflict", "cluster_status", "prepare",
-           "read_device_ips", "record", "run_dir", "run_down", "run_status", "stop_run"]
+           "read_device_ips", "read_super_devices", "record", "run_dir", "run_down", "run_status", "stop_run"]

@@ -14,6 +14,10 @@ Hosts are sorted by their server_id, which is the host's `address`:
 2. then DNS names, compared as plain strings (lexicographically; `node10`
    sorts before `node9`, so zero-pad numbered names: node[01-16]).
 
+Atlas A3 (rank table 1.2): when the inventory gives every host a `super_pod_id`,
+hosts are grouped by it first (`by_super_pod`), as HCCL lists one SuperPoD's
+servers after another's.
+
 The sort is stable: hosts with the same address (possible with different ports
 or `connection: local`) keep their inventory order. Ranks are contiguous per
 host: the first host gets ranks 0..slots-1, the next one continues, and so on.
@@ -29,6 +33,9 @@ Validation collects every violation into one PlanError (exit code 2):
   the violations into a loud warning in `plan.warnings`):
   one host: 1, 2, 4 or 8 devices; several hosts: 8 devices per host (8 x N);
   a 2- or 4-device set lies inside {0,1,2,3} or {4,5,6,7}; device ids 0..7.
+  With rank table version 1.2 (Atlas A3) instead `ascend_a3_violations`: ids
+  0..15, whole NPUs (dies 2k and 2k+1 together), 1 or an even count up to 16
+  per host, the same count on every host of a multi-host job.
 - launcher msrun: the same slots on every host (msrun's rank formula needs it).
 - launcher mpirun: one mpirun exports one environment to every rank, so a
   device selection (CUDA_/ASCEND_RT_VISIBLE_DEVICES) and each host `env`
@@ -144,7 +151,16 @@ def server_key(address: str) -> tuple:
 
 
 def order_hosts(hosts) -> tuple[Host, ...]:
-    return tuple(sorted(hosts, key=lambda h: server_key(h.cluster_address)))
+    return by_super_pod(tuple(sorted(hosts, key=lambda h: server_key(h.cluster_address))))
+
+
+def by_super_pod(hosts: tuple[Host, ...]) -> tuple[Host, ...]:
+    """Atlas A3: when the inventory gives every host its super_pod_id, each SuperPoD's hosts
+    together (HCCL's rank table 1.2 lists one SuperPoD's servers after another's), SuperPoDs
+    by id, hosts by address inside each. Otherwise the order is unchanged."""
+    if not hosts or any(h.super_pod_id is None for h in hosts):
+        return hosts
+    return tuple(sorted(hosts, key=lambda h: h.super_pod_id))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -166,7 +182,7 @@ def make_plan(cluster: Cluster) -> RankPlan:
             errors.append(f"host {h.name}: {len(h.devices)} devices for {h.slots} slots; they must match")
 
     if job.platform == "ascend":
-        violations = ascend_violations(hosts)
+        violations = ascend_a3_violations(hosts) if job.rank_table_version == "1.2" else ascend_violations(hosts)
         if violations and "device-rules" in cluster.checks.skip:
             warnings.append("WARNING: device-rules is skipped (checks.skip), but this plan breaks the Ascend "
                             "device rules; HCCL will most likely refuse to build the communicator:\n"
@@ -233,6 +249,45 @@ def ascend_violations(hosts: tuple[Host, ...]) -> list[str]:
         if wrong:
             out.append(f"{RULE_MULTI}; {len(hosts)} hosts, these do not have 8: "
                        + _describe_by(wrong, lambda h: len(h.devices)))
+    return out
+
+
+A3_MAX_DEVICE = 15      # Atlas A3: 8 NPUs of two dies each, every die a device (a rank)
+A3_DIES_PER_NPU = 2
+A3_HOST_SIZES = (1, 2, 4, 6, 8, 10, 12, 14, 16)
+RULE_A3_IDS = "Ascend rule (Atlas A3): device ids are 0..15 (8 NPUs of two dies)"
+RULE_A3_SINGLE = ("Ascend rule (Atlas A3): a single-host job uses 1 device or an even number of devices "
+                  "(2, 4, ..., 16)")
+RULE_A3_MULTI = ("Ascend rule (Atlas A3): a multi-host job uses the same even number of devices (2, 4, ..., 16) "
+                 "on every host")
+RULE_A3_NPU = ("Ascend rule (Atlas A3): the two dies of an NPU (devices 2k and 2k+1) belong to the job together "
+               "when it uses more than one device")
+
+
+def ascend_a3_violations(hosts: tuple[Host, ...]) -> list[str]:
+    """The device rules of Atlas A3 (rank table 1.2), one message per violation. The 0-3/4-7
+    networks of the 8-device servers do not exist here: the 16 dies are one HCCS network."""
+    out: list[str] = []
+    for h in hosts:
+        bad = [d for d in h.devices if d > A3_MAX_DEVICE or d < 0]
+        if bad:
+            out.append(f"{RULE_A3_IDS}; host {h.name} lists {bad}")
+    counts = {len(h.devices) for h in hosts}
+    if len(hosts) == 1:
+        h = hosts[0]
+        if len(h.devices) not in A3_HOST_SIZES:
+            out.append(f"{RULE_A3_SINGLE}; host {h.name} has {len(h.devices)} ({_devs(h)})")
+    else:
+        wrong = [h for h in hosts if len(h.devices) not in A3_HOST_SIZES[1:]]
+        if wrong or len(counts) > 1:
+            out.append(f"{RULE_A3_MULTI}; {len(hosts)} hosts, devices per host: "
+                       + _describe_by(hosts, lambda h: len(h.devices)))
+    halves = [h for h in hosts if len(h.devices) > 1
+              and any(d ^ 1 not in h.devices for d in h.devices if 0 <= d <= A3_MAX_DEVICE)]
+    for h in halves:
+        lone = sorted(d for d in h.devices if 0 <= d <= A3_MAX_DEVICE and d ^ 1 not in h.devices)
+        out.append(f"{RULE_A3_NPU}; host {h.name} uses {lone} without "
+                   f"{sorted(d ^ 1 for d in lone)}")
     return out
 
 

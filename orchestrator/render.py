@@ -8,6 +8,8 @@ runs them. Same input -> same bytes (golden-file tested against the seeds).
 - `rank_table_v1`             HCCL rank table 1.0 (seed 000), json.dumps(indent=4) like the
                               seed's hccl_tools.py output, plus a final newline.
 - `rank_table_legacy`         MindSpore 0.x group_list table (seed 001), same JSON layout.
+- `rank_table_v12`            HCCL rank table 1.2 (Atlas A3 SuperPoD): super_device_id per device,
+                              super_pod_list; key order of the HCCL user guide's example.
 - `rank_env`                  one rank's environment for the ranktable launcher.
 - `mpirun_argv`/`mpirun_env`  the one mpirun command (run on the launch host).
 - `msrun_argv`/`node_env`     one msrun (or torchrun: `torchrun_argv`) command per host.
@@ -119,10 +121,55 @@ def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]
     return _dumps(table)
 
 
+def rank_table_v12(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
+    """HCCL rank table version 1.2 (Atlas A3 SuperPoD), keys in the order of the HCCL user guide's
+    example: status, version, server_count, server_list (server_id, host_ip, device: device_id,
+    super_device_id, device_ip, rank_id), super_pod_list (super_pod_id, server_list: server_id).
+    Every value a string. host_ip is the host's cluster address, left out when that is a DNS name
+    (HCCL takes an IP there and the key is optional). The plan's hosts must carry their
+    super_device_ids and super_pod_id (devices.super_devices_for): an empty or missing one is a
+    PlanError, never a table HCCL's RanktableCheck would refuse."""
+    from .devices import super_pod_problems
+
+    problems = super_pod_problems(plan.hosts)
+    if problems:
+        raise PlanError("rank table 1.2 (Atlas A3) cannot be written:\n" + "\n".join(f"  - {p}" for p in problems),
+                        hint="get them with devices.super_devices_for (inventory super_device_ids/super_pod_id "
+                             "or npu-smi info -t spod-info on the hosts)")
+    servers = []
+    pods: dict[int, list[dict[str, str]]] = {}
+    for h in plan.hosts:
+        ips = _ips(device_ips, h)
+        server = {"server_id": h.cluster_address}
+        if _is_ip(h.cluster_address):
+            server["host_ip"] = h.cluster_address
+        server["device"] = [{"device_id": str(r.device_id), "super_device_id": str(h.super_device_ids[r.device_id]),
+                             "device_ip": ips[r.device_id], "rank_id": str(r.rank)}
+                            for r in plan.by_host(h.name)]
+        servers.append(server)
+        pods.setdefault(h.super_pod_id, []).append({"server_id": h.cluster_address})
+    table = {"status": "completed", "version": "1.2", "server_count": str(len(plan.hosts)),
+             "server_list": servers,
+             "super_pod_list": [{"super_pod_id": str(p), "server_list": s} for p, s in pods.items()]}
+    return _dumps(table)
+
+
+def _is_ip(address: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
 def rank_table(cluster: Cluster, plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
     """The rank table in the version the job asks for (job.rank_table.version)."""
     if cluster.job.rank_table_version == "legacy":
         return rank_table_legacy(plan, device_ips)
+    if cluster.job.rank_table_version == "1.2":
+        return rank_table_v12(plan, device_ips)
     return rank_table_v1(plan, device_ips)
 
 

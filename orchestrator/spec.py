@@ -28,10 +28,11 @@ if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a con
 
 KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
 KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
-                "workdir", "disk", "files", "ports", "stale", "clock")
+                "workdir", "disk", "files", "ports", "stale", "clock", "health")
 MAX_SLOTS = 1024  # ranks on one host: above any real machine, and a typo costs no memory
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MPIRUN_UNSAFE = frozenset('$`"\\!')  # special inside double quotes (sh, csh)
+USER_NAME = re.compile(r"^[A-Za-z0-9_.@][A-Za-z0-9_.@$-]{0,63}$")  # what ssh -l and mpirun's plm_rsh_args take
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
 
 # --------------------------------------------------------------------------- raw shapes
@@ -81,6 +82,8 @@ class RawHostKeys(_Raw):
     env: dict[str, EnvValue] | None = None
     jump: str | list[str] | None = None
     mpi_address: str | None = None
+    super_device_ids: dict[int, int] | None = None   # Atlas A3 (rank table 1.2): {device id: SDID}
+    super_pod_id: int | None = None                  # Atlas A3 (rank table 1.2)
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
@@ -89,8 +92,16 @@ class RawHostKeys(_Raw):
     @field_validator("mpi_address")
     @classmethod
     def _mpi_address(cls, v):
-        if v is not None and (not v.strip() or any(c.isspace() or c in "\0'\"\\$`;&|<>()" for c in v)):
+        if v is not None and (not v.strip() or v.startswith("-") or
+                              any(c.isspace() or c in "\0'\"\\$`;&|<>()" for c in v)):
             raise ValueError(f"mpi_address {v!r} is not a host name or IP address")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v):
+        if v is not None and not USER_NAME.match(v):
+            raise ValueError(f"user {v!r} is not a login name (letters, digits, . _ - @, not starting with -)")
         return v
 
     @field_validator("slots")
@@ -108,6 +119,20 @@ class RawHostKeys(_Raw):
         if v is not None and any(d < 0 for d in v):
             raise ValueError("device ids are non-negative integers")
         return v
+
+    @field_validator("super_device_ids")
+    @classmethod
+    def _super_device_ids(cls, v):
+        for d, sdid in (v or {}).items():
+            if d < 0:
+                raise ValueError("super_device_ids: device ids are non-negative integers")
+            if not 0 <= sdid <= 2 ** 32 - 1:
+                raise ValueError(f"super_device_ids: {sdid} (device {d}) is not an SDID, an unsigned 32-bit "
+                                 "integer as `npu-smi info -t spod-info` prints it")
+        return v
+
+    _super_pod = field_validator("super_pod_id")(_within(0, 2 ** 32 - 1, "super_pod_id is a non-negative integer "
+                                                                          "(npu-smi's Super Pod ID)"))
 
 
 class RawHost(RawHostKeys):
@@ -192,7 +217,11 @@ class RawSsh(_Raw):
 
 
 class RawRankTable(_Raw):
-    version: Literal["1.0", "legacy"] = "1.0"
+    version: Literal["1.0", "1.2", "legacy"] = "1.0"
+
+    # YAML reads an unquoted `version: 1.2` as a number
+    _version = field_validator("version", mode="before")(
+        classmethod(lambda cls, v: str(v) if isinstance(v, float) else v))
 
 
 class RawHccl(_Raw):
@@ -291,6 +320,8 @@ class Host:
     mpi_address: str | None = None       # how the other hosts reach this one, when not as the controller does
     keepalive: float | None = None       # ssh_config's ServerAliveInterval
     connect_timeout: float | None = None  # ssh_config's ConnectTimeout (ssh.connect_timeout, if set, wins)
+    super_device_ids: Mapping[int, int] = field(default_factory=dict)  # Atlas A3: {device id: SDID}
+    super_pod_id: int | None = None      # Atlas A3: the SuperPoD the host is in (rank table 1.2)
 
     @property
     def ssh_address(self) -> str:
@@ -322,6 +353,7 @@ class Host:
         d["device_ips"] = {str(k): v for k, v in self.device_ips.items()}
         d["env"] = dict(self.env)
         d["jump"] = [j.to_dict() for j in self.jump]
+        d["super_device_ids"] = {str(k): v for k, v in self.super_device_ids.items()}
         return d
 
     @classmethod
@@ -330,6 +362,7 @@ class Host:
         d["devices"] = tuple(d.get("devices", (0,)))
         d["device_ips"] = {int(k): v for k, v in d.get("device_ips", {}).items()}
         d["jump"] = tuple(cls.from_dict(j) for j in d.get("jump", ()))
+        d["super_device_ids"] = {int(k): int(v) for k, v in d.get("super_device_ids", {}).items()}
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -359,7 +392,7 @@ class Job:
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"
     mpirun_args: tuple[str, ...] = ()
-    rank_table_version: Literal["1.0", "legacy"] = "1.0"
+    rank_table_version: Literal["1.0", "1.2", "legacy"] = "1.0"
     master_port: int = 8118
     restarts: int = 0
     restart_delay: float = 0.0
@@ -531,7 +564,7 @@ class _Problems:
     def pydantic(self, exc: ValidationError, src: Source, offset: tuple = ()) -> None:
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
-            if err["loc"] and loc[-1:] != err["loc"][-1:]:  # the user's own key looks like a tag ("dict[")
+            if err["type"] == "extra_forbidden" and loc[-1:] != err["loc"][-1:]:  # a user's key like "dict["
                 loc += err["loc"][-1:]
             path = offset + loc
             msg = err["msg"]
@@ -751,6 +784,9 @@ def _resolve_ssh(h: Host, merged: dict, lookup: _SshLookup | None, loc: Location
     except SshConfigError as exc:
         problems.add(Location(exc.where) if exc.where != str(loc) else loc, exc.message)
         return h
+    if not USER_NAME.match(user):
+        problems.add(Location(cfg.path) if cfg is not None and e.user == user else loc,
+                     f"user {user!r} (for {h.address}) is not a login name")
     timeout = e.connect_timeout if lookup is not None and lookup.timeout_from_config else None
     return replace(h, user=user, port=port, hostname=hostname, identity_file=ident, known_hosts=known,
                    jump=jump, proxy_command=proxy, keepalive=e.server_alive_interval, connect_timeout=timeout)
@@ -782,6 +818,24 @@ def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int
     return tuple(out)
 
 
+def _slurm_template(keys: dict, defaults: dict, lookup: _SshLookup | None, sub: Source,
+                    problems: _Problems) -> Host:
+    """The Host every allocated Slurm node becomes: the defaults, their jump hosts resolved (node
+    names come from Slurm, so ssh_config is not asked about them)."""
+    from .transport.sshconfig import SshConfigError, parse_hops
+
+    jump: tuple[Host, ...] = ()
+    if defaults.get("jump"):
+        spec, loc = defaults["jump"], sub.loc(("defaults", "jump"))
+        try:
+            jump = _jump_hosts(parse_hops(",".join(spec) if isinstance(spec, list) else spec, str(loc)),
+                               lookup.config if lookup else None, keys["identity_file"], keys["known_hosts"],
+                               str(loc), 0)
+        except SshConfigError as exc:
+            problems.add(Location(exc.where) if exc.where != str(loc) else loc, exc.message)
+    return Host(name="", address="", jump=jump, **keys)
+
+
 def _first_file(paths: list[str]) -> str | None:
     """The first of ssh_config's IdentityFiles that exists (OpenSSH skips missing ones too)."""
     return next((p for p in paths if os.path.exists(p)), None)
@@ -797,6 +851,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
         problems.pydantic(exc, sub)
         return (), {}, None
     defaults = inv.defaults.model_dump(exclude_none=True)
+    if "mpi_address" in defaults:
+        problems.add(sub.loc(("defaults", "mpi_address")), "mpi_address is one host's address: give it per host")
     if (inv.hosts is None) == (inv.slurm is None):
         problems.add(sub.loc(("slurm",) if inv.slurm is not None else ()),
                      "the inventory needs exactly one of 'hosts:' (a list of hosts) and 'slurm:' (hosts from a "
@@ -818,7 +874,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
             login_host = _resolve_ssh(Host(name=rs.login, address=rs.login, **{**keys, "port": 22}), login_keys,
                                       ssh_config, sub.loc(("slurm", "login")), problems)
         return (), {}, Slurm(**{**rs.model_dump(), "extra": tuple(rs.extra), "conf": conf},
-                             template=Host(name="", address="", **keys), login_host=login_host)
+                             template=_slurm_template(keys, defaults, ssh_config, sub, problems),
+                             login_host=login_host)
     assert inv.hosts is not None
     hosts: list[Host] = []
     origin: dict[str, tuple] = {}
@@ -846,6 +903,9 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
                              f"{len(addresses)} hosts; use a range of the same length, or drop name")
                 continue
         keys = _host_keys(merged, base, sub, ("hosts", i), rh.devices is not None, problems)
+        if rh.mpi_address is not None and len(addresses) > 1:
+            problems.add(sub.loc(("hosts", i, "mpi_address")), f"mpi_address is one host's address, but "
+                         f"{rh.address!r} gives {len(addresses)} hosts: give each its own entry")
         for name, addr in zip(names, addresses):
             if not name.strip() or "\n" in name or "\0" in name:
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
@@ -905,7 +965,8 @@ def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices:
     kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
     return dict(user=merged.get("user") or _local_user(), port=merged.get("port", 22), identity_file=ident,
                 known_hosts=kh, connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
-                device_ips=dict(dips), env=dict(merged.get("env", {})), mpi_address=merged.get("mpi_address"))
+                device_ips=dict(dips), env=dict(merged.get("env", {})), mpi_address=merged.get("mpi_address"),
+                super_device_ids=dict(merged.get("super_device_ids", {})), super_pod_id=merged.get("super_pod_id"))
 
 
 def _local_user() -> str:

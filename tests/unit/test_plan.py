@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError
 from orchestrator.plan import (
-    RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan, parse_hccn_conf, server_key,
+    RULE_A3_MULTI, RULE_A3_NPU, RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan, parse_hccn_conf,
+    server_key,
 )
 from orchestrator.spec import Checks, Cluster, Host, Job
 
@@ -408,3 +409,125 @@ def test_cli_large_plan_is_folded(tmp_path):
     assert "2404 ranks on 301 hosts" in res.output
     assert "node[001-300]" in res.output and "4-2403" in res.output
     assert len(res.output.splitlines()) < 20
+
+
+# --------------------------------------------------------------------------- Atlas A3 (rank table 1.2)
+
+
+def a3(*hosts: Host, **kw) -> Cluster:
+    return ascend(*hosts, rank_table_version="1.2", **kw)
+
+
+@pytest.mark.parametrize("devices", [[0], [7], [15], [0, 1], [14, 15], [0, 1, 2, 3], [2, 3, 8, 9, 12, 13],
+                                     range(8), range(10), range(16)])
+def test_a3_single_host_allowed(devices):
+    plan = make_plan(a3(host("10.0.0.1", devices)))
+    assert plan.size == len(list(devices)) and plan.warnings == ()
+
+
+def test_a3_16_devices_pass_for_1_2_and_fail_for_1_0():
+    """A 16-die A3 server: the 0-3/4-7 networks and the 8-device limit of rank table 1.0 do not apply."""
+    assert make_plan(a3(host("10.0.0.1", range(16)))).size == 16
+    assert make_plan(a3(host("10.0.0.1", range(16)), host("10.0.0.2", range(16)))).size == 32
+    with pytest.raises(PlanError, match=r"device ids are 0\.\.7"):
+        make_plan(ascend(host("10.0.0.1", range(16))))
+    with pytest.raises(PlanError, match=r"device ids are 0\.\.7"):
+        make_plan(ascend(host("10.0.0.1", range(16)), host("10.0.0.2", range(16))))
+
+
+def test_a3_pair_across_the_old_networks_is_fine():
+    """{0,4} breaks the 910 rule; on A3 it is two halves of NPUs 0 and 2, refused for that reason only."""
+    with pytest.raises(PlanError) as exc:
+        make_plan(a3(host("10.0.0.1", [0, 4])))
+    msg = str(exc.value)
+    assert RULE_A3_NPU in msg and "[0, 4] without [1, 5]" in msg and RULE_NETWORK not in msg
+    assert make_plan(a3(host("10.0.0.1", [0, 1, 4, 5]))).size == 4
+
+
+@pytest.mark.parametrize("devices", [[0, 1, 2], range(15), [0, 2]])
+def test_a3_single_host_refused(devices):
+    with pytest.raises(PlanError) as exc:
+        make_plan(a3(host("10.0.0.1", devices)))
+    assert "Ascend rule (Atlas A3)" in str(exc.value) and "checks.skip" in str(exc.value)
+
+
+def test_a3_ids_0_to_15():
+    with pytest.raises(PlanError, match=r"device ids are 0\.\.15 \(8 NPUs of two dies\); host 10.0.0.1 lists \[16, 17\]"):
+        make_plan(a3(host("10.0.0.1", [14, 15, 16, 17])))
+
+
+def test_a3_multi_host_same_even_count():
+    assert make_plan(a3(host("10.0.0.1", range(8)), host("10.0.0.2", range(8, 16)))).size == 16
+    with pytest.raises(PlanError) as exc:
+        make_plan(a3(host("10.0.0.1", range(16)), host("10.0.0.2", range(8))))
+    assert RULE_A3_MULTI in str(exc.value) and "10.0.0.1: 16; 10.0.0.2: 8" in str(exc.value)
+    with pytest.raises(PlanError, match="same even number"):
+        make_plan(a3(host("10.0.0.1", [0]), host("10.0.0.2", [0])))
+
+
+def test_a3_rules_skippable_like_the_others():
+    plan = make_plan(a3(host("10.0.0.1", [0, 2, 4]), skip=["device-rules"]))
+    assert plan.size == 3 and "device-rules is skipped" in plan.warnings[0]
+
+
+def test_a3_hosts_grouped_by_super_pod_from_the_inventory():
+    hosts = [host(f"10.0.0.{i}", range(2), super_pod_id=p) for i, p in ((1, 5), (2, 0), (3, 5), (4, 0))]
+    assert [h.address for h in make_plan(a3(*hosts)).hosts] == ["10.0.0.2", "10.0.0.4", "10.0.0.1", "10.0.0.3"]
+    # a host without super_pod_id: address order (the pods are read later, on the hosts)
+    hosts[0] = host("10.0.0.1", range(2))
+    assert [h.address for h in make_plan(a3(*hosts)).hosts] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+
+
+A3_CLUSTER = """
+    inventory:
+      defaults: {slots: 16, connection: local, super_pod_id: 0}
+      hosts:
+        - address: 127.0.0.1
+          device_ips: {0: 10.0.2.41, 1: 10.0.3.41, 2: 10.0.2.42, 3: 10.0.3.42, 4: 10.0.2.43, 5: 10.0.3.43,
+                       6: 10.0.2.44, 7: 10.0.3.44, 8: 10.0.2.45, 9: 10.0.3.45, 10: 10.0.2.46, 11: 10.0.3.46,
+                       12: 10.0.2.47, 13: 10.0.3.47, 14: 10.0.2.48, 15: 10.0.3.48}
+          super_device_ids: {0: 113246208}
+    job: {launcher: ranktable, platform: ascend, workdir: /w, command: python train.py,
+          rank_table: {version: 1.2}}
+"""
+
+
+def test_cli_a3_without_super_device_ids_says_probe(tmp_path):
+    f = write_cluster(tmp_path, A3_CLUSTER)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(_cli(), ["plan", str(f), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "rank_table.json not rendered" in res.stderr and "host 127.0.0.1 devices 1-15: no super_device_id" \
+        in res.stderr and "npu-smi" in res.stderr
+    assert "device 0:" not in res.stderr
+    assert not (out / "rank_table.json").exists() and (out / "commands.json").exists()
+
+
+def test_cli_a3_probe_reads_npu_smi_through_the_transport(tmp_path, monkeypatch):
+    """--probe runs `npu-smi info -m` and spod-info on the host (here a stand-in npu-smi on PATH)."""
+    import os
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "npu-smi"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "npu-smi"
+    fake.write_text(f"""#!/bin/sh
+[ "$2" = "-m" ] && exec cat {fixtures / 'info-m-a3.txt'}
+d=$(($5 * 2 + $7))
+printf '\\t%-30s : %u\\n' SDID $((113246208 + d)) 'Super Pod Size' 48 'Super Pod ID' 3 'Server Index' 27
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    f = write_cluster(tmp_path, A3_CLUSTER)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(_cli(), ["plan", str(f), "--probe", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    table = json.loads((out / "rank_table.json").read_text())
+    devs = table["server_list"][0]["device"]
+    assert [d["super_device_id"] for d in devs] == [str(113246208 + d) for d in range(16)]
+    assert table["super_pod_list"] == [{"super_pod_id": "0", "server_list": [{"server_id": "127.0.0.1"}]}]
+    fake.write_text("#!/bin/sh\necho 'This device does not support querying spod-info.'\n")
+    res = CliRunner().invoke(_cli(), ["plan", str(f), "--probe"])
+    assert res.exit_code == 2 and "host 127.0.0.1 devices 1-15: no super_device_id" in res.output
+    assert "`npu-smi info -t spod-info -i 0 -c 1` (and the same for the other 14) printed no SDID" in res.output
+    assert "does not support" in res.output

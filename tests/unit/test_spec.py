@@ -291,3 +291,45 @@ def test_hccl_timeouts_are_bounded(tmp_path):
         """)
     msgs = " | ".join(m for _, _, m in got)
     assert "120 to 7200" in msgs and "1 to 17340" in msgs and "unknown key 'retries'" in msgs, got
+
+
+def test_a3_keys_per_host_and_in_defaults(tmp_path):
+    """super_device_ids / super_pod_id (rank table 1.2): a host's own win over defaults; an unquoted
+    `version: 1.2` is the string "1.2"."""
+    c = load_cluster(write(tmp_path, """\
+        inventory:
+          defaults: {slots: 16, super_pod_id: 2}
+          hosts:
+            - address: 10.0.0.1
+              super_device_ids: {0: 37748736, 1: "37814273"}
+            - {address: 10.0.0.2, super_pod_id: 0}
+        job: {workdir: /data/j, command: x, launcher: ranktable, platform: ascend, rank_table: {version: 1.2}}
+        """))
+    h1, h2 = c.hosts
+    assert (h1.super_device_ids, h1.super_pod_id) == ({0: 37748736, 1: 37814273}, 2)
+    assert (h2.super_device_ids, h2.super_pod_id) == ({}, 0)
+    assert c.job.rank_table_version == "1.2"
+
+
+def test_a3_keys_are_checked_and_located(tmp_path):
+    got = problems(tmp_path, """\
+        inventory:
+          hosts:
+            - address: 10.0.0.1
+              super_device_ids: {0: -1, 1: ""}
+              super_pod_id: -3
+        job: {workdir: /data/j, command: x, rank_table: {version: "1.3"}}
+        """)
+    by_field = {f: (line, m) for line, f, m in got}
+    assert by_field["inventory.hosts[0].super_device_ids[1]"][0] == 4, got  # "" is no SDID
+    assert "super_pod_id is a non-negative integer" in by_field["inventory.hosts[0].super_pod_id"][1]
+    assert by_field["inventory.hosts[0].super_pod_id"][0] == 5
+    assert "'1.0', '1.2' or 'legacy'" in by_field["job.rank_table.version"][1]
+    assert len(got) == 3, got
+    got = problems(tmp_path, """\
+        inventory: {hosts: [{address: 10.0.0.1, super_device_ids: {0: -1}}]}
+        job: {workdir: /data/j, command: x}
+        """)
+    assert got == [(1, "inventory.hosts[0].super_device_ids",
+                    "super_device_ids: -1 (device 0) is not an SDID, an unsigned 32-bit integer as "
+                    "`npu-smi info -t spod-info` prints it")], got
