@@ -882,8 +882,8 @@ def judge_interface(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
         return _r("nic", host, "fail", f"interface {want}: {why}")
     if not got.address:
         return _r("nic", host, "fail", f"interface {got.ifname} {'(auto) ' if want == 'auto' else ''}does not "
-                                       "exist on this host or has no IPv4 address; NCCL/HCCL/Gloo and MPI would "
-                                       "find no network there: fix job.interface (ip -o -4 addr lists them)")
+                                       "exist on this host, is down or has no IPv4 address; NCCL/HCCL/Gloo and MPI "
+                                       "would find no network there: fix job.interface (ip -o -4 addr lists them)")
     return _r("nic", host, "pass", f"job.interface {want}: {got.ifname} {got.address}/{got.prefixlen}")
 
 

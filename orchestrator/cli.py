@@ -527,7 +527,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, quiet, follow
             run.save()
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
         launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
-                                 interfaces=prepared.interfaces)
+                                 interfaces=prepared.interfaces, aarch64=prepared.aarch64)
         lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
         outcome = None
         try:

@@ -38,6 +38,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .devices import parse_npu_smi_dies
 from .probes import HCCN_CONF, NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
 from .spec import Cluster, Host
 
@@ -412,7 +413,8 @@ def judge_ascend(cluster: Cluster, host: Host, sections: Mapping[str, Section]) 
         findings.append(("error", "the probe printed no finished `npu-smi info` section"))
     else:
         try:
-            npus = parse_npu_smi(npu.body)
+            # Atlas A3: one row pair per die, the job's devices are the dies (devices.py)
+            npus = parse_npu_smi_dies(npu.body) or parse_npu_smi(npu.body)
         except ProbeError as exc:
             npus = None
             findings.append(("error", f"npu-smi info: {exc}"))

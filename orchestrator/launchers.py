@@ -82,7 +82,7 @@ def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str,
 
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
-          interfaces: Mapping[str, tuple[str, str | None]] | None = None) -> Launch:
+          interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
     (default: a name the cluster file gives; `auto` is only known on the hosts)."""
     job = cluster.job
@@ -112,7 +112,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     elif job.launcher == "ranktable":
         table = render.rank_table_path(cluster)
         if job.platform == "ascend":
-            data = render.rank_table(cluster, plan, device_ips or {}).encode()
+            data = render.rank_table(cluster, plan, device_ips or {}, aarch64).encode()
             for h in plan.hosts:
                 files[h.name][render.RANK_TABLE] = data
         head = plan.launch_host

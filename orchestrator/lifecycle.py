@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from . import logs, runstate, slurm, supervisor
@@ -76,6 +76,11 @@ class Prepared:
 
     root: dict[str, bool]                           # {host: the launch user is root}
     interfaces: dict[str, tuple[str, str | None]]   # {host: (job.interface there, its IPv4 network)}
+    arch: dict[str, str | None] = field(default_factory=dict)  # {host: uname -m}
+
+    @property
+    def aarch64(self) -> bool:
+        return any(a == "aarch64" for a in self.arch.values())
 
 
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
@@ -104,7 +109,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
         got = o.value["interface"]
         if cluster.job.interface and (got is None or not got.address):
             problems.append(f"{name}: job.interface {cluster.job.interface}: "
-                            + (f"{got.ifname} does not exist there or has no IPv4 address" if got
+                            + (f"{got.ifname} does not exist there, is down or has no IPv4 address" if got
                                else "no route to the launch host (or no `ip` command)"))
         elif got is not None:
             net = ipaddress.ip_network(f"{got.address}/{got.prefixlen}", strict=False) if got.prefixlen else None
@@ -124,7 +129,8 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: o.value["uid"] == 0 for n, o in res.items()}, interfaces)
+    return Prepared({n: o.value["uid"] == 0 for n, o in res.items()}, interfaces,
+                    {n: o.value["arch"] for n, o in res.items()})
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,

@@ -243,7 +243,8 @@ def interface_script(interface: str, launch_address: str) -> str:
                 "'{split($4, p, \"/\"); if (p[1] == a) {print $2; exit}}')\n")
     else:
         find = f"i={q(interface)}\n"
-    return (find + "a=$(ip -o -4 addr show dev \"${i:--}\" 2>/dev/null | awk '{print $4; exit}')\n"
+    # `up`: a link that is down has no usable address (NCCL/HCCL would wait on it)
+    return (find + "a=$(ip -o -4 addr show dev \"${i:--}\" up 2>/dev/null | awk '{print $4; exit}')\n"
             "echo \"ifc ${i:--} ${a:--}\"")
 
 

@@ -89,8 +89,9 @@ def rank_table_v1(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -
     return _dumps(table)
 
 
-def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
-    """MindSpore 0.x rank table (seed 001): one group, one instance per rank.
+def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]], aarch64: bool = False) -> str:
+    """MindSpore 0.x rank table (seed 001): one group, one instance per rank. board_id is
+    0x002f on aarch64 (Kunpeng) hosts, as MindSpore's generator writes it there.
 
     The constants are seed 001's (board_id 0x0000, chip_info 910, deploy_mode lab, para-plane
     NICs on the device); para_plane_nic_name lists eth<device id> for every device id used."""
@@ -102,7 +103,7 @@ def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]
                               "rank_id": str(r.rank), "server_id": h.cluster_address})
     nics = [f"eth{d}" for d in sorted({d for h in plan.hosts for d in h.devices})]
     table = {
-        "board_id": "0x0000",
+        "board_id": "0x002f" if aarch64 else "0x0000",
         "chip_info": "910",
         "deploy_mode": "lab",
         "group_count": "1",
@@ -164,10 +165,12 @@ def _is_ip(address: str) -> bool:
     return True
 
 
-def rank_table(cluster: Cluster, plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
-    """The rank table in the version the job asks for (job.rank_table.version)."""
+def rank_table(cluster: Cluster, plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]],
+               aarch64: bool = False) -> str:
+    """The rank table in the version the job asks for (job.rank_table.version); `aarch64`: the
+    hosts are (the legacy table's board_id says so)."""
     if cluster.job.rank_table_version == "legacy":
-        return rank_table_legacy(plan, device_ips)
+        return rank_table_legacy(plan, device_ips, aarch64)
     if cluster.job.rank_table_version == "1.2":
         return rank_table_v12(plan, device_ips)
     return rank_table_v1(plan, device_ips)

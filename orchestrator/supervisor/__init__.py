@@ -143,14 +143,14 @@ def prepare_script(cluster: Cluster, launch_address: str = "") -> str:
 
     lock = f"{cluster.job.workdir.rstrip('/')}/.orch/lock"
     iface = interface_script(cluster.job.interface, launch_address) + "\n" if cluster.job.interface else ""
-    return (f"echo uid $(id -u)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
+    return (f"echo uid $(id -u)\necho arch $(uname -m)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
             f"python3 -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
 
 
 def parse_prepare(text: str) -> dict:
     from ..probes import parse_interface
 
-    out: dict = {"uid": None, "python": None, "live": None, "interface": parse_interface(text)}
+    out: dict = {"uid": None, "python": None, "live": None, "arch": None, "interface": parse_interface(text)}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         rest = rest.strip()
@@ -162,6 +162,8 @@ def parse_prepare(text: str) -> dict:
             out["python"] = ""
         elif kind == "live" and rest:
             out["live"] = rest
+        elif kind == "arch" and rest:
+            out["arch"] = rest
     return out
 
 

@@ -480,3 +480,18 @@ def test_cli_deep_on_ascend_without_the_tools_says_not_available(tmp_path):
     assert got == [{"check": "health", "host": "me", "status": "warn", "message": (
         "npu-smi not found: NPU health not checked; hccn_tool not found: device links, network health and pings "
         "not checked")}]
+
+
+def test_a3_health_reads_every_die():
+    """Atlas A3: npu-smi lists two rows per die; devices 8-15 are dies too, not missing NPUs."""
+    from pathlib import Path
+
+    from orchestrator import health
+    from orchestrator.probes import Section
+    from orchestrator.spec import Cluster, Host, Job
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "npu-smi" / "info-a3.txt").read_text()
+    h = Host(name="a3", address="10.0.0.1", user="u", slots=16, devices=tuple(range(16)))
+    c = Cluster(name="t", path=Path("/tmp/c.yaml"), hosts=(h,),
+                job=Job(workdir="/w", command=("x",), launcher="ranktable", platform="ascend"))
+    v = health.judge_ascend(c, h, {"npu": Section("npu", text, 0)})
+    assert "not listed by npu-smi" not in v.message, v

@@ -384,3 +384,36 @@ def test_rank_table_hccl_order_and_determinism(c):
     assert hostfile(plan) == hostfile(make_plan(c))
     legacy = json.loads(rank_table_legacy(plan, ips))["group_list"][0]["instance_list"]
     assert [int(i["rank_id"]) for i in legacy] == ranks
+
+
+def test_the_cluster_address_goes_everywhere_ranks_meet():
+    """mpi_address (else ssh_config's HostName, else address): hostfile, rank table server_id,
+    msrun's --master_addr, torchrun's --master-addr, the rank table's file name."""
+    import dataclasses
+
+    from orchestrator.render import rank_table_filename, torchrun_argv
+    a = dataclasses.replace(host("node-a", range(8)), hostname="10.0.0.1", mpi_address="192.168.0.1")
+    b = dataclasses.replace(host("node-b", range(8)), hostname="10.0.0.2")
+    c = cluster(a, b)
+    plan = make_plan(c)
+    assert hostfile(plan).splitlines()[1:] == ["10.0.0.2 slots=8", "192.168.0.1 slots=8"]  # sorted by it
+    c = cluster(a, b, launcher="ranktable", platform="ascend")
+    plan = make_plan(c)
+    table = json.loads(rank_table(c, plan, {h.name: {d: f"1.1.1.{d}" for d in range(8)} for h in plan.hosts}))
+    assert [s["server_id"] for s in table["server_list"]] == ["10.0.0.2", "192.168.0.1"]
+    assert rank_table_filename(plan).endswith("_10.0.0.2.json")
+    c = cluster(a, b, launcher="msrun")
+    assert "--master_addr=10.0.0.2" in msrun_argv(c, make_plan(c), "node-a")
+    c = cluster(a, b, launcher="torchrun")
+    assert "--master-addr=10.0.0.2" in torchrun_argv(c, make_plan(c), "node-a", ["x"])
+
+
+def test_legacy_board_id_follows_the_hosts_arch():
+    """MindSpore's generator writes board_id 0x002f on aarch64 (Kunpeng) hosts, 0x0000 elsewhere."""
+    from orchestrator.supervisor import parse_prepare
+    c = cluster(host("10.0.0.1", [0, 1]), launcher="ranktable", platform="ascend", rank_table_version="legacy")
+    plan = make_plan(c)
+    ips = {"10.0.0.1": {0: "192.168.1.1", 1: "192.168.1.2"}}
+    assert json.loads(rank_table(c, plan, ips))["board_id"] == "0x0000"
+    assert json.loads(rank_table(c, plan, ips, aarch64=True))["board_id"] == "0x002f"
+    assert parse_prepare("uid 0\narch aarch64\npy 3.11\n")["arch"] == "aarch64"
