@@ -49,6 +49,12 @@ class OrchGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("orch: interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # `orch logs | head`: the reader left; end quietly, as `cat` would
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush there
+            except OSError:
+                pass
+            ctx.exit(141)  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001 - last-resort handler

@@ -214,3 +214,23 @@ def test_rank_dirs_give_each_rank_its_own_directory(lab, tmp_path, launcher):
         host = 1 + r // 2
         assert lab.exec(host, ["cat", f"{workdir}/rank_{r}/ckpt.txt"]).stdout == str(r)
     assert lab.exec(1, ["sh", "-c", f"test -e {workdir}/ckpt.txt || echo absent"]).stdout == "absent\n"
+
+
+def test_logs_into_a_closed_pipe_end_quietly(tmp_path):
+    """`orch logs --rank 0 | head -1`: the reader leaves early; orch ends with 141 (SIGPIPE's
+    status, as `cat` would) and says nothing: no "internal error", no crash file."""
+    import glob
+    import tempfile
+
+    (tmp_path / "cluster.yaml").write_text(
+        "inventory: {hosts: [{address: 127.0.0.1, connection: local, slots: 1}]}\n"
+        f"job: {{workdir: {tmp_path}/wd, launcher: ranktable, command: [sh, -c, 'yes 0123456789abcdef | head -n 100000']}}\n")
+    orch("up", "-q", cwd=tmp_path, check_rc=0)
+    crashes = set(glob.glob(f"{tempfile.gettempdir()}/orch-crash-*"))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", "--rank", "0"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"0123456789abcdef\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141 and err == "", err
+    assert set(glob.glob(f"{tempfile.gettempdir()}/orch-crash-*")) == crashes

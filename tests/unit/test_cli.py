@@ -55,3 +55,4 @@ def test_logs_without_runs_exits_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = run("logs", "--rank", "0")
     assert res.exit_code == 2 and "no runs recorded" in res.output
+
