@@ -836,6 +836,19 @@ def _slurm_template(keys: dict, defaults: dict, lookup: _SshLookup | None, sub: 
     return Host(name="", address="", jump=jump, **keys)
 
 
+_DOTTED = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _first_file(paths: list[str]) -> str | None:
     """The first of ssh_config's IdentityFiles that exists (OpenSSH skips missing ones too)."""
     return next((p for p in paths if os.path.exists(p)), None)
@@ -888,6 +901,11 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
             addresses = expand(rh.address)
         except NodeSetParseError as exc:
             problems.add(sub.loc(("hosts", i, "address")), f"bad address range {rh.address!r}: {exc}")
+            continue
+        bad_ips = [a for a in addresses if _DOTTED.match(a) and not _is_ip(a)]
+        if bad_ips:
+            problems.add(sub.loc(("hosts", i, "address")), f"address range {rh.address!r} gives {len(bad_ips)} "
+                         f"addresses that are not IPv4 addresses (e.g. {bad_ips[0]}): each part is 0-255")
             continue
         if rh.name is None:
             names = addresses

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hmac
+import logging
 import os
 import select
 import shlex
@@ -30,6 +31,11 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from ..errors import AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError
 from ..spec import Host, SshSettings
 from .base import CHUNK, Transport
+
+# paramiko logs what it catches (a host that never sends its SSH banner: 60 lines of traceback);
+# orch reports each failure itself, once, as an error naming the host. With no handler
+# anywhere, Python's last-resort handler would print paramiko's records on the terminal.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _known_hosts_lock = threading.Lock()
 # known_hosts files parsed once per invocation: {path: ((mtime_ns, size, inode), [entries])}.

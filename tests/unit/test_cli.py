@@ -56,3 +56,46 @@ def test_logs_without_runs_exits_2(tmp_path, monkeypatch):
     res = run("logs", "--rank", "0")
     assert res.exit_code == 2 and "no runs recorded" in res.output
 
+
+
+def test_a_host_that_never_sends_its_banner_prints_no_traceback(tmp_path):
+    """A TCP port that accepts and then says nothing (not an SSH server, or a hung one): one
+    located failure per host, none of paramiko's own tracebacks on the terminal."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])  # and never answer
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    port = srv.getsockname()[1]
+    (tmp_path / "known_hosts").write_text("")
+    (tmp_path / "cluster.yaml").write_text(
+        f"inventory: {{hosts: [{{address: 127.0.0.1, port: {port}, user: u, known_hosts: known_hosts}}]}}\n"
+        "ssh: {connect_timeout: 1, retries: 1, config_file: none}\njob: {workdir: /data/j, command: x}\n")
+    try:
+        res = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check"], cwd=tmp_path, capture_output=True,
+                             timeout=60, env={**__import__("os").environ, "SSH_AUTH_SOCK": ""})
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
+        for c in held:
+            c.close()
+    err = res.stderr.decode()
+    assert res.returncode == 1, (res.stdout.decode(), err)
+    assert "Traceback" not in err and "paramiko" not in err.lower(), err
+    assert "SSH handshake with 127.0.0.1" in res.stdout.decode() + err

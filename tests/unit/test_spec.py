@@ -333,3 +333,11 @@ def test_a3_keys_are_checked_and_located(tmp_path):
     assert got == [(1, "inventory.hosts[0].super_device_ids",
                     "super_device_ids: -1 (device 0) is not an SDID, an unsigned 32-bit integer as "
                     "`npu-smi info -t spod-info` prints it")], got
+
+
+def test_ip_ranges_stay_valid_ips(tmp_path):
+    got = problems(tmp_path, """\
+        inventory: {hosts: [{address: "198.18.206.[11-1300]"}]}
+        job: {workdir: /data/j, command: x}
+        """)
+    assert any("gives 1045 addresses that are not IPv4 addresses (e.g. 198.18.206.256)" in m for _, _, m in got), got
