@@ -78,16 +78,32 @@ def cluster_file_argument(f):
                           type=click.Path(dir_okay=False))(f)
 
 
+def inventory_option(f):
+    """-i/--inventory PATH (or ORCH_INVENTORY): another inventory than the cluster file's own,
+    as with Ansible's -i. Kept in the context; `load` uses it."""
+    def keep(ctx, param, value):
+        if value:
+            ctx.meta["orch.inventory"] = value
+        return value
+    return click.option("-i", "--inventory", "inventory", default=None, metavar="PATH", envvar="ORCH_INVENTORY",
+                        expose_value=False, callback=keep, type=click.Path(dir_okay=False),
+                        help="use this inventory instead of the cluster file's `inventory:` "
+                             "(also ORCH_INVENTORY), e.g. -i \"$(orch lab inventory NAME)\"")(f)
+
+
 def hosts_option(f):
-    return click.option("--hosts", "hosts", default=None, metavar="PATTERN",
-                        help="act on a subset: names, ranges (node[01-04]) or group names, comma-separated")(f)
+    return inventory_option(click.option(
+        "--hosts", "hosts", default=None, metavar="PATTERN",
+        help="act on a subset: names, ranges (node[01-04]) or group names, comma-separated")(f))
 
 
 def load(file: str, hosts: str | None):
-    """cluster.yaml -> validated Cluster, narrowed to --hosts."""
+    """cluster.yaml (its inventory replaced by -i, if given) -> validated Cluster, narrowed to --hosts."""
     from .spec import load_cluster
 
-    return load_cluster(file).select(hosts)
+    ctx = click.get_current_context(silent=True)
+    inventory = ctx.meta.get("orch.inventory") if ctx is not None else None
+    return load_cluster(file, inventory=inventory).select(hosts)
 
 
 # --- plan command (orch plan) ---
@@ -606,6 +622,7 @@ def _run_option(f):
 
 @cli.command("status")
 @click.argument("file", required=False, default=None, type=click.Path(dir_okay=False))
+@inventory_option
 @_run_option
 @click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
 def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:

@@ -1776,6 +1776,7 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
         click.echo(f"ssh: user {user}, port {ssh_port}")
     if st.get("bastion"):
         click.echo(f"ssh_config (every host by name, through the bastion): {lab.ssh_config_path}")
+    click.echo(f"use it with any cluster file: orch up FILE -i {lab.inventory_path}", err=True)
     click.echo(str(lab.inventory_path))
     if slurm:
         click.echo(f"Slurm: partition {labslurm.PARTITION}, SLURM_CONF={lab.slurm_conf}; a Slurm inventory:")
@@ -1793,6 +1794,19 @@ def lab_down(name: str, all_: bool) -> None:
     for n in names:
         removed = Lab(n).down()
         click.echo(f"lab {n}: {'removed' if removed else 'nothing to remove'}")
+
+
+@lab_group.command("inventory")
+@_name_option
+@click.option("--slurm", is_flag=True, help="the lab's Slurm inventory (a lab made with --slurm)")
+def lab_inventory(name: str, slurm: bool) -> None:
+    """Print the path of the lab's inventory, for -i: `orch up FILE -i "$(orch lab inventory --name X)"`."""
+    lab = Lab(name)
+    path = lab.slurm_inventory_path if slurm else lab.inventory_path
+    if not lab.exists() or not path.exists():
+        raise LabError(f"lab {name} has no {'Slurm ' if slurm else ''}inventory ({path} does not exist)",
+                       hint=f"orch lab up N --name {name}" + (" --slurm" if slurm else ""))
+    click.echo(str(path))
 
 
 @lab_group.command("status")

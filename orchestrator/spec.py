@@ -571,7 +571,8 @@ class _Problems:
             if err["type"] == "extra_forbidden":
                 msg = f"unknown key {path[-1]!r}" + _suggest(path)
             elif err["type"] == "missing":
-                msg = f"missing required key {path[-1]!r}"
+                msg = f"missing required key {path[-1]!r}" + (" (or give one with -i/--inventory)"
+                                                               if path == ("inventory",) else "")
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             self.add(src.loc(path), msg)
@@ -615,11 +616,14 @@ def _read(path: Path, what: str, loc: Location | None) -> str:
         raise SpecError([(loc or Location(str(path)), f"cannot read {what} {path}: {exc}")]) from None
 
 
-def load_cluster(path: str | Path) -> Cluster:
-    """Parse and validate a cluster file. Raises SpecError listing every problem."""
+def load_cluster(path: str | Path, inventory: str | Path | None = None) -> Cluster:
+    """Parse and validate a cluster file; `inventory` (a path, relative to the current directory)
+    replaces the file's own `inventory:` (Ansible's -i). Raises SpecError listing every problem."""
     path = Path(path).expanduser().absolute()
     text = _read(path, "cluster file", None)
     data, src = load_yaml(text, str(path))
+    if inventory is not None and isinstance(data, dict):
+        data = {**data, "inventory": str(Path(inventory).expanduser().absolute())}
     return parse_cluster(data, src, path)
 
 

@@ -99,3 +99,19 @@ def test_a_host_that_never_sends_its_banner_prints_no_traceback(tmp_path):
     assert res.returncode == 1, (res.stdout.decode(), err)
     assert "Traceback" not in err and "paramiko" not in err.lower(), err
     assert "SSH handshake with 127.0.0.1" in res.stdout.decode() + err
+
+
+def test_dash_i_replaces_the_cluster_files_inventory(tmp_path, monkeypatch):
+    """-i PATH (or ORCH_INVENTORY) runs a cluster file against another inventory, relative to
+    the current directory; a cluster file without `inventory:` needs one."""
+    (tmp_path / "inv.yaml").write_text("hosts: [{address: 10.9.9.1, slots: 2}, {address: 10.9.9.2, slots: 2}]\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cluster.yaml").write_text("inventory: nowhere.yaml\njob: {workdir: /data/j, command: x}\n")
+    (tmp_path / "sub" / "bare.yaml").write_text("job: {workdir: /data/j, command: x}\n")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(climod.cli, ["plan", "sub/cluster.yaml", "-i", "inv.yaml"])
+    assert r.exit_code == 0 and "4 ranks on 2 hosts" in r.output, r.output
+    r = CliRunner().invoke(climod.cli, ["plan", "sub/bare.yaml"], env={"ORCH_INVENTORY": "inv.yaml"})
+    assert r.exit_code == 0 and "10.9.9.2" in r.output, r.output
+    r = CliRunner().invoke(climod.cli, ["plan", "sub/bare.yaml"])
+    assert r.exit_code == 2 and "missing required key 'inventory' (or give one with -i/--inventory)" in r.output
