@@ -710,18 +710,21 @@ def down_command(run_id: str | None) -> None:
 @cli.command("logs")
 @_run_option
 @click.option("--rank", type=int, default=None, help="exactly this rank's bytes (pipe-able)")
-@click.option("--host", "host", default=None, help="only the ranks of this host")
+@click.option("--hosts", "host", default=None, metavar="PATTERN",
+              help="only the ranks of these hosts: names, addresses or ranges (node[01-04]), comma-separated")
+@click.option("--host", "host_alias", default=None, hidden=True)  # the old name, still accepted
 @click.option("--attempt", type=int, default=None, help="this attempt's output (job.restarts); default: the last")
 @click.option("-f", "--follow", is_flag=True, help="follow live until the ranks end; exit 1 if one failed")
 @click.option("--tail", type=int, default=None, metavar="N", help="only the last N lines")
-def logs_command(run_id: str | None, rank: int | None, host: str | None, attempt: int | None, follow: bool,
+def logs_command(run_id: str | None, rank: int | None, host: str | None, host_alias: str | None,
+                 attempt: int | None, follow: bool,
                  tail: int | None) -> None:
     """A rank's output (or every rank's, each line prefixed with its rank)."""
     from . import logs
     from .runs import load_run
 
     run = load_run(run_id)
-    ranks = logs.select_ranks(run, rank, host)
+    ranks = logs.select_ranks(run, rank, host or host_alias)
     if attempt is not None and attempt < 1:
         raise UsageError(f"--attempt {attempt}: attempts are numbered from 1")
     out = sys.stdout.buffer

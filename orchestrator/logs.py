@@ -123,11 +123,22 @@ def fetch_launcher_logs(run: Run, cluster, plan, pool, attempt: int) -> None:
 
 
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
+    """The run's ranks, narrowed to `rank` and to the hosts `host` names (as --hosts does: a name
+    or address, or names and ranges, comma-separated)."""
     from .errors import UsageError
 
     ranks = run.data["plan"]["ranks"]
     if host is not None:
-        ranks = [r for r in ranks if host in (r["host"], r["address"])]
+        from ClusterShell.NodeSet import NodeSetParseError
+
+        from .spec import expand
+
+        wanted = {host}
+        try:
+            wanted.update(expand(host))
+        except NodeSetParseError:
+            pass  # an exact name holding anything: taken as it is
+        ranks = [r for r in ranks if r["host"] in wanted or r["address"] in wanted]
         if not ranks:
             raise UsageError(f"run {run.id} has no rank on host {host!r}")
     if rank is not None:
