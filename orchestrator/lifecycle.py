@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import logs, runstate, slurm, supervisor
-from .errors import LocalWriteError, OrchError, UsageError
+from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
@@ -87,14 +87,15 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
             events: Events | None = None) -> Prepared:
     """One round trip per host before anything is written: who we are there (root or not),
     job.interface there, python3 for the supervisor, and no other live run in the workdir
-    (unless `force`, which stops it)."""
+    (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
+    was started."""
     events = events or Events()
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
     bad = [o.error for o in res.values() if not o.ok]
     if bad:
-        raise LaunchError("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
+        raise PreflightFailed("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
     problems = []
     for name, o in res.items():
         py = o.value["python"]
@@ -115,7 +116,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
             net = ipaddress.ip_network(f"{got.address}/{got.prefixlen}", strict=False) if got.prefixlen else None
             interfaces[name] = (got.ifname or "", str(net) if net else None)
     if problems:
-        raise LaunchError("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
+        raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
     for name, o in res.items():
         if o.value["live"]:

@@ -36,12 +36,12 @@ def test_auth_refused_is_one_clear_message_never_retried(sec, tmp_path):
     """Scenario 3. A host that refuses the key gives ONE message naming user@host and the key
     that was tried, with what to do (ssh-copy-id); the login is tried once (never retried,
     retries: 3 notwithstanding), in `orch check` (exit 1), `orch up` (exit 3, nothing started)
-    and `orch up --skip-checks` (exit 1, nothing started)."""
+    and `orch up --skip-checks` (exit 3, nothing started)."""
     h2 = sec.host(2)
     key = str(sec.key_path)
     write_cluster(sec, tmp_path, ssh={"retries": 3, "connect_timeout": 2}, checks={"versions": ["python"]})
     want = f"password-free SSH to root@{h2.address} failed: key {key} was refused"
-    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 1)):
+    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 3)):
         before = _auth_failures(sec, 2)
         res = orch(*args, cwd=tmp_path, check_rc=rc)
         out = _out(res)
@@ -76,7 +76,7 @@ def test_changed_host_key_is_refused_under_every_policy(sec, tmp_path, policy):
         **_defaults(sec), "known_hosts": str(kh)}}, ssh={"host_key_policy": policy},
         checks={"versions": ["python"]})
     before = kh.read_text()
-    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 1)):
+    for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 3)):
         out = _out(orch(*args, cwd=tmp_path, check_rc=rc))
         assert "HOST KEY CHANGED" in out and "man-in-the-middle" in out, out
         assert "ssh-keygen -R" in out, out
