@@ -1753,10 +1753,22 @@ _name_option = click.option("--name", default="lab", show_default=True, help="La
                    "host; root login still works.")
 @click.option("--bastion", is_flag=True, help="Put the hosts on a network this machine cannot reach, behind a bastion "
                                               "(host 0, a jump host); writes an ssh_config too.")
+@click.option("--replace", is_flag=True, help="Replace a lab of this name that is already up (everything on it stops).")
 def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...],
-           slurm: bool, ssh_port: int, user: str, bastion: bool) -> None:
-    """Start N hosts (replacing a lab of the same name); prints the inventory path."""
+           slurm: bool, ssh_port: int, user: str, bastion: bool, replace: bool) -> None:
+    """Start N hosts; prints the inventory path. A lab of the same name that is up is replaced
+    only with --replace (someone may be using it)."""
     lab = Lab(name)
+    if lab.exists() and not replace:
+        try:
+            st = lab.state()
+            made = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.get("created_at", 0)))
+            what = f"{len(st.get('hosts', []))} hosts, made {made}"
+        except LabError:
+            what = "its state unreadable"
+        raise LabError(f"lab {name} is already up ({what}); someone may be using it",
+                       hint=f"pass --replace to remove it and make a new one, or pick another --name "
+                            f"(`orch lab down --name {name}` removes it)")
     t0 = time.monotonic()
     lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm, ssh_port=ssh_port,
            user=user, bastion=bastion)

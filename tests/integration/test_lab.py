@@ -322,7 +322,10 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))  # $! is host 2's pid
     assert wait_for(lambda: labmod._pid_alive(pid, "sleep"))  # once setsid has exec'd sleep
 
-    r = orch("lab", "up", "2", "--name", name)
+    r = orch("lab", "up", "2", "--name", name)  # someone's lab: not replaced without --replace
+    assert r.returncode == 1 and "already up (3 hosts" in r.stderr and "--replace" in r.stderr, r.stderr
+    assert len(w.hosts) == 3 and all(labmod._pid_alive(p) for p in old_holders)
+    r = orch("lab", "up", "2", "--name", name, "--replace")
     assert r.returncode == 0, r.stderr
     assert len(w.hosts) == 2
     assert not any(labmod._pid_alive(p) for p in old_holders)
