@@ -467,152 +467,64 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     or stopped (every rank stopped)."""
     import signal as _signal
 
-    from . import slurm
-    from .plan import make_plan
-    from .spec import fold
-    from .supervisor import batch_grace
+    from . import api
+    from .errors import PreflightFailed
 
     cluster = load(file, hosts)
-    events = _CliEvents(quiet)
-    rp = make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))  # fails before queueing
-    if follow_rank >= rp.size or follow_rank < 0:
-        raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
-        if cluster.slurm is None:
-            for w in rp.warnings:
-                events.warning(w)
-            result = _up_on(cluster, rp, events, None, skip_checks, force, detach, quiet, follow_rank)
-        else:
-            events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
-            queued = True
-            try:
-                with slurm.Allocation.request(cluster, lambda jid, why: events.step(
-                        f"Slurm job {jid} is pending ({why}); Ctrl-C cancels it")) as alloc:
-                    queued = False
-                    events.step(f"Slurm job {alloc.job.job_id}: {len(alloc.job.nodes)} node(s) "
-                                f"{fold(alloc.job.nodes)}")
-                    rp = make_plan(alloc.cluster)
-                    for w in rp.warnings:
-                        events.warning(w)
-                    result = _up_on(alloc.cluster, rp, events, alloc, skip_checks, force, detach, quiet,
-                                    follow_rank)
-                    if result[1].state == "detached":
-                        alloc.keep()
-                    else:  # the job ends by itself once the supervisors have; cancel what is left
-                        info = alloc.release(batch_grace(cluster) + 10 if result[0].started else 0)
-                        if info.live:
-                            events.warning(f"Slurm job {info.job_id} is still {info.state}; cancel it with "
-                                           f"`scancel {info.job_id}`")
-            except KeyboardInterrupt:
-                if not queued:
-                    raise
-                click.secho("orch: interrupted while queued: the Slurm request was cancelled", fg="red", err=True)
-                click.get_current_context().exit(130)
+        result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
+                        follow_rank=None if quiet else follow_rank, events=_CliEvents(quiet),
+                        # finish stopping and gathering whatever signals come
+                        on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
+    except PreflightFailed as exc:
+        if getattr(exc, "report", None) is not None:
+            _print_check(cluster, exc.report)
+        raise
     finally:
         _signal.signal(_signal.SIGTERM, old)
-    _report_outcome(*result)
+    _report_outcome(result)
 
 
-def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, quiet, follow_rank):
-    """`orch up` once the hosts are known: (the Lifecycle, its Outcome, the Run)."""
-    import signal as _signal
-
-    from . import launchers, lifecycle
-    from .errors import PreflightFailed
-    from .runs import create_run
-    from .transport import Pool
-
-    with Pool(cluster) as pool:
-        if not skip_checks:
-            from . import checks
-
-            events.step(f"checking {len(cluster.hosts)} host(s)")
-            report = checks.run_checks(cluster, pool)
-            if not report.ok:
-                _print_check(cluster, report)
-                raise PreflightFailed("preflight failed: nothing was started",
-                                      hint="fix the problems above, or pass --skip-checks to launch anyway")
-        device_ips = None
-        if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
-            device_ips = lifecycle.read_device_ips(rp, pool)
-            if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
-                rp = lifecycle.read_super_devices(rp, pool)
-        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
-        run = create_run(cluster, rp.to_dict())
-        if alloc is not None:
-            run.data["slurm"] = alloc.record()
-            run.save()
-        run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
-        launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
-                                 interfaces=prepared.interfaces, aarch64=prepared.aarch64)
-        lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=None if quiet else follow_rank)
-        outcome = None
-        try:
-            lc.distribute(launch)
-            lc.start(launch)
-            outcome = lifecycle.Outcome("detached") if detach else lc.follow()
-        except KeyboardInterrupt:
-            outcome = lifecycle.Outcome("interrupted", "every rank was stopped")
-        except lifecycle.LaunchError as exc:
-            outcome = lifecycle.Outcome("failed", str(exc))
-        finally:
-            _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)  # finish stopping and gathering
-            if outcome is None:
-                outcome = lifecycle.Outcome("failed", "orch itself failed; every rank was stopped")
-            if outcome.state != "detached":
-                if lc.started and outcome.view is None:  # not ended on the cluster's word: stop it
-                    events.step("stopping every process of the run")
-                    for host, what in lc.stop("interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted"
-                                              else outcome.message).items():
-                        if what.startswith("could not stop"):
-                            events.warning(f"{host}: {what}; once it is reachable, run "
-                                           f"`orch down --run {run.id}`")
-                    view = lc.status()
-                    outcome.view = view
-                lc.gather()
-            lc.finish(outcome)
-    return lc, outcome, run
-
-
-def _report_outcome(lc, outcome, run) -> None:
+def _report_outcome(result) -> None:
+    """Says how `orch up` ended and exits with result.exit_code."""
     ctx = click.get_current_context()
+    lc, outcome, run = result.lifecycle, result.outcome, result.run
     if outcome.state == "detached":
         click.echo(run.id)
         click.echo(f"orch: run {run.id} started; it is supervised on the cluster: follow it with "
                    f"`orch logs --run {run.id} -f`, see it with `orch status`, stop it with "
                    f"`orch down --run {run.id}`", err=True)
-        ctx.exit(0)
+        ctx.exit(result.exit_code)
     where = f"logs in {run.logs_dir}"
     view = outcome.view
     if view is not None and len(view.attempts) > 1:
         for a in view.attempts:
             click.echo(f"orch: attempt {a['attempt']}: {a['state']}: {a.get('message') or ''}", err=True)
-    missing = run.data.get("logs_incomplete") or []
-    if outcome.state == "succeeded" and not missing and not lc.write_error:
+    missing = result.logs_missing
+    if result.exit_code == 0:
         click.secho(f"orch: run {run.id} succeeded: {outcome.message} ({where})", fg="green", err=True)
-        ctx.exit(0)
-    if outcome.state == "succeeded":  # exit 5: the job is fine, what orch keeps of it is not
+    elif result.exit_code == 5:  # the job is fine, what orch keeps of it is not
         click.secho(f"orch: run {run.id} succeeded: {outcome.message}, but its logs here are incomplete"
                     + (f" (not gathered from {', '.join(missing)})" if missing else "")
                     + (f": {lc.write_error}" if lc.write_error else "")
                     + f"; the hosts keep them: `orch logs --run {run.id}` fetches what is missing", fg="yellow",
                     err=True)
-        ctx.exit(5)
-    click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
-    ff = outcome.first_failure
-    if ff is not None:
-        tail = lc.log_tail(ff["rank"])
-        if tail:
-            click.echo(f"--- last lines of rank {ff['rank']} ({ff['host']}) ---", err=True)
-            click.echo(tail, err=True)
-            click.echo("---", err=True)
-    click.echo(f"orch: {where}", err=True)
-    ctx.exit(130 if outcome.state in ("interrupted", "stopped") else 1)
+    else:
+        click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
+        ff = outcome.first_failure
+        if ff is not None:
+            tail = lc.log_tail(ff["rank"])
+            if tail:
+                click.echo(f"--- last lines of rank {ff['rank']} ({ff['host']}) ---", err=True)
+                click.echo(tail, err=True)
+                click.echo("---", err=True)
+        click.echo(f"orch: {where}", err=True)
+    ctx.exit(result.exit_code)
 
 
 def _run_option(f):

@@ -1,0 +1,227 @@
+"""orch as a library: what the commands do, without printing or exiting.
+
+    import orchestrator as orch
+
+    cluster = orch.load("cluster.yaml")              # or load(path, inventory="lab/inventory.yaml")
+    report = orch.check(cluster)                     # report.ok, report.results
+    rp = orch.plan(cluster)                          # rp.ranks, rp.hosts
+    result = orch.up(cluster)                        # result.state, result.run.id, result.exit_code
+    for chunk in orch.logs(result.run.id, rank=0):   # rank 0's output, as bytes
+        ...
+    orch.status(result.run.id).state                 # read from the cluster
+    orch.down(result.run.id)
+
+Errors are `orchestrator.errors.OrchError`s (each with `.exit_code` and a message saying what to
+do); progress goes to an `Events` object (`lifecycle.Events`: step, progress, output, warning)
+when one is given. The CLI (`cli.py`) is a layer over these functions that prints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import Interrupted, PreflightFailed, UsageError
+from .lifecycle import Events, Lifecycle, Outcome
+from .plan import RankPlan
+from .runs import Run
+from .spec import Cluster
+
+__all__ = ["Events", "UpResult", "check", "down", "load", "logs", "plan", "status", "up"]
+
+
+def load(path: str | os.PathLike = "cluster.yaml", inventory: str | os.PathLike | None = None,
+         hosts: str | None = None) -> Cluster:
+    """The cluster file, validated (SpecError lists every problem with file and line);
+    `inventory` replaces its own (relative to the current directory), `hosts` narrows it
+    (names, ranges, groups: as --hosts)."""
+    from .spec import load_cluster
+
+    return load_cluster(path, inventory=inventory).select(hosts)
+
+
+def plan(cluster: Cluster) -> RankPlan:
+    """The rank plan (PlanError when a device or launcher rule is broken). Touches no host; for
+    a Slurm inventory, planned on placeholder nodes node1..nodeN."""
+    from . import slurm
+    from .plan import make_plan
+
+    return make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
+
+
+def check(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False):
+    """Preflight on every host (checks.Report: `.ok`, `.results`, `.problems()`)."""
+    from .checks import run_checks
+    from .transport import Pool
+
+    with Pool(cluster) as pool:
+        return run_checks(cluster, pool, full_mesh=full_mesh, deep=deep)
+
+
+@dataclass
+class UpResult:
+    """What `up` ended with: the run (its record under .orch/runs/), the outcome, and the
+    lifecycle that followed it (log tails)."""
+
+    run: Run
+    outcome: Outcome
+    lifecycle: Lifecycle
+
+    @property
+    def state(self) -> str:
+        return self.outcome.state
+
+    @property
+    def logs_missing(self) -> list[str]:
+        """Hosts whose logs could not be kept here (the hosts still have them)."""
+        return list(self.run.data.get("logs_incomplete") or [])
+
+    @property
+    def exit_code(self) -> int:
+        """As `orch up` exits: 0 succeeded (or detached); 5 succeeded but logs here are incomplete;
+        130 interrupted or stopped; 1 otherwise."""
+        if self.state == "detached":
+            return 0
+        if self.state == "succeeded":
+            return 5 if self.logs_missing or self.lifecycle.write_error else 0
+        return 130 if self.state in ("interrupted", "stopped") else 1
+
+
+def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, force: bool = False,
+       follow_rank: int | None = 0, events: Events | None = None,
+       on_finishing: Callable[[], None] | None = None) -> UpResult:
+    """Check, render, distribute, launch, follow (unless `detach`) and gather: `orch up`.
+
+    PreflightFailed (its `.report` holds the check results) or another OrchError when nothing
+    was started; otherwise an UpResult, whatever the job did. `follow_rank`: whose output goes
+    to `events.output` (None: nobody's). `on_finishing` is called once the run is being stopped
+    and gathered (the CLI ignores SIGTERM from then on). KeyboardInterrupt while following stops
+    every rank (state `interrupted`); while queued for Slurm, the request is cancelled and
+    Interrupted raised."""
+    from . import slurm
+    from .plan import make_plan
+    from .spec import fold
+    from .supervisor import batch_grace
+
+    events = events or Events()
+    rp = plan(cluster)  # fails before queueing
+    if follow_rank is not None and not 0 <= follow_rank < rp.size:
+        raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
+    if cluster.slurm is None:
+        for w in rp.warnings:
+            events.warning(w)
+        return _up_on(cluster, rp, events, None, skip_checks, force, detach, follow_rank, on_finishing)
+    events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
+    queued = True
+    try:
+        with slurm.Allocation.request(cluster, lambda jid, why: events.step(
+                f"Slurm job {jid} is pending ({why}); Ctrl-C cancels it")) as alloc:
+            queued = False
+            events.step(f"Slurm job {alloc.job.job_id}: {len(alloc.job.nodes)} node(s) {fold(alloc.job.nodes)}")
+            rp = make_plan(alloc.cluster)
+            for w in rp.warnings:
+                events.warning(w)
+            result = _up_on(alloc.cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, on_finishing)
+            if result.state == "detached":
+                alloc.keep()
+            else:  # the job ends by itself once the supervisors have; cancel what is left
+                info = alloc.release(batch_grace(cluster) + 10 if result.lifecycle.started else 0)
+                if info.live:
+                    events.warning(f"Slurm job {info.job_id} is still {info.state}; cancel it with "
+                                   f"`scancel {info.job_id}`")
+            return result
+    except KeyboardInterrupt:
+        if not queued:
+            raise
+        raise Interrupted("interrupted while queued: the Slurm request was cancelled") from None
+
+
+def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, on_finishing) -> UpResult:
+    """`up` once the hosts are known."""
+    from . import launchers, lifecycle
+    from .runs import create_run
+    from .transport import Pool
+
+    with Pool(cluster) as pool:
+        if not skip_checks:
+            from . import checks
+
+            events.step(f"checking {len(cluster.hosts)} host(s)")
+            report = checks.run_checks(cluster, pool)
+            if not report.ok:
+                exc = PreflightFailed("preflight failed: nothing was started",
+                                      hint="fix the problems above, or pass --skip-checks to launch anyway")
+                exc.report = report
+                raise exc
+        device_ips = None
+        if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
+            device_ips = lifecycle.read_device_ips(rp, pool)
+            if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
+                rp = lifecycle.read_super_devices(rp, pool)
+        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events)
+        run = create_run(cluster, rp.to_dict())
+        if alloc is not None:
+            run.data["slurm"] = alloc.record()
+            run.save()
+        run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
+        launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
+                                 interfaces=prepared.interfaces, aarch64=prepared.aarch64)
+        lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
+        outcome = None
+        try:
+            lc.distribute(launch)
+            lc.start(launch)
+            outcome = lifecycle.Outcome("detached") if detach else lc.follow()
+        except KeyboardInterrupt:
+            outcome = lifecycle.Outcome("interrupted", "every rank was stopped")
+        except lifecycle.LaunchError as exc:
+            outcome = lifecycle.Outcome("failed", str(exc))
+        finally:
+            if on_finishing is not None:
+                on_finishing()
+            if outcome is None:
+                outcome = lifecycle.Outcome("failed", "orch itself failed; every rank was stopped")
+            if outcome.state != "detached":
+                if lc.started and outcome.view is None:  # not ended on the cluster's word: stop it
+                    events.step("stopping every process of the run")
+                    for host, what in lc.stop("interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted"
+                                              else outcome.message).items():
+                        if what.startswith("could not stop"):
+                            events.warning(f"{host}: {what}; once it is reachable, run "
+                                           f"`orch down --run {run.id}`")
+                    outcome.view = lc.status()
+                lc.gather()
+            lc.finish(outcome)
+    return UpResult(run, outcome, lc)
+
+
+def status(run_id: str | None = None, root: str | os.PathLike = "."):
+    """A run's state as its supervisors record it on the cluster (runstate.RunView: `.state`,
+    `.ranks`, `.exit_codes`); default: the latest run started from `root`."""
+    from .lifecycle import run_status
+    from .runs import load_run
+
+    return run_status(load_run(run_id, cwd=Path(root).absolute()))
+
+
+def down(run_id: str | None = None, root: str | os.PathLike = "."):
+    """Stop every process of the run on every host, gather its logs, record it (idempotent):
+    ({host: what was done}, {host: why it could not be stopped}, the final RunView)."""
+    from .lifecycle import run_down
+    from .runs import load_run
+
+    return run_down(load_run(run_id, cwd=Path(root).absolute()))
+
+
+def logs(run_id: str | None = None, rank: int | None = 0, root: str | os.PathLike = ".", *,
+         follow: bool = False, tail: int | None = None, attempt: int | None = None) -> Iterator[bytes]:
+    """Rank `rank`'s output, in blocks, exactly as `orch logs --rank N` writes it (fetched from
+    its host when not here yet); rank None: every rank's, each line prefixed with its rank."""
+    from . import logs as _logs
+    from .runs import load_run
+
+    run = load_run(run_id, cwd=Path(root).absolute())
+    ranks = _logs.select_ranks(run, rank, None)
+    yield from _logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt)
