@@ -761,38 +761,31 @@ def _resolve_ssh(h: Host, merged: dict, lookup: _SshLookup | None, loc: Location
     """The host as SSH reaches it: the inventory's values, then ssh_config's for its address
     (an alias there), then the defaults; jump hosts (inventory `jump:` or ProxyJump) resolved
     the same way."""
-    from .transport.sshconfig import Entry, SshConfigError, expand, parse_hops
+    from .transport.sshconfig import SshConfigError, hops_of, parse_hops, resolve
 
     if h.connection != "ssh":
         return h
     cfg = lookup.config if lookup is not None else None
     try:
-        e = cfg.lookup(h.address) if cfg is not None else Entry()
-        user = merged.get("user") or e.user or h.user
-        port = merged.get("port") or e.port or 22
-        tokens = dict(alias=h.address, port=port, user=user)
-        hostname = expand(e.hostname, hostname=h.address, **tokens) if e.hostname else None
-        tokens["hostname"] = hostname or h.address
-        ident = h.identity_file if "identity_file" in merged else _first_file(
-            [expand(f, **tokens) for f in e.identity_files])
-        known = h.known_hosts if "known_hosts" in merged or not e.known_hosts else \
-            expand(e.known_hosts[0], **tokens)
+        r = resolve(cfg, h.address, merged.get("user"), merged.get("port"), h.user)
+        e = r.entry
+        ident = h.identity_file if "identity_file" in merged else r.first_identity()
+        known = h.known_hosts if "known_hosts" in merged or not e.known_hosts else r.expand(e.known_hosts[0])
         if "jump" in merged:
-            spec = merged["jump"]
-            hops = parse_hops(",".join(spec) if isinstance(spec, list) else spec, str(loc))
+            hops = hops_of(merged["jump"], str(loc))
         else:
             hops = parse_hops(e.proxy_jump, f"{cfg.path} (ProxyJump for {h.address})") \
                 if e.proxy_jump and cfg is not None else ()
         jump = _jump_hosts(hops, cfg, ident, known, str(loc), 0)
-        proxy = expand(e.proxy_command, **tokens) if e.proxy_command and not jump else None
+        proxy = r.expand(e.proxy_command) if e.proxy_command and not jump else None
     except SshConfigError as exc:
         problems.add(Location(exc.where) if exc.where != str(loc) else loc, exc.message)
         return h
-    if not USER_NAME.match(user):
-        problems.add(Location(cfg.path) if cfg is not None and e.user == user else loc,
-                     f"user {user!r} (for {h.address}) is not a login name")
+    if not USER_NAME.match(r.user):
+        problems.add(Location(cfg.path) if cfg is not None and e.user == r.user else loc,
+                     f"user {r.user!r} (for {h.address}) is not a login name")
     timeout = e.connect_timeout if lookup is not None and lookup.timeout_from_config else None
-    return replace(h, user=user, port=port, hostname=hostname, identity_file=ident, known_hosts=known,
+    return replace(h, user=r.user, port=r.port, hostname=r.hostname, identity_file=ident, known_hosts=known,
                    jump=jump, proxy_command=proxy, keepalive=e.server_alive_interval, connect_timeout=timeout)
 
 
@@ -800,25 +793,20 @@ def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int
     """Jump hosts as Hosts, each looked up in ssh_config like `ssh -J` does (its alias, user,
     port, key, and its own ProxyJump in front of it). Without a key of its own, a hop uses the
     target host's identity_file and known_hosts (the cluster's key usually opens its bastion)."""
-    from .transport.sshconfig import MAX_HOPS, Entry, SshConfigError, expand, parse_hops
+    from .transport.sshconfig import MAX_HOPS, SshConfigError, parse_hops, resolve
 
     out: list[Host] = []
     for hop in hops:
         if depth + len(out) >= MAX_HOPS:
             raise SshConfigError(where, f"more than {MAX_HOPS} jump hosts (a ProxyJump loop?)")
-        e = cfg.lookup(hop.host) if cfg is not None else Entry()
-        user = hop.user or e.user or _local_user()
-        port = hop.port or e.port or 22
-        tokens = dict(alias=hop.host, port=port, user=user)
-        hostname = expand(e.hostname, hostname=hop.host, **tokens) if e.hostname else None
-        tokens["hostname"] = hostname or hop.host
-        own = _first_file([expand(f, **tokens) for f in e.identity_files])
-        kh = expand(e.known_hosts[0], **tokens) if e.known_hosts else known
+        r = resolve(cfg, hop.host, hop.user, hop.port, _local_user())
+        e = r.entry
+        kh = r.expand(e.known_hosts[0]) if e.known_hosts else known
         if e.proxy_jump and not hop.user and not hop.port and cfg is not None and not out:
             out.extend(_jump_hosts(parse_hops(e.proxy_jump, f"{cfg.path} (ProxyJump for {hop.host})"),
                                    cfg, ident, known, where, depth + 1))
-        out.append(Host(name=str(hop), address=hop.host, hostname=hostname, user=user, port=port,
-                        identity_file=own or ident, known_hosts=kh, keepalive=e.server_alive_interval))
+        out.append(Host(name=str(hop), address=hop.host, hostname=r.hostname, user=r.user, port=r.port,
+                        identity_file=r.first_identity() or ident, known_hosts=kh, keepalive=e.server_alive_interval))
     return tuple(out)
 
 
@@ -826,13 +814,13 @@ def _slurm_template(keys: dict, defaults: dict, lookup: _SshLookup | None, sub: 
                     problems: _Problems) -> Host:
     """The Host every allocated Slurm node becomes: the defaults, their jump hosts resolved (node
     names come from Slurm, so ssh_config is not asked about them)."""
-    from .transport.sshconfig import SshConfigError, parse_hops
+    from .transport.sshconfig import SshConfigError, hops_of
 
     jump: tuple[Host, ...] = ()
     if defaults.get("jump"):
-        spec, loc = defaults["jump"], sub.loc(("defaults", "jump"))
+        loc = sub.loc(("defaults", "jump"))
         try:
-            jump = _jump_hosts(parse_hops(",".join(spec) if isinstance(spec, list) else spec, str(loc)),
+            jump = _jump_hosts(hops_of(defaults["jump"], str(loc)),
                                lookup.config if lookup else None, keys["identity_file"], keys["known_hosts"],
                                str(loc), 0)
         except SshConfigError as exc:
@@ -851,11 +839,6 @@ def _is_ip(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _first_file(paths: list[str]) -> str | None:
-    """The first of ssh_config's IdentityFiles that exists (OpenSSH skips missing ones too)."""
-    return next((p for p in paths if os.path.exists(p)), None)
 
 
 def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problems: _Problems,

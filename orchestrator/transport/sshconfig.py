@@ -68,6 +68,8 @@ class Hop:
 
 def expand(value: str, *, alias: str, hostname: str, port: int, user: str) -> str:
     """OpenSSH's tokens in `value`, with the values the connection really uses."""
+    from ..spec import _local_user
+
     table = {"h": hostname, "p": str(port), "r": user, "n": alias, "u": _local_user(),
              "d": os.path.expanduser("~"), "%": "%"}
     out = re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), value)
@@ -76,13 +78,39 @@ def expand(value: str, *, alias: str, hostname: str, port: int, user: str) -> st
     return out
 
 
-def _local_user() -> str:
-    import getpass
+@dataclass(frozen=True)
+class Resolved:
+    """An alias as the connection will use it: ssh_config's entry for it, and the user, port and
+    HostName that win (the caller's values first, then ssh_config's, then the defaults)."""
 
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        return "root"
+    alias: str
+    entry: Entry
+    user: str
+    port: int
+    hostname: str | None  # None: the alias itself
+
+    def expand(self, value: str) -> str:
+        return expand(value, alias=self.alias, hostname=self.hostname or self.alias, port=self.port,
+                      user=self.user)
+
+    def first_identity(self) -> str | None:
+        """The first of the entry's IdentityFiles that exists (OpenSSH skips missing ones too)."""
+        return next((p for p in map(self.expand, self.entry.identity_files) if os.path.exists(p)), None)
+
+
+def resolve(config: "SshConfig | None", alias: str, user: str | None, port: int | None,
+            default_user: str) -> Resolved:
+    """`alias` looked up in `config` (none: nothing there), with `user`/`port` winning over it."""
+    e = config.lookup(alias) if config is not None else Entry()
+    user = user or e.user or default_user
+    port = port or e.port or 22
+    hostname = expand(e.hostname, alias=alias, hostname=alias, port=port, user=user) if e.hostname else None
+    return Resolved(alias, e, user, port, hostname)
+
+
+def hops_of(spec: str | list[str], where: str) -> tuple[Hop, ...]:
+    """The inventory's `jump:` (a string, or a list: a chain) as hops."""
+    return parse_hops(",".join(spec) if isinstance(spec, list) else spec, where)
 
 
 def parse_hops(text: str, where: str) -> tuple[Hop, ...]:
@@ -131,8 +159,6 @@ class SshConfig:
         return cls(full, _read_with_includes(full, 0))
 
     def lookup(self, alias: str) -> Entry:
-        import paramiko
-
         try:
             d = self._config.lookup(alias)
         except Exception as exc:  # noqa: BLE001 - a Match exec/canonical paramiko cannot evaluate, and kin
