@@ -876,14 +876,9 @@ def judge_interface(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     """job.interface on this host: it must exist and have an IPv4 address."""
     want = cluster.job.interface
     got = probes.parse_interface(sec.body)
-    if got is None:
-        why = ("no route to the launch host's address was found (or no `ip` command)" if want == "auto"
-               else "no `ip` command to look it up")
-        return _r("nic", host, "fail", f"interface {want}: {why}")
-    if not got.address:
-        return _r("nic", host, "fail", f"interface {got.ifname} {'(auto) ' if want == 'auto' else ''}does not "
-                                       "exist on this host, is down or has no IPv4 address; NCCL/HCCL/Gloo and MPI "
-                                       "would find no network there: fix job.interface (ip -o -4 addr lists them)")
+    problem = probes.interface_problem(want, got)
+    if problem is not None:
+        return _r("nic", host, "fail", problem)
     return _r("nic", host, "pass", f"job.interface {want}: {got.ifname} {got.address}/{got.prefixlen}")
 
 
@@ -892,8 +887,9 @@ def judge_interfaces(per_host: Mapping[str, probes.IfAddr]) -> list[CheckResult]
     (ranks on one would not reach ranks on another through it)."""
     nets: dict[str, list[str]] = {}
     for h, a in per_host.items():
-        if a.address and a.prefixlen is not None:
-            nets.setdefault(str(ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)), []).append(h)
+        net = probes.interface_network(a)
+        if net is not None:
+            nets.setdefault(net, []).append(h)
     if len(nets) <= 1:
         return []
     parts = "; ".join(f"{net} on {fold(hs)}" for net, hs in sorted(nets.items(), key=lambda kv: -len(kv[1])))

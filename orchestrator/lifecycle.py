@@ -13,7 +13,6 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
-import ipaddress
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
+from .probes import interface_network, interface_problem
 from .runs import Run, mask_text
 from .runstate import RunView
 from .spec import Cluster
@@ -108,13 +108,11 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     interfaces: dict[str, tuple[str, str | None]] = {}
     for name, o in res.items():
         got = o.value["interface"]
-        if cluster.job.interface and (got is None or not got.address):
-            problems.append(f"{name}: job.interface {cluster.job.interface}: "
-                            + (f"{got.ifname} does not exist there, is down or has no IPv4 address" if got
-                               else "no route to the launch host (or no `ip` command)"))
+        problem = interface_problem(cluster.job.interface, got) if cluster.job.interface else None
+        if problem is not None:
+            problems.append(f"{name}: job.{problem}")
         elif got is not None:
-            net = ipaddress.ip_network(f"{got.address}/{got.prefixlen}", strict=False) if got.prefixlen else None
-            interfaces[name] = (got.ifname or "", str(net) if net else None)
+            interfaces[name] = (got.ifname or "", interface_network(got))
     if problems:
         raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}

@@ -248,6 +248,26 @@ def interface_script(interface: str, launch_address: str) -> str:
             "echo \"ifc ${i:--} ${a:--}\"")
 
 
+def interface_problem(want: str, got: IfAddr | None) -> str | None:
+    """Why job.interface (`want`) cannot carry a host's traffic, as parse_interface found it
+    there; None: it can."""
+    if got is None:
+        return (f"interface {want}: no route to the launch host's address was found (or no `ip` command)"
+                if want == "auto" else f"interface {want}: no `ip` command to look it up")
+    if not got.address:
+        return (f"interface {got.ifname} {'(auto) ' if want == 'auto' else ''}does not exist on this host, is "
+                "down or has no IPv4 address; NCCL/HCCL/Gloo and MPI would find no network there: fix "
+                "job.interface (ip -o -4 addr lists them)")
+    return None
+
+
+def interface_network(got: IfAddr) -> str | None:
+    """The IPv4 network an interface address sits in (10.0.0.0/24), when its prefix is known."""
+    if not got.address or got.prefixlen is None:
+        return None
+    return str(ipaddress.ip_network(f"{got.address}/{got.prefixlen}", strict=False))
+
+
 def parse_interface(text: str) -> IfAddr | None:
     """interface_script's output -> the interface and its IPv4 address (address '' when it has
     none); None when no interface was found (no route, or no `ip`)."""
