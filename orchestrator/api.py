@@ -90,13 +90,13 @@ class UpResult:
 
 
 def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, force: bool = False,
-       follow_rank: int | None = 0, events: Events | None = None,
+       follow_rank: int = 0, show_output: bool = True, events: Events | None = None,
        on_finishing: Callable[[], None] | None = None) -> UpResult:
     """Check, render, distribute, launch, follow (unless `detach`) and gather: `orch up`.
 
     PreflightFailed (its `.report` holds the check results) or another OrchError when nothing
     was started; otherwise an UpResult, whatever the job did. `follow_rank`: whose output goes
-    to `events.output` (None: nobody's). `on_finishing` is called once the run is being stopped
+    to `events.output` (with `show_output`; without it, nobody's). `on_finishing` is called once the run is being stopped
     and gathered (the CLI ignores SIGTERM from then on). KeyboardInterrupt while following stops
     every rank (state `interrupted`); while queued for Slurm, the request is cancelled and
     Interrupted raised."""
@@ -107,12 +107,13 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
 
     events = events or Events()
     rp = plan(cluster)  # fails before queueing
-    if follow_rank is not None and not 0 <= follow_rank < rp.size:
+    if not 0 <= follow_rank < rp.size:
         raise UsageError(f"--follow-rank {follow_rank}: the job has ranks 0..{rp.size - 1}")
+    follow = follow_rank if show_output else None
     if cluster.slurm is None:
         for w in rp.warnings:
             events.warning(w)
-        return _up_on(cluster, rp, events, None, skip_checks, force, detach, follow_rank, on_finishing)
+        return _up_on(cluster, rp, events, None, skip_checks, force, detach, follow, on_finishing)
     events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
     queued = True
     try:
@@ -123,7 +124,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
             rp = make_plan(alloc.cluster)
             for w in rp.warnings:
                 events.warning(w)
-            result = _up_on(alloc.cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, on_finishing)
+            result = _up_on(alloc.cluster, rp, events, alloc, skip_checks, force, detach, follow, on_finishing)
             if result.state == "detached":
                 alloc.keep()
             else:  # the job ends by itself once the supervisors have; cancel what is left

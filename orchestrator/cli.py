@@ -478,7 +478,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
         result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
-                        follow_rank=None if quiet else follow_rank, events=_CliEvents(quiet),
+                        follow_rank=follow_rank, show_output=not quiet, events=_CliEvents(quiet),
                         # finish stopping and gathering whatever signals come
                         on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
     except PreflightFailed as exc:

@@ -11,7 +11,7 @@ import pytest
 
 import orchestrator as orch
 from orchestrator import api
-from orchestrator.errors import PreflightFailed, SpecError
+from orchestrator.errors import PreflightFailed, SpecError, UsageError
 
 
 def _cluster(tmp_path: Path, command: str) -> Path:
@@ -55,7 +55,9 @@ def test_up_logs_status_down_from_python(tmp_path, monkeypatch, capsys):
 def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cluster = orch.load(_cluster(tmp_path, '[ "$RANK_ID" = 1 ] && exit 4; sleep 30'))
-    result = orch.up(cluster, skip_checks=True, follow_rank=None)
+    result = orch.up(cluster, skip_checks=True, show_output=False)
+    with pytest.raises(UsageError, match="ranks 0..1"):  # checked with or without output
+        orch.up(cluster, follow_rank=2, show_output=False)
     assert (result.state, result.exit_code) == ("failed", 1)
     assert result.outcome.first_failure["rank"] == 1 and result.outcome.first_failure["exit_code"] == 4
     (tmp_path / "bad.yaml").write_text("inventory: {hosts: [{address: x}]}\njob: {workdir: rel, command: x}\n")
