@@ -116,27 +116,26 @@ def ssh_client_config(lab: str, hosts: Sequence, bastion, *, user: str, port: in
     return "\n".join(lines) + "\n"
 
 
-def passwd_with_user(base: str, user: str, home: str, shell: str) -> str:
-    """base (the machine's /etc/passwd) plus the lab user; refuses a name or uid already there."""
-    for line in base.splitlines():
-        f = line.split(":")
-        if len(f) >= 4 and (f[0] == user or f[2] == str(USER_ID)):
+def _with_entry(base: str, what: str, user: str, line: str) -> str:
+    """`base` (this machine's /etc/passwd or /etc/group) plus the lab user's `line`; refuses a
+    name or id already there."""
+    for existing in base.splitlines():
+        f = existing.split(":")
+        if len(f) >= 3 and (f[0] == user or f[2] == str(USER_ID)):
+            kind = "uid" if what == "passwd" else "gid"
             raise LabError(
-                f"--user {user}: /etc/passwd already has {f[0]!r} (uid {f[2]})",
-                hint=f"pick a user name not on this machine; the lab user gets uid {USER_ID}",
+                f"--user {user}: /etc/{what} already has {f[0]!r} ({kind} {f[2]})",
+                hint=f"pick a user name not on this machine; the lab user gets {kind} {USER_ID}",
             )
-    return base.rstrip("\n") + f"\n{user}:*:{USER_ID}:{USER_ID}:orch lab user:{home}:{shell}\n"
+    return base.rstrip("\n") + f"\n{line}\n"
+
+
+def passwd_with_user(base: str, user: str, home: str, shell: str) -> str:
+    return _with_entry(base, "passwd", user, f"{user}:*:{USER_ID}:{USER_ID}:orch lab user:{home}:{shell}")
 
 
 def group_with_user(base: str, user: str) -> str:
-    for line in base.splitlines():
-        f = line.split(":")
-        if len(f) >= 3 and (f[0] == user or f[2] == str(USER_ID)):
-            raise LabError(
-                f"--user {user}: /etc/group already has {f[0]!r} (gid {f[2]})",
-                hint=f"pick a user name not on this machine; the lab user gets gid {USER_ID}",
-            )
-    return base.rstrip("\n") + f"\n{user}:x:{USER_ID}:\n"
+    return _with_entry(base, "group", user, f"{user}:x:{USER_ID}:")
 
 
 # Run with this machine's python inside the bastion's network namespace (nsenter --net):

@@ -99,6 +99,24 @@ def up_ok(tmp_path: Path, timeout: float) -> tuple[dict, float]:
     return rec, took
 
 
+def up_fails_naming(tmp_path: Path, lab, *, rank: int, host: int, code: int) -> dict:
+    """`orch up` of a job whose rank `rank` (on lab host `host`) exits `code` after printing
+    "failing on purpose": exit 1 well before the others' sleep ends, that rank named with its own
+    exit code and its last lines, the run recorded as failed, nothing left running."""
+    t0 = time.monotonic()
+    res = orch("up", "-q", cwd=tmp_path, timeout=240)
+    assert res.returncode == 1, (res.stdout.decode(), res.stderr.decode())
+    assert time.monotonic() - t0 < 90
+    err = res.stderr.decode()
+    assert f"rank {rank} on {lab.host_name(host)}" in err and f"exit code {code}" in err \
+        and "failing on purpose" in err, err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["first_failure"]["rank"] == rank \
+        and rec["first_failure"]["exit_code"] == code
+    assert leftovers(rec["id"]) == []
+    return rec
+
+
 def assert_trained(tmp_path: Path, lab, hosts_of_rank: list[int]) -> dict[int, list[float]]:
     """Every rank: loss lines, last below first; one checksum line naming the rank, the world
     size and the lab host the plan put it on; the same checksum everywhere."""
@@ -149,16 +167,8 @@ def test_msrun_failing_worker_is_named_with_its_own_exit_code(e2e_lab, tmp_path)
         "time.sleep(120)\n")
     playbook(e2e_lab, tmp_path, "mindspore-msrun/cluster.yaml", ["--hosts", "2"], workdir="/data/e2e-msrun-fail",
              command="python fail.py", sync=[str(tmp_path / "fail.py")], timeout=120)
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, timeout=240)
-    assert res.returncode == 1, (res.stdout.decode(), res.stderr.decode())
-    assert time.monotonic() - t0 < 90
-    err = res.stderr.decode()
-    assert f"rank 3 on {e2e_lab.host_name(2)}" in err and "exit code 3" in err and "failing on purpose" in err, err
-    rec = run_record(tmp_path)
-    assert rec["state"] == "failed" and rec["first_failure"]["rank"] == 3 and rec["first_failure"]["exit_code"] == 3
+    rec = up_fails_naming(tmp_path, e2e_lab, rank=3, host=2, code=3)
     assert rec["exit_codes"]["3"] == 3 and rec["exit_codes"]["2"] != 0
-    assert leftovers(rec["id"]) == []
     assert orch("logs", "--rank", "2", cwd=tmp_path).stdout == b"rank 2 up\n"
 
 
@@ -192,15 +202,7 @@ def test_torchrun_failing_worker_is_named_and_everything_stops(e2e_lab, tmp_path
         "time.sleep(120)\n")
     playbook(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"], workdir="/data/e2e-torch-fail",
              command="python fail.py", sync=[str(tmp_path / "fail.py")], timeout=120)
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, timeout=240)
-    assert res.returncode == 1, (res.stdout.decode(), res.stderr.decode())
-    assert time.monotonic() - t0 < 90
-    err = res.stderr.decode()
-    assert f"rank 2 on {e2e_lab.host_name(2)}" in err and "exit code 7" in err and "failing on purpose" in err, err
-    rec = run_record(tmp_path)
-    assert rec["state"] == "failed" and rec["first_failure"]["rank"] == 2 and rec["first_failure"]["exit_code"] == 7
-    assert leftovers(rec["id"]) == []
+    rec = up_fails_naming(tmp_path, e2e_lab, rank=2, host=2, code=7)
     assert orch("logs", "--rank", "1", cwd=tmp_path).stdout == b"rank 1 of 4 local 1\n"
     assert orch("down", "--run", rec["id"], cwd=tmp_path).returncode == 0
 
