@@ -94,23 +94,32 @@ def test_hosts_with_other_keys_get_their_own_jump_connection_and_outer_hops_clos
 
 
 def test_tunnel_send_and_close_never_run_at_once():
-    events = []
+    """A close from another thread waits for a send under way (no sleeps deciding the order:
+    the send blocks until the test lets it go)."""
+    import threading
+
+    events, sending, release = [], threading.Event(), threading.Event()
 
     class Chan:
         def send(self, data):
             events.append("send-start")
-            time.sleep(0.05)
+            sending.set()
+            release.wait(10)
             events.append("send-end")
             return len(data)
 
         def close(self):
             events.append("close")
 
-    import threading
     t = _Tunnel(Chan())
-    th = threading.Thread(target=t.send, args=(b"x",))
-    th.start()
-    time.sleep(0.01)
-    t.close()
-    th.join()
+    sender = threading.Thread(target=t.send, args=(b"x",))
+    sender.start()
+    assert sending.wait(10)
+    closer = threading.Thread(target=t.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and events == ["send-start"]  # the close is held while the send is on
+    release.set()
+    sender.join(10)
+    closer.join(10)
     assert events == ["send-start", "send-end", "close"]
