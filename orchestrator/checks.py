@@ -506,6 +506,14 @@ def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
         prefix = probes.mpirun_prefix(cluster.job.mpirun_args)
         why = f" (from mpirun --prefix {prefix})" if label == "orted" and prefix else ""
         problems.append(f"{path} is not an executable on this host{why}")
+    if info["supervisor"] is not None:
+        from .supervisor import python_problem
+
+        sup = python_problem(info["supervisor"])
+        if sup:
+            problems.append(sup + ": install python3, or put it on the PATH a non-interactive ssh gets")
+        else:
+            found.insert(0, f"python3={info['supervisor']} (supervisor)")
     if problems:
         return _r("path", host, "fail", "; ".join(problems))
     return _r("path", host, "pass", " ".join(found) if found else "nothing to look up")

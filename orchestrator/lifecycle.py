@@ -30,8 +30,6 @@ from .spec import Cluster
 from .sync import manifest, sync_host
 from .transport import Pool
 
-MIN_PYTHON = (3, 8)
-
 
 class Events:
     """What the lifecycle reports. The CLI subclasses this to print; the default is silent."""
@@ -98,13 +96,9 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
         raise PreflightFailed("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
     problems = []
     for name, o in res.items():
-        py = o.value["python"]
-        if not py:
-            problems.append(f"{name}: no python3 on the non-interactive PATH (the run's supervisor needs "
-                            f"python3 >= {'.'.join(map(str, MIN_PYTHON))})")
-        elif tuple(int(x) for x in py.split(".")[:2] if x.isdigit()) < MIN_PYTHON:
-            problems.append(f"{name}: python3 is {py}; the run's supervisor needs "
-                            f">= {'.'.join(map(str, MIN_PYTHON))}")
+        problem = supervisor.python_problem(o.value["python"])
+        if problem:
+            problems.append(f"{name}: {problem}")
     interfaces: dict[str, tuple[str, str | None]] = {}
     for name, o in res.items():
         got = o.value["interface"]

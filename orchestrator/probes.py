@@ -193,7 +193,10 @@ def _path_section(cluster: Cluster, env: Mapping[str, str]) -> str:
     plain, job, fixed = [], [], []
     for label, how in launch_tools(cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
-    lines = ["echo \"PATH=$PATH\""]
+    from .supervisor import PYTHON_VERSION_SH
+
+    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
+    lines = ["echo \"PATH=$PATH\"", f"printf 'supervisor\\t%s\\n' \"$({PYTHON_VERSION_SH})\""]
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:
@@ -754,14 +757,19 @@ def parse_mesh(text: str) -> dict[str, tuple[int, str]] | None:
 
 
 def parse_path(text: str) -> dict[str, object]:
-    """The path section -> {'PATH': str, 'JOBPATH': str|None, 'tools': {label: path|None}}."""
+    """The path section -> {'PATH': str, 'JOBPATH': str|None, 'tools': {label: path|None},
+    'supervisor': python3's major.minor there, "" if none, None if the section did not say}."""
     path = re.search(r"^PATH=(.*)$", text, re.M)
     jobpath = re.search(r"^JOBPATH=(.*)$", text, re.M)
     tools: dict[str, str | None] = {}
+    supervisor = None
     for line in text.splitlines():
         parts = line.split("\t")
+        if len(parts) == 2 and parts[0] == "supervisor":
+            supervisor = parts[1].strip()
         if len(parts) == 3 and parts[0] in ("plain", "job", "fixed"):
             tools[parts[1]] = parts[2] or None
     if path is None:
         raise ProbeError(f"unexpected path probe output: {quote_output(text)}")
-    return {"PATH": path.group(1), "JOBPATH": jobpath.group(1) if jobpath else None, "tools": tools}
+    return {"PATH": path.group(1), "JOBPATH": jobpath.group(1) if jobpath else None, "tools": tools,
+            "supervisor": supervisor}

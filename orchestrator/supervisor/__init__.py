@@ -22,6 +22,9 @@ STOP_GRACE = 5.0
 LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host counts as lost
 JOIN_TIMEOUT = 60.0
 START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's supervisor running
+MIN_PYTHON = (3, 8)  # agent.py runs on the hosts' python3 (the non-interactive ssh PATH's), stdlib only
+# prints the major.minor of the python3 the supervisor would run, nothing if there is none
+PYTHON_VERSION_SH = ("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null")
 
 
 @lru_cache(maxsize=1)
@@ -165,6 +168,21 @@ def parse_prepare(text: str) -> dict:
         elif kind == "arch" and rest:
             out["arch"] = rest
     return out
+
+
+def python_problem(version: str | None) -> str | None:
+    """What is wrong with a host's python3 for the supervisor (None: nothing). `version` is
+    its major.minor, "" or None when there is no python3 on the non-interactive PATH."""
+    need = ".".join(map(str, MIN_PYTHON))
+    if not version:
+        return f"no python3 on the non-interactive ssh PATH (the run's supervisor needs python3 >= {need})"
+    try:
+        got = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return f"python3 reports version {version!r}; the run's supervisor needs >= {need}"
+    if got < MIN_PYTHON:
+        return f"python3 is {version}; the run's supervisor needs >= {need}"
+    return None
 
 
 def agent_argv(cluster: Cluster, run_id: str, *args: str) -> list[str]:

@@ -537,6 +537,25 @@ def test_path_judge_missing_tools(tmp_path):
     assert "/opt/mpi/bin/orted is not an executable on this host (from mpirun --prefix /opt/mpi)" in r.message
 
 
+@pytest.mark.parametrize("line, want", [
+    ("supervisor\t3.11\n", None),
+    ("supervisor\t3.8\n", None),
+    ("supervisor\t3.6\n", "python3 is 3.6; the run's supervisor needs >= 3.8"),
+    ("supervisor\t\n", "no python3 on the non-interactive ssh PATH (the run's supervisor needs python3 >= 3.8)"),
+])
+def test_path_judge_needs_python3_for_the_supervisor(tmp_path, line, want):
+    """The run's supervisor (agent.py) runs on each host's python3 from the non-interactive ssh
+    PATH: orch check says so before `orch up` would refuse the host."""
+    c = cluster(tmp_path, launcher="ranktable", platform="ascend")
+    body = "PATH=/usr/bin:/bin\n" + line + "JOBPATH=/usr/bin:/bin\njob\tpython3\t/usr/bin/python3\n"
+    r = checks.judge_path(c, c.hosts[0], sec("path", body))
+    if want is None:
+        assert r.status == "pass" and "(supervisor)" in r.message, r
+    else:
+        assert r.status == "fail" and want in r.message, r
+    assert probes.parse_path(body)["supervisor"] == line.split("\t")[1].strip()
+
+
 def test_files_judge_and_manifest(tmp_path):
     (tmp_path / "net.py").write_text("x")
     (tmp_path / "pkg").mkdir()
