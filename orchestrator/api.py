@@ -27,7 +27,7 @@ from .errors import Interrupted, PreflightFailed, UsageError
 from .lifecycle import Events, Lifecycle, Outcome
 from .plan import RankPlan
 from .runs import Run
-from .spec import Cluster
+from .model import Cluster
 
 __all__ = ["Events", "UpResult", "check", "down", "load", "logs", "plan", "status", "up"]
 
@@ -102,7 +102,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
     Interrupted raised."""
     from . import slurm
     from .plan import make_plan
-    from .spec import fold
+    from .hostsets import fold
     from .supervisor import batch_grace
 
     events = events or Events()

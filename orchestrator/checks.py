@@ -33,7 +33,9 @@ from .errors import HostError, OrchError
 from .fanout import fan_out
 from .probes import MeshTarget, ProbeError, Section, SyncFile
 from .devices import parse_npu_smi_dies
-from .spec import KNOWN_CHECKS, Cluster, Host, fold
+from .hostsets import fold
+from .model import Cluster, Host
+from .spec import KNOWN_CHECKS
 
 Status = Literal["pass", "warn", "fail", "error"]
 SEVERITY = {"pass": 0, "warn": 1, "error": 2, "fail": 3}

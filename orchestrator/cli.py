@@ -252,7 +252,7 @@ def _plan_print(cluster, rp) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .spec import fold
+    from .hostsets import fold
 
     click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
                f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.cluster_address})")
@@ -343,7 +343,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
     if print_probe is not None:
         match = [h for h in cluster.hosts if print_probe in (h.name, h.address)]
         if not match:
-            from .spec import fold
+            from .hostsets import fold
 
             raise UsageError(f"--print-probe {print_probe!r}: no such host",
                              hint=f"hosts are: {fold(h.name for h in cluster.hosts)}")
@@ -373,17 +373,14 @@ def _print_check(cluster, report) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .spec import fold
+    from .hostsets import by_value
 
     cells = report.cells()
     columns = [c for c in report.checks if any(c in row for row in cells.values())]
     rows: list[tuple[str, tuple]] = []
     values = [(h, tuple(cells.get(h, {}).get(c) for c in columns)) for h in report.hosts]
     if len(values) > CHECK_FOLD_ROWS:
-        groups: dict[tuple, list[str]] = {}
-        for h, v in values:
-            groups.setdefault(v, []).append(h)
-        rows = [(fold(names), v) for v, names in groups.items()]
+        rows = [(names, v) for v, names in by_value(values)]
     else:
         rows = values
     width = max([len(r[0]) for r in rows] + [4]) + sum(len(c) + 3 for c in columns) + 4
@@ -395,10 +392,8 @@ def _print_check(cluster, report) -> None:
     routed = [h for h in cluster.hosts if h.route != h.target or h.ssh_address != h.address]
     if routed:  # say where orch really connected, when ssh_config or jump hosts decide it
         if len(routed) > CHECK_FOLD_ROWS:
-            by_via: dict[str, list[str]] = {}
-            for h in routed:
-                by_via.setdefault(h.route[len(h.target):].strip() or "directly", []).append(h.name)
-            lines = [f"{fold(names)}: {via}" for via, names in by_via.items()]
+            lines = [f"{names}: {via}" for via, names in
+                     by_value((h.name, h.route[len(h.target):].strip() or "directly") for h in routed)]
         else:
             lines = [f"{h.name}: {h.route}" for h in routed]
         for line in lines:

@@ -33,7 +33,8 @@ from typing import Mapping, Sequence
 
 from .errors import PlanError
 from .plan import RankPlan
-from .spec import Host, fold
+from .hostsets import fold
+from .model import Host
 
 NPU_SMI = "npu-smi"
 MAPPING_ARGV = (NPU_SMI, "info", "-m")

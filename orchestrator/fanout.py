@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
 from .errors import HostError, OrchError, RemoteTimeout
-from .spec import Host
+from .model import Host
 
 T = TypeVar("T")
 

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 from .devices import parse_npu_smi_dies
 from .probes import HCCN_CONF, NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
-from .spec import Cluster, Host
+from .model import Cluster, Host
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"  # where the driver installs it (often not on PATH)
 PING_TIMEOUT = 10  # seconds, one hccn_tool ping (3 packets)

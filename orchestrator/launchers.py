@@ -23,7 +23,7 @@ from typing import Mapping
 
 from . import render
 from .plan import RankPlan
-from .spec import Cluster
+from .model import Cluster
 
 RUN_VAR = "ORCH_RUN_ID"
 DIR_VAR = "ORCH_RUN_DIR"

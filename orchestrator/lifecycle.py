@@ -26,7 +26,7 @@ from .plan import RankPlan
 from .probes import interface_network, interface_problem
 from .runs import Run, mask_text
 from .runstate import RunView
-from .spec import Cluster
+from .model import Cluster
 from .sync import manifest, sync_host
 from .transport import Pool
 

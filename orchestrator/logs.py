@@ -131,7 +131,7 @@ def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
     if host is not None:
         from ClusterShell.NodeSet import NodeSetParseError
 
-        from .spec import expand
+        from .hostsets import expand
 
         wanted = {host}
         try:

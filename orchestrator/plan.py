@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .errors import PlanError
-from .spec import Cluster, Host, fold
+from .hostsets import by_value
+from .model import Cluster, Host
 
 HCCN_CONF = "/etc/hccn.conf"
 ASCEND_MAX_DEVICE = 7
@@ -329,10 +330,7 @@ def _devs(h: Host) -> str:
 
 def _describe_by(hosts, key, limit: int = 8) -> str:
     """Group hosts by a value and fold their names: 'node[01-04]: 8; node05: 4'."""
-    groups: dict = {}
-    for h in hosts:
-        groups.setdefault(key(h), []).append(h.name)
-    parts = [f"{fold(names)}: {value}" for value, names in groups.items()]
+    parts = [f"{names}: {value}" for value, names in by_value((h.name, key(h)) for h in hosts)]
     if len(parts) > limit:
         parts = parts[:limit] + [f"... ({len(parts) - limit} more)"]
     return "; ".join(parts)

@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from .spec import Cluster, Host
+from .model import Cluster, Host
 
 MARK = "@@orch:"
 NOT_INSTALLED = "orch:not-installed"

@@ -32,7 +32,7 @@ from typing import Mapping
 
 from .errors import PlanError
 from .plan import Rank, RankPlan, visible_devices_var
-from .spec import Cluster, Host
+from .model import Cluster, Host
 
 HOSTFILE = "hostfile"
 RANK_TABLE = "rank_table.json"

@@ -15,12 +15,11 @@ import os
 import secrets
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .errors import LocalWriteError, UsageError
-from .spec import Cluster, Host, Job, Slurm, SshSettings
+from .model import Cluster, Host, Job
 
 RUNS_DIR = Path(".orch") / "runs"
 MASK = "***"
@@ -196,18 +195,16 @@ class Run:
         return tuple(Host.from_dict(h) for h in self.data["hosts"])
 
     def cluster(self) -> Cluster:
-        j = self.data["job"]
-        job = Job(workdir=j["workdir"], command=tuple(j["command"]), launcher=j["launcher"],
-                  platform=j["platform"], log_dir=j["log_dir"], on_failure=j.get("on_failure", "stop"),
-                  timeout=j.get("timeout"), restarts=j.get("restarts", 0),
-                  restart_delay=j.get("restart_delay", 0.0), stall_timeout=j.get("stall_timeout"))
-        hosts = self.hosts()
-        sl = self.data.get("slurm")
-        slurm = Slurm(nodes=len(hosts), template=hosts[0], login=sl.get("login"), conf=sl.get("conf"),
-                      login_host=Host.from_dict(sl["login_host"]) if sl.get("login_host") else None) \
-            if sl and hosts else None
-        return Cluster(name=self.data["name"], path=Path(self.data["cluster_file"]), hosts=hosts,
-                       job=job, ssh=SshSettings(**self.data["ssh"]), slurm=slurm)
+        """The cluster the run was started with, as it was (secret values masked)."""
+        d = self.data
+        slurm = d.get("inventory_slurm")
+        if slurm is None and d.get("slurm") and d["hosts"]:  # a record from before inventory_slurm was kept
+            sl = d["slurm"]
+            slurm = {"nodes": len(d["hosts"]), "template": d["hosts"][0], "login": sl.get("login"),
+                     "conf": sl.get("conf"), "login_host": sl.get("login_host")}
+        return Cluster.from_dict({"name": d["name"], "path": d["cluster_file"], "hosts": d["hosts"], "job": d["job"],
+                                  "ssh": d["ssh"], "checks": d.get("checks") or {}, "groups": d.get("groups") or {},
+                                  "slurm": slurm})
 
     @property
     def finished(self) -> bool:
@@ -227,12 +224,13 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
     job = cluster.job
     secret = any(job.is_secret(k) for k in job.env) or any(
         job.is_secret(k) for h in cluster.hosts for k in h.env)
-    hosts = []
-    for h in cluster.hosts:
-        d = h.to_dict()
-        d["env"] = mask_env(job, dict(h.env))
-        hosts.append(d)
+    model = cluster.to_dict()
+    sl = model["slurm"] or {}
+    for h in (*model["hosts"], sl.get("template"), sl.get("login_host")):
+        if h:
+            h["env"] = mask_env(job, h["env"])
     secrets = secret_values(cluster)
+    model["job"].update(env=mask_env(job, dict(job.env)), command=[mask_values(a, secrets) for a in job.command])
     try:
         cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
     except (OSError, UnicodeDecodeError):
@@ -241,12 +239,9 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         "id": run_id, "name": cluster.name, "cluster_file": str(cluster.path),
         "cluster_text": cluster_text,
         "has_secrets": secret, "state": "starting", "started": time.time(), "ended": None,
-        "job": {"workdir": job.workdir, "command": [mask_values(a, secrets) for a in job.command],
-                "launcher": job.launcher,
-                "platform": job.platform, "log_dir": job.log_dir, "on_failure": job.on_failure,
-                "env": mask_env(job, dict(job.env)), "timeout": job.timeout,
-                "restarts": job.restarts, "restart_delay": job.restart_delay, "stall_timeout": job.stall_timeout},
-        "ssh": asdict(cluster.ssh), "hosts": hosts, "plan": plan_doc,
+        # the cluster as started (model.Cluster.to_dict, secret values masked): Run.cluster() reads it back
+        "job": model["job"], "ssh": model["ssh"], "hosts": model["hosts"], "checks": model["checks"],
+        "groups": model["groups"], "inventory_slurm": model["slurm"], "plan": plan_doc,
         "commands": {}, "procs": [], "exit_codes": {}, "first_failure": None, "message": None,
     }
     run = Run(root, run_id, data)

@@ -32,7 +32,8 @@ from typing import Callable
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
 from .errors import OrchError, UsageError
-from .spec import Cluster, Host, Slurm, _NO_GROUPS
+from .hostsets import _NO_GROUPS
+from .model import Cluster, Host, Slurm
 from .supervisor.agent import step_argv
 
 JOB_PREFIX = "orch-"

@@ -1,4 +1,4 @@
-"""cluster.yaml and inventories -> frozen, validated types.
+"""cluster.yaml and inventories -> the frozen, validated types of model.py.
 
 Two passes: pydantic checks the shape of the raw data (unknown keys, types),
 then semantic rules (duplicates, devices vs slots, paths) are checked on the
@@ -8,19 +8,21 @@ each with its file, line and field path.
 
 from __future__ import annotations
 
-import getpass
 import os
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+from ClusterShell.NodeSet import NodeSetParseError
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
 
-from .errors import Location, SpecError, UsageError
+from .errors import Location, SpecError
+from .hostsets import expand, expand_names
+# the model's types, for callers that load a cluster file and build on it (tests, mostly)
+from .model import Checks, Cluster, Host, Job, Slurm, SshSettings, local_user
 from .yamlsrc import Source, load_yaml
 
 if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a config is read, not before
@@ -33,7 +35,6 @@ MAX_SLOTS = 1024  # ranks on one host: above any real machine, and a typo costs 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MPIRUN_UNSAFE = frozenset('$`"\\!')  # special inside double quotes (sh, csh)
 USER_NAME = re.compile(r"^[A-Za-z0-9_.@][A-Za-z0-9_.@$-]{0,63}$")  # what ssh -l and mpirun's plm_rsh_args take
-SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
 
 # --------------------------------------------------------------------------- raw shapes
 
@@ -298,259 +299,6 @@ class RawCluster(_Raw):
     checks: RawChecks = RawChecks()
 
 
-# --------------------------------------------------------------------------- resolved types
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    address: str
-    user: str
-    port: int = 22
-    identity_file: str | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
-    connection: Literal["ssh", "local"] = "ssh"
-    slots: int = 1
-    devices: tuple[int, ...] = (0,)
-    device_ips: Mapping[int, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    hostname: str | None = None          # where SSH connects, when ssh_config's HostName differs from address
-    jump: tuple["Host", ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
-    proxy_command: str | None = None     # ssh_config's ProxyCommand, tokens expanded
-    mpi_address: str | None = None       # how the other hosts reach this one, when not as the controller does
-    keepalive: float | None = None       # ssh_config's ServerAliveInterval
-    connect_timeout: float | None = None  # ssh_config's ConnectTimeout (ssh.connect_timeout, if set, wins)
-    super_device_ids: Mapping[int, int] = field(default_factory=dict)  # Atlas A3: {device id: SDID}
-    super_pod_id: int | None = None      # Atlas A3: the SuperPoD the host is in (rank table 1.2)
-
-    @property
-    def ssh_address(self) -> str:
-        """Where the controller's SSH connection goes (through the jump hosts, if any)."""
-        return self.hostname or self.address
-
-    @property
-    def cluster_address(self) -> str:
-        """How the cluster's own hosts reach this one: hostfiles, rank tables, MASTER_ADDR."""
-        return self.mpi_address or self.hostname or self.address
-
-    @property
-    def target(self) -> str:
-        return f"{self.user}@{self.ssh_address}" + (f":{self.port}" if self.port != 22 else "")
-
-    @property
-    def route(self) -> str:
-        """How the controller reaches the host: user@hostname[:port], and through what."""
-        if self.jump:
-            return f"{self.target} via {' -> '.join(j.target for j in self.jump)}"
-        if self.proxy_command:
-            return f"{self.target} via ProxyCommand {self.proxy_command}"
-        return self.target
-
-    def to_dict(self) -> dict:
-        """JSON-ready, lossless: `Host.from_dict(h.to_dict()) == h`."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["devices"] = list(self.devices)
-        d["device_ips"] = {str(k): v for k, v in self.device_ips.items()}
-        d["env"] = dict(self.env)
-        d["jump"] = [j.to_dict() for j in self.jump]
-        d["super_device_ids"] = {str(k): v for k, v in self.super_device_ids.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "Host":
-        d = dict(d)
-        d["devices"] = tuple(d.get("devices", (0,)))
-        d["device_ips"] = {int(k): v for k, v in d.get("device_ips", {}).items()}
-        d["jump"] = tuple(cls.from_dict(j) for j in d.get("jump", ()))
-        d["super_device_ids"] = {int(k): int(v) for k, v in d.get("super_device_ids", {}).items()}
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    connect_timeout: float = 10
-    command_timeout: float = 120
-    fanout: int = 64
-    host_key_policy: Literal["strict", "accept-new"] = "strict"
-    retries: int = 3
-    config_file: str | None = "~/.ssh/config"   # None: `none`, no ssh_config read
-    jump_fanout: int = 10       # new connections opened through one jump host at once
-
-
-@dataclass(frozen=True)
-class Job:
-    workdir: str
-    command: tuple[str, ...]
-    launcher: Literal["mpirun", "ranktable", "msrun", "torchrun"] = "mpirun"
-    platform: Literal["ascend", "gpu", "cpu"] = "cpu"
-    env: Mapping[str, str] = field(default_factory=dict)
-    secret_env: tuple[str, ...] = ()
-    sync: tuple[str, ...] = ()
-    sync_exclude: tuple[str, ...] = ()
-    log_dir: str = "log_output"
-    timeout: float | None = None
-    on_failure: Literal["stop", "continue"] = "stop"
-    mpirun_args: tuple[str, ...] = ()
-    rank_table_version: Literal["1.0", "1.2", "legacy"] = "1.0"
-    master_port: int = 8118
-    restarts: int = 0
-    restart_delay: float = 0.0
-    stall_timeout: float | None = None
-    interface: str | None = None   # NIC for MPI/NCCL/HCCL/Gloo traffic: a name or "auto"
-    rank_dirs: bool = False        # each rank starts in workdir/rank_<N>/
-    hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
-    hccl_exec_timeout: int | None = None
-
-    def is_secret(self, name: str) -> bool:
-        return name in self.secret_env or bool(SECRET_NAME.search(name))
-
-
-@dataclass(frozen=True)
-class Checks:
-    versions: tuple[str, ...] | None = None
-    skip: tuple[str, ...] = ()
-    min_free_gib: float = 1.0
-    clock_skew: float = 5.0
-
-
-@dataclass(frozen=True)
-class Slurm:
-    """`inventory.slurm`: hosts come from a Slurm allocation of `nodes` nodes; each allocated
-    node becomes a host with the inventory's defaults (`template`, nameless)."""
-    nodes: int
-    template: Host
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    constraint: str | None = None
-    gres: str | None = None
-    exclusive: bool = False
-    extra: tuple[str, ...] = ()
-    login: str | None = None   # an ssh host where Slurm commands run; None: this machine
-    conf: str | None = None    # SLURM_CONF for those commands; None: Slurm's own default
-    login_host: Host | None = None  # `login` as SSH reaches it (ssh_config, jump hosts), port 22 by default
-
-
-@dataclass(frozen=True)
-class Cluster:
-    name: str
-    path: Path  # the cluster file (absolute)
-    hosts: tuple[Host, ...]
-    job: Job
-    ssh: SshSettings = SshSettings()
-    checks: Checks = Checks()
-    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    slurm: Slurm | None = None
-
-    @property
-    def base_dir(self) -> Path:
-        return self.path.parent
-
-    def host(self, name: str) -> Host:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise KeyError(name)
-
-    def select(self, pattern: str | None) -> "Cluster":
-        """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
-        if not pattern:
-            return self
-        if self.slurm is not None and not self.hosts:
-            raise UsageError(f"--hosts {pattern!r}: a Slurm inventory lists no hosts; Slurm picks the nodes",
-                             hint="narrow them with inventory.slurm (nodes, partition, constraint, extra: "
-                                  "[--nodelist=...])")
-        if any(pattern == h.name for h in self.hosts):  # an exact name, whatever it holds
-            return replace(self, hosts=tuple(h for h in self.hosts if h.name == pattern))
-        wanted: set[str] = set()
-        try:
-            for part in expand(pattern):
-                if part in self.groups:
-                    wanted.update(self.groups[part])
-                else:
-                    wanted.add(part)
-        except NodeSetParseError as exc:
-            raise UsageError(f"--hosts {pattern!r}: {exc}") from None
-        chosen = tuple(h for h in self.hosts if h.name in wanted or h.address in wanted)
-        known = {h.name for h in chosen} | {h.address for h in chosen}
-        for g in self.groups:
-            if g in wanted:
-                known.update(self.groups[g])
-                known.add(g)
-        unknown = sorted(w for w in wanted if w not in known and w not in self.groups)
-        if unknown:
-            raise UsageError(f"--hosts {pattern!r}: no host or group named {', '.join(unknown)}",
-                             hint=f"hosts are: {fold(h.name for h in self.hosts)}")
-        return replace(self, hosts=chosen)
-
-
-# NodeSet must never consult ClusterShell's group sources (/etc/clustershell/groups*): orch
-# resolves its own groups, and `*` or `@x` in an inventory must not expand to this machine's groups.
-_NO_GROUPS = RESOLVER_NOGROUP
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
-
-
-def fold(names) -> str:
-    """node01,node02,node03 -> node[01-03] (ClusterShell's folding). Names that are not plain
-    host names (spaces, quotes, NodeSet operators...) are listed as they are, never parsed."""
-    names = [str(n) for n in names]
-    if not all(_PLAIN_NAME.match(n) for n in names):
-        return ",".join(names)
-    try:
-        return str(NodeSet.fromlist(names, resolver=_NO_GROUPS))
-    except NodeSetParseError:
-        return ",".join(names)
-
-
-MAX_EXPANSION = 100_000  # hosts one pattern may expand to (more is a typo, and would take forever)
-_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
-
-
-def range_size(pattern: str) -> int | None:
-    """How many names a NodeSet pattern gives, counted without expanding it (NodeSet itself
-    builds every member, so `n[1-99999999]` would take minutes). None: not countable here
-    (NodeSet will report what is wrong with it)."""
-    total = 0
-    for part in re.split(r",(?![^\[]*\])", pattern):  # commas outside brackets
-        n = 1
-        for group in _BRACKETS.findall(part):
-            count = 0
-            for item in group.split(","):
-                lo, sep, hi = item.partition("-")
-                hi, _, step = hi.partition("/")
-                if not lo.strip().isascii() or not lo.strip().isdigit():
-                    return None
-                if not sep:
-                    count += 1
-                    continue
-                if not hi.strip().isascii() or not hi.strip().isdigit():
-                    return None
-                st = int(step) if step.strip().isascii() and step.strip().isdigit() and int(step) > 0 else 1
-                count += max(0, (int(hi) - int(lo)) // st + 1)
-            n *= count
-        total += n
-    return total
-
-
-def expand(pattern: str) -> list[str]:
-    """A NodeSet pattern (`node[01-16]`, `10.0.0.[1-4],10.0.1.1`) -> names, at most MAX_EXPANSION.
-    Raises NodeSetParseError for a bad pattern."""
-    n = range_size(pattern)
-    if n is not None and n > MAX_EXPANSION:
-        raise NodeSetParseError(pattern, f"it expands to {n} names; at most {MAX_EXPANSION} are allowed")
-    return list(NodeSet(pattern, resolver=_NO_GROUPS))
-
-
-def expand_names(name: str) -> list[str]:
-    """A host `name` from the inventory: a range (`node[1-4]`, any text with `[`) expands like an
-    address; anything else is taken literally, whatever characters it holds."""
-    if "[" not in name:
-        return [name]
-    return expand(name)
-
-
 # --------------------------------------------------------------------------- loading
 
 
@@ -799,7 +547,7 @@ def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int
     for hop in hops:
         if depth + len(out) >= MAX_HOPS:
             raise SshConfigError(where, f"more than {MAX_HOPS} jump hosts (a ProxyJump loop?)")
-        r = resolve(cfg, hop.host, hop.user, hop.port, _local_user())
+        r = resolve(cfg, hop.host, hop.user, hop.port, local_user())
         e = r.entry
         kh = r.expand(e.known_hosts[0]) if e.known_hosts else known
         if e.proxy_jump and not hop.user and not hop.port and cfg is not None and not out:
@@ -968,14 +716,7 @@ def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices:
             str(Path(ident).expanduser())
     kh = merged.get("known_hosts", "~/.ssh/known_hosts")
     kh = str(Path(kh).expanduser()) if kh.startswith("~") else str((base / kh).absolute())
-    return dict(user=merged.get("user") or _local_user(), port=merged.get("port", 22), identity_file=ident,
+    return dict(user=merged.get("user") or local_user(), port=merged.get("port", 22), identity_file=ident,
                 known_hosts=kh, connection=merged.get("connection", "ssh"), slots=slots, devices=tuple(devices),
                 device_ips=dict(dips), env=dict(merged.get("env", {})), mpi_address=merged.get("mpi_address"),
                 super_device_ids=dict(merged.get("super_device_ids", {})), super_pod_id=merged.get("super_pod_id"))
-
-
-def _local_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        return "root"

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from ..launchers import AGENT, RUN_VAR, Launch, run_dir
 from .agent import CONFIG
 from ..plan import RankPlan
-from ..spec import Cluster
+from ..model import Cluster
 
 STOP_GRACE = 5.0
 LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host counts as lost

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ..spec import Cluster, Host, SshSettings
+from ..model import Cluster, Host, SshSettings
 from .base import Result, Spawned, SpawnSpec, Transport, build_script, quote_argv
 
 __all__ = ["Pool", "Result", "Spawned", "SpawnSpec", "Transport", "build_script", "make_transport", "quote_argv"]

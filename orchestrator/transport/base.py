@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping, Sequence
 
 from ..errors import HostError, LocalWriteError, RemoteCommandError
-from ..spec import Host
+from ..model import Host
 
 CHUNK = 1 << 16
 # What runs on the remote command line when the script comes on stdin: read it all (stdin is

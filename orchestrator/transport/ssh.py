@@ -29,7 +29,7 @@ from paramiko.hostkeys import HostKeyEntry, HostKeys
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from ..errors import AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError
-from ..spec import Host, SshSettings
+from ..model import Host, SshSettings
 from .base import CHUNK, Transport
 
 # paramiko logs what it catches (a host that never sends its SSH banner: 60 lines of traceback);

@@ -68,9 +68,9 @@ class Hop:
 
 def expand(value: str, *, alias: str, hostname: str, port: int, user: str) -> str:
     """OpenSSH's tokens in `value`, with the values the connection really uses."""
-    from ..spec import _local_user
+    from ..model import local_user
 
-    table = {"h": hostname, "p": str(port), "r": user, "n": alias, "u": _local_user(),
+    table = {"h": hostname, "p": str(port), "r": user, "n": alias, "u": local_user(),
              "d": os.path.expanduser("~"), "%": "%"}
     out = re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), value)
     if out.startswith("~"):

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from orchestrator import launchers, logs, plan, probes, render, runs, supervisor, sync
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
-from orchestrator.spec import fold, load_cluster
+from orchestrator.hostsets import fold
+from orchestrator.spec import load_cluster
 
 EXAMPLES = int(os.environ.get("ORCH_FUZZ_EXAMPLES", "120"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -1,0 +1,82 @@
+"""The model's types round-trip through JSON losslessly (run.json keeps the cluster as it was)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from orchestrator.model import Checks, Cluster, Host, Job, Slurm, SshSettings
+from orchestrator.runs import MASK, create_run, load_run
+
+
+def _jump() -> Host:
+    return Host(name="bastion", address="bastion.example", user="hop", port=2222)
+
+
+def _host(name: str, **kw) -> Host:
+    return Host(name=name, address=f"{name}.example", user="train", port=2200, identity_file="/k/id",
+                known_hosts="/k/known", connection="ssh", slots=2, devices=(4, 5), device_ips={4: "10.1.0.4"},
+                env={"A": "1", "MY_TOKEN": "s3cr3t-value"}, hostname=f"{name}.internal", jump=(_jump(),),
+                proxy_command=None, mpi_address=f"192.168.0.{len(name)}", keepalive=15.0, connect_timeout=3.0,
+                super_device_ids={4: 100}, super_pod_id=2, **kw)
+
+
+def full_cluster(tmp_path: Path) -> Cluster:
+    """Every field of every type set to something other than its default."""
+    job = Job(workdir="/data/w", command=("python", "train.py", "--lr", "0.1"), launcher="msrun", platform="ascend",
+              env={"X": "y", "API_KEY": "abcdefgh"}, secret_env=("X",), sync=("train.py",), sync_exclude=("*.ckpt",),
+              log_dir="logs", timeout=60.0, on_failure="continue", mpirun_args=("--bind-to", "core"),
+              rank_table_version="1.2", master_port=9000, restarts=2, restart_delay=1.5, stall_timeout=30.0,
+              interface="eth1", rank_dirs=True, hccl_connect_timeout=600, hccl_exec_timeout=1200)
+    template = Host(name="", address="", user="train", slots=8, devices=tuple(range(8)), proxy_command="nc %h %p",
+                    connection="local")
+    slurm = Slurm(nodes=2, template=template, partition="p", account="a", qos="q", time="01:00:00", constraint="c",
+                  gres="gpu:8", exclusive=True, extra=("--comment=x",), login="login1", conf="/etc/slurm/x.conf",
+                  login_host=_host("login1"))
+    (tmp_path / "cluster.yaml").write_text("name: full\n")
+    return Cluster(name="full", path=tmp_path / "cluster.yaml", hosts=(_host("a"), _host("b")), job=job,
+                   ssh=SshSettings(connect_timeout=2, command_timeout=30, fanout=8, host_key_policy="accept-new",
+                                   retries=1, config_file=None, jump_fanout=3),
+                   checks=Checks(versions=("python",), skip=("disk",), min_free_gib=2.0, clock_skew=1.0),
+                   groups={"g": ("a", "b")}, slurm=slurm)
+
+
+def test_the_sample_sets_every_field(tmp_path):
+    """A field added to the model must be added here too (and so be round-tripped)."""
+    c = full_cluster(tmp_path)
+    samples = {Cluster: [c], Job: [c.job], SshSettings: [c.ssh], Checks: [c.checks], Slurm: [c.slurm],
+               Host: [*c.hosts, c.slurm.template, c.slurm.login_host]}
+    for cls, objs in samples.items():
+        for f in fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            assert any(getattr(o, f.name) != default for o in objs), f"{cls.__name__}.{f.name}: only its default"
+
+
+def test_cluster_round_trips_through_json(tmp_path):
+    c = full_cluster(tmp_path)
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_run_record_keeps_the_cluster_with_secrets_masked(tmp_path):
+    c = full_cluster(tmp_path)
+    back = load_run(create_run(c, {}, cwd=tmp_path).id, cwd=tmp_path).cluster()
+    assert back.job.env == {"X": MASK, "API_KEY": MASK}
+    assert all(h.env == {"A": "1", "MY_TOKEN": MASK} for h in back.hosts)
+    assert back.slurm.login_host.env["MY_TOKEN"] == MASK
+    unmask = {**c.job.env}
+    restored = Cluster.from_dict({**back.to_dict(), "job": {**back.to_dict()["job"], "env": unmask}})
+    hosts = tuple(Host.from_dict({**h.to_dict(), "env": dict(o.env)}) for h, o in zip(back.hosts, c.hosts))
+    slurm = Slurm.from_dict({**back.slurm.to_dict(), "login_host": c.slurm.login_host.to_dict()})
+    assert Cluster.from_dict({**restored.to_dict(), "hosts": [h.to_dict() for h in hosts],
+                              "slurm": slurm.to_dict()}) == c
+
+
+def test_commands_that_read_a_record_do_not_import_pydantic():
+    """orch status/logs/down work from run.json: the validation layer (pydantic) stays unloaded."""
+    code = ("import sys, orchestrator.runs, orchestrator.lifecycle, orchestrator.logs, orchestrator.runstate;"
+            "print('pydantic' in sys.modules, 'orchestrator.spec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"], out
