@@ -18,16 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import logs, runstate, slurm, supervisor
+from . import logs, runstate, supervisor
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
-from .probes import interface_network, interface_problem
 from .runs import Run, mask_text
 from .runstate import RunView
 from .model import Cluster
-from .sync import manifest, sync_host
 from .transport import Pool
 
 
@@ -87,6 +85,8 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     job.interface there, python3 for the supervisor, and no other live run in the workdir
     (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
     was started."""
+    from . import probes
+
     events = events or Events()
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
@@ -102,11 +102,11 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     interfaces: dict[str, tuple[str, str | None]] = {}
     for name, o in res.items():
         got = o.value["interface"]
-        problem = interface_problem(cluster.job.interface, got) if cluster.job.interface else None
+        problem = probes.interface_problem(cluster.job.interface, got) if cluster.job.interface else None
         if problem is not None:
             problems.append(f"{name}: job.{problem}")
         elif got is not None:
-            interfaces[name] = (got.ifname or "", interface_network(got))
+            interfaces[name] = (got.ifname or "", probes.interface_network(got))
     if problems:
         raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
@@ -166,6 +166,8 @@ class Lifecycle:
     # ---- steps
     def distribute(self, launch: Launch) -> None:
         job = self.cluster.job
+        from .sync import manifest, sync_host
+
         entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
             for name, data in host_files.items():
@@ -235,6 +237,8 @@ class Lifecycle:
             self._unstage(cfgs)
             raise LaunchError("could not stage the run on every node; nothing was started:\n" + "\n".join(
                 f"  {o.error}" for o in failed))
+        from . import slurm
+
         job = self.run.data["slurm"]
         go = slurm.go_path(self.cluster.job.workdir, job["job_id"])
         self.pool[job["batch_host"]].put(supervisor.go_text(self.cluster, self.plan, self.run.id).encode(), go,
@@ -346,6 +350,8 @@ class Lifecycle:
         ended when it ended the run itself (time limit, node failure)."""
         job = self.run.data.get("slurm")
         if job and self.cluster.slurm is not None:
+            from . import slurm
+
             info = slurm.job_view(self.pool.slurm(), job["job_id"])
             if info is not None:
                 slurm.apply(view, info)
@@ -487,6 +493,8 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         result = lc.stop("`orch down`")
         job = run.data.get("slurm")
         if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
+            from . import slurm
+
             try:
                 info = slurm.release(pool.slurm(), job["job_id"], supervisor.STOP_GRACE)
                 result["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"

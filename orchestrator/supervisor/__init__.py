@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..launchers import AGENT, RUN_VAR, Launch, run_dir
-from .agent import CONFIG
 from ..plan import RankPlan
 from ..model import Cluster
 
@@ -111,6 +110,8 @@ def stage_script(cfg: Mapping) -> str:
 
 def config_name(host: str) -> str:
     """The file a Slurm job step's supervisor reads its configuration from (agent.CONFIG)."""
+    from .agent import CONFIG
+
     return CONFIG.format(node=host)
 
 
