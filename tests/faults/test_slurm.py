@@ -196,14 +196,17 @@ def test_the_slurm_time_limit_ends_the_run_timeout(sl, tmp_path):
     assert st["state"] == "timeout" and st["slurm"]["state"] == "TIMEOUT"
 
 
-def test_msrun_trains_mindspore_through_slurm(sl, tmp_path):
-    """The MindSpore playbook (msrun, 2 nodes x 2 workers) on a Slurm inventory, unchanged but
-    for its inventory: every rank trains and ends with the same weights."""
+@pytest.mark.parametrize("playbook, launcher", [("mindspore-msrun", "msrun"), ("torch-ddp", "torchrun")])
+def test_training_playbooks_train_through_slurm(sl, tmp_path, playbook, launcher):
+    """The MindSpore (msrun) and PyTorch DDP (torchrun) playbooks, 2 nodes x 2 workers, on a
+    Slurm inventory, unchanged but for their inventory: every rank trains and ends with the
+    same weights, each on the node the plan put it on."""
     venv = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
-    if not (venv / "bin" / "msrun").exists():
-        pytest.fail(f"msrun not in {venv}/bin: run `bash scripts/install-e2e-deps.sh` (scripts/test.sh does)")
-    src = Path(__file__).resolve().parents[2] / "playbooks" / "mindspore-msrun"
+    if not (venv / "bin" / launcher).exists():
+        pytest.fail(f"{launcher} not in {venv}/bin: run `bash scripts/install-e2e-deps.sh` (scripts/test.sh does)")
+    src = Path(__file__).resolve().parents[2] / "playbooks" / playbook
     doc = yaml.safe_load((src / "cluster.yaml").read_text())
+    assert doc["job"]["launcher"] == launcher
     doc["inventory"] = str(sl.slurm_inventory_path)
     doc["job"]["sync"] = [str(src / s) for s in doc["job"]["sync"]]
     doc["job"]["env"]["EPOCHS"] = "1"
