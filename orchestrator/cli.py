@@ -215,14 +215,9 @@ def _plan_probe_hccn(cluster, rp) -> dict:
 
         outcomes = fan_out(need, read, limit=cluster.ssh.fanout,
                            timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        shown = [str(e).splitlines()[0] for e in failed[:20]]
-        more = [f"... and {len(failed) - 20} more"] if len(failed) > 20 else []
-        raise PlanError(f"--probe: could not read {planning.HCCN_CONF} on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {s}" for s in shown + more),
-                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
-    return {name: o.value for name, o in outcomes.items()}
+    outcomes.raise_if_failed(PlanError, f"--probe: could not read {planning.HCCN_CONF} on {{n}} host(s)", brief=True,
+                             hint="run `orch check` for the connection problems, or give device_ips in the inventory")
+    return outcomes.succeeded
 
 
 def _plan_super_devices(cluster, rp, probe: bool):

@@ -91,9 +91,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
-    bad = [o.error for o in res.values() if not o.ok]
-    if bad:
-        raise PreflightFailed("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
+    res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
     problems = []
     for name, o in res.items():
         problem = supervisor.python_problem(o.value["python"])
@@ -173,10 +171,7 @@ class Lifecycle:
         self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.hosts)} host(s)")
         results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
                                                 dict(launch.files.get(h.name, {}))))
-        failed = [o for o in results.values() if not o.ok]
-        if failed:
-            raise LaunchError("distribution failed; nothing was started:\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
         self.events.step(f"synced: {copied} file copies, "
                          f"{sum(len(o.value.unchanged) for o in results.values())} already up to date")
@@ -217,11 +212,9 @@ class Lifecycle:
         results = self._fan(member, members)
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save()
-        failed = [o for o in results.values() if not o.ok]
-        if failed:
+        if results.failed:
             stop_run(self.cluster, self.plan, self.pool, self.run.id, "a host whose supervisor did not start")
-            raise LaunchError("could not start on every host (what started was stopped):\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        results.raise_if_failed(LaunchError, "could not start on every host (what started was stopped)")
         self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} host(s), "
                          f"supervised from {head.name}")
 
@@ -230,11 +223,9 @@ class Lifecycle:
         steps; wait (bounded) until the head's supervisor runs."""
         res = self._fan(lambda h: self.pool[h].run(supervisor.stage_script(cfgs[h.name])).check(
             "staging the run's supervisor").out)
-        failed = [o for o in res.values() if not o.ok]
-        if failed:
+        if res.failed:
             self._unstage(cfgs)
-            raise LaunchError("could not stage the run on every node; nothing was started:\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        res.raise_if_failed(LaunchError, "could not stage the run on every node; nothing was started")
         job = self.run.data["slurm"]
         go = slurm.go_path(self.cluster.job.workdir, job["job_id"])
         self.pool[job["batch_host"]].put(supervisor.go_text(self.cluster, self.plan, self.run.id).encode(), go,
@@ -335,8 +326,8 @@ class Lifecycle:
         """Every host's supervisor state, merged (one round trip per host)."""
         res = self._fan(lambda h: supervisor.parse_json_line(
             self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out))
-        docs = {n: o.value for n, o in res.items() if o.ok}
-        unreachable = {n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}
+        docs = res.succeeded
+        unreachable = {n: str(e).splitlines()[0] for n, e in res.failed.items()}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
         return self._slurm_word(self.view)
@@ -422,12 +413,9 @@ def read_device_ips(plan: RankPlan, pool: Pool) -> dict[str, dict[int, str]]:
     need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices)]
     outcomes = fan_out(need, lambda h: parse_hccn_conf(pool[h].run(["cat", HCCN_CONF]).check(
         f"reading {HCCN_CONF}").out), limit=pool.cluster.ssh.fanout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        raise PlanError(f"could not read {HCCN_CONF} on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
-                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
-    return device_ips_for(plan, {n: o.value for n, o in outcomes.items()})
+    outcomes.raise_if_failed(PlanError, f"could not read {HCCN_CONF} on {{n}} host(s)", brief=True,
+                             hint="run `orch check` for the connection problems, or give device_ips in the inventory")
+    return device_ips_for(plan, outcomes.succeeded)
 
 
 def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
@@ -440,13 +428,10 @@ def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
 
     need = [h for h in plan.hosts if needs_probe(h)]
     outcomes = fan_out(need, lambda h: read_spod(pool[h], h), limit=pool.cluster.ssh.fanout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        raise PlanError(f"could not run npu-smi on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
-                        hint="run `orch check` for the connection problems, or give super_device_ids and "
-                             "super_pod_id in the inventory")
-    return super_devices_for(plan, {n: o.value for n, o in outcomes.items()})
+    outcomes.raise_if_failed(PlanError, "could not run npu-smi on {n} host(s)", brief=True,
+                             hint="run `orch check` for the connection problems, or give super_device_ids and "
+                                  "super_pod_id in the inventory")
+    return super_devices_for(plan, outcomes.succeeded)
 
 
 # --------------------------------------------------------------------------- a recorded run
