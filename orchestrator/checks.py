@@ -460,7 +460,9 @@ def judge_user(host: Host, sec: Section, launcher: str = "mpirun") -> CheckResul
     user = sec.body.strip()
     if sec.rc != 0 or not user or len(user.split()) != 1:
         return _r("user", host, "error", f"`id -un` failed: {probes.quote_output(sec.body)}")
-    if user == "root":
+    from .render import is_root
+
+    if is_root(user=user):
         return _r("user", host, "warn", "logged in as root"
                   + (": mpirun needs --allow-run-as-root (orch adds it)" if launcher == "mpirun" else "")
                   + "; a non-root user is safer")

@@ -38,8 +38,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .devices import parse_npu_smi_dies
-from .probes import HCCN_CONF, NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
+from .devices import HCCN_CONF, parse_npu_smi_dies
+from .probes import NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
 from .spec import Cluster, Host
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"  # where the driver installs it (often not on PATH)

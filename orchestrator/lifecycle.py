@@ -16,14 +16,16 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from . import logs, runstate, slurm, supervisor
+from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
 from .probes import interface_network, interface_problem
+from .render import is_root
 from .runs import Run, mask_text
 from .runstate import RunView
 from .spec import Cluster
@@ -120,7 +122,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: o.value["uid"] == 0 for n, o in res.items()}, interfaces,
+    return Prepared({n: is_root(uid=o.value["uid"]) for n, o in res.items()}, interfaces,
                     {n: o.value["arch"] for n, o in res.items()})
 
 
@@ -404,18 +406,18 @@ def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
 # --------------------------------------------------------------------------- device IPs
 
 
-def read_device_ips(plan: RankPlan, pool: Pool) -> dict[str, dict[int, str]]:
+def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int, HccnDevice]] | None = None
+                    ) -> dict[str, dict[int, str]]:
     """Device IPs for the rank table: the inventory's `device_ips`, else each host's
-    /etc/hccn.conf (read only from hosts that need it, over the open connections)."""
-    from .errors import PlanError
-    from .plan import HCCN_CONF, device_ips_for, parse_hccn_conf
+    /etc/hccn.conf: as `known` has it (what `orch check`'s probe read there), else read now
+    (only from hosts that need it, over the open connections)."""
+    from .devices import hccn_ips, read_hccn
+    from .plan import device_ips_for
 
-    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices)]
-    outcomes = fan_out(need, lambda h: parse_hccn_conf(pool[h].run(["cat", HCCN_CONF]).check(
-        f"reading {HCCN_CONF}").out), limit=pool.cluster.ssh.fanout)
-    outcomes.raise_if_failed(PlanError, f"could not read {HCCN_CONF} on {{n}} host(s)", brief=True,
-                             hint="run `orch check` for the connection problems, or give device_ips in the inventory")
-    return device_ips_for(plan, outcomes.succeeded)
+    known = dict(known or {})
+    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
+    confs = {**known, **read_hccn(pool, need)}
+    return device_ips_for(plan, {n: hccn_ips(c) for n, c in confs.items()})
 
 
 def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:

@@ -31,6 +31,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from . import devices
+from .devices import HCCN_CONF, HccnDevice
+from .render import is_python
 from .spec import Cluster, Host
 
 MARK = "@@orch:"
@@ -45,7 +48,6 @@ MAX_COMPARED_FILES = 1000
 SECTION_TIMEOUT = 20  # seconds, for each command that may hang
 MESH_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 ASCEND_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
-HCCN_CONF = "/etc/hccn.conf"
 
 
 class ProbeError(ValueError):
@@ -87,8 +89,7 @@ class MeshTarget:
 def interpreter(cluster: Cluster) -> str:
     """The python the ranks run: the command's executable if it is a python, else python3."""
     exe = cluster.job.command[0] if cluster.job.command else "python3"
-    base = exe.rsplit("/", 1)[-1]
-    return exe if re.fullmatch(r"python[0-9.]*", base) else "python3"
+    return exe if is_python(exe) else "python3"
 
 
 def tool_env(cluster: Cluster, host: Host) -> dict[str, str]:
@@ -626,24 +627,11 @@ def parse_listening_ports(text: str) -> set[int]:
     return ports
 
 
-@dataclass(frozen=True)
-class HccnDevice:
-    address: str | None
-    netmask: str | None
-
-
 def parse_hccn(text: str) -> dict[int, HccnDevice] | None:
-    """/etc/hccn.conf -> {device id: HccnDevice}; None if the file does not exist.
-    Comments, blanks, other keys and garbage lines are ignored."""
+    """The hccn section (/etc/hccn.conf) -> devices.parse_hccn; None if the file does not exist."""
     if _not_installed(text):
         return None
-    addr: dict[int, str] = {}
-    mask: dict[int, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s*(address|netmask)_(\d+)\s*=\s*([^\s#]+)", line)
-        if m:
-            (addr if m.group(1) == "address" else mask)[int(m.group(2))] = m.group(3)
-    return {d: HccnDevice(addr.get(d), mask.get(d)) for d in sorted(set(addr) | set(mask))}
+    return devices.parse_hccn(text)
 
 
 def parse_nvidia_smi_l(text: str) -> dict[int, str] | None:
