@@ -343,7 +343,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
         status.start()
     try:
         with Pool(cluster) as pool:
-            report = checks.run_checks(cluster, pool, full_mesh=full_mesh, deep=deep)
+            report = checks.run_checks(cluster, pool, checks.try_plan(cluster), full_mesh=full_mesh, deep=deep)
     finally:
         if status is not None:
             status.stop()
