@@ -2,7 +2,8 @@
 plan the caller made, and up reading hccn.conf once.
 
 Each registered check's shell for two fixed clusters is pinned in
-tests/fixtures/checks/sections/<check>.sh, so an accidental change in the probe shows up here.
+tests/fixtures/checks/sections/<check>.sh (a section two checks share, with the first), so an
+accidental change in the probe shows up here.
 After a deliberate change, regenerate them with
 
     ORCH_REGEN_SECTIONS=1 python3 -m pytest tests/unit/test_check_registry.py
@@ -53,12 +54,19 @@ def fixed_clusters() -> dict[str, Cluster]:
 
 
 def rendered(check: base.Check) -> str:
-    out = []
+    """The check's own shell (a probe shared with an earlier check is pinned with that one) on the
+    launch host and another host of each fixed cluster; a text already shown is named, not repeated."""
+    earlier = {p.key for c in base.registered()[:base.registered().index(check)] for p in c.probes}
+    own = replace(check, probes=tuple(p for p in check.probes if p.key not in earlier))
+    out, seen = [], {}
     for label, c in fixed_clusters().items():
         plan = checks.make_check_plan(c, full_mesh=True, deep=True)
         plan = replace(plan, manifest=(SyncFile("train.py", 12, "ab" * 32), SyncFile("data/big bin", 1 << 30, None)))
         for h in (plan.launch, plan.hosts[1]):
-            out.append(f"# {check.name} on {h.name} of {label}\n" + checks.check_script(plan, h, check))
+            where = f"{h.name} of {label}"
+            text = checks.check_script(plan, h, own)
+            out.append(f"# {check.name} on {where}" + (f": as on {seen[text]}\n" if text in seen else "\n" + text))
+            seen.setdefault(text, where)
     return "\n".join(out)
 
 
