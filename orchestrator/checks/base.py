@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Literal, Mapping, Sequence
 
 from .. import probes
+from ..devices import HccnDevice
 from ..errors import OrchError
 from ..probes import Section
 from ..spec import Host, fold
@@ -58,7 +59,7 @@ class Report:
     hosts: tuple[str, ...] = ()  # host names in plan order
     duration: float = 0.0
     # what the probes read that `orch up` needs again: {host: its /etc/hccn.conf} (present ones)
-    hccn: dict[str, dict] = field(default_factory=dict, compare=False)
+    hccn: dict[str, dict[int, HccnDevice]] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
