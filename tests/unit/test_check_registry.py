@@ -107,7 +107,7 @@ def test_check_sections_are_pinned(name):
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 
 
-def test_pinned_sections_are_the_probes(tmp_path):
+def test_pinned_sections_are_the_probes():
     """The probe script is made of exactly the checks' pinned sections (plus its frame)."""
     for c in fixed_clusters().values():
         plan = checks.make_check_plan(c, full_mesh=True, deep=True)
