@@ -53,11 +53,11 @@ def plan(cluster: Cluster) -> RankPlan:
 
 def check(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False):
     """Preflight on every host (checks.Report: `.ok`, `.results`, `.problems()`)."""
-    from .checks import run_checks
+    from .checks import run_checks, try_plan
     from .transport import Pool
 
     with Pool(cluster) as pool:
-        return run_checks(cluster, pool, full_mesh=full_mesh, deep=deep)
+        return run_checks(cluster, pool, try_plan(cluster), full_mesh=full_mesh, deep=deep)
 
 
 @dataclass
@@ -146,11 +146,12 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
     from .transport import Pool
 
     with Pool(cluster) as pool:
+        report = None
         if not skip_checks:
             from . import checks
 
             events.step(f"checking {len(cluster.hosts)} host(s)")
-            report = checks.run_checks(cluster, pool)
+            report = checks.run_checks(cluster, pool, rp)
             if not report.ok:
                 exc = PreflightFailed("preflight failed: nothing was started",
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
@@ -158,7 +159,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                 raise exc
         device_ips = None
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
-            device_ips = lifecycle.read_device_ips(rp, pool)
+            # hccn.conf once per host: what the check's probe read there, else read now
+            device_ips = lifecycle.read_device_ips(rp, pool, report.hccn if report is not None else None)
             if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
                 rp = lifecycle.read_super_devices(rp, pool)
         prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events)

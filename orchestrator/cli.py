@@ -132,6 +132,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
 
     from . import launchers, render
     from . import plan as planning
+    from .devices import HCCN_CONF
     from .errors import PlanError
 
     cluster = load(file, hosts)
@@ -169,7 +170,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
         from dataclasses import replace
 
         cluster = replace(cluster, job=replace(cluster.job, interface=interface))
-    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=rp.launch_host.user == "root")
+    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=render.is_root(user=rp.launch_host.user))
     if slurm_cmds is not None:
         files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"
     if as_json:
@@ -188,41 +189,26 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             (out_dir / name).write_text(text, encoding="utf-8")
         click.echo(f"wrote {', '.join(sorted(files))} to {out_dir}", err=as_json)
     if missing_ips is not None and slurm_cmds is not None:
-        click.echo(f"{render.RANK_TABLE}: rendered at `orch up` from each allocated node's {planning.HCCN_CONF}",
+        click.echo(f"{render.RANK_TABLE}: rendered at `orch up` from each allocated node's {HCCN_CONF}",
                    err=True)
     elif missing_ips is not None:
         click.secho(f"WARNING: {render.RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
-                    f"{planning.HCCN_CONF} on the hosts"
+                    f"{HCCN_CONF} on the hosts"
                     + (" (and npu-smi's spod-info, for rank table 1.2)" if cluster.job.rank_table_version == "1.2"
                        else ""), fg="yellow", err=True)
 
 
 def _plan_probe_hccn(cluster, rp) -> dict:
     """{host name: {device id: IP}} read from /etc/hccn.conf on the hosts whose inventory lacks some."""
-    from . import plan as planning
-    from .errors import PlanError
-    from .fanout import fan_out
+    from .devices import hccn_ips, read_hccn
     from .transport import Pool
 
     need = [h for h in rp.hosts if any(d not in h.device_ips for d in h.devices)]
     if not need:
         return {}
-
     with Pool(cluster) as pool:
-        def read(h):
-            res = pool[h].run(["cat", planning.HCCN_CONF]).check(f"reading {planning.HCCN_CONF}")
-            return planning.parse_hccn_conf(res.out)
-
-        outcomes = fan_out(need, read, limit=cluster.ssh.fanout,
-                           timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        shown = [str(e).splitlines()[0] for e in failed[:20]]
-        more = [f"... and {len(failed) - 20} more"] if len(failed) > 20 else []
-        raise PlanError(f"--probe: could not read {planning.HCCN_CONF} on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {s}" for s in shown + more),
-                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
-    return {name: o.value for name, o in outcomes.items()}
+        confs = read_hccn(pool, need, "--probe: ", timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
+    return {name: hccn_ips(conf) for name, conf in confs.items()}
 
 
 def _plan_super_devices(cluster, rp, probe: bool):
@@ -357,7 +343,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
         status.start()
     try:
         with Pool(cluster) as pool:
-            report = checks.run_checks(cluster, pool, full_mesh=full_mesh, deep=deep)
+            report = checks.run_checks(cluster, pool, checks.try_plan(cluster), full_mesh=full_mesh, deep=deep)
     finally:
         if status is not None:
             status.stop()

@@ -1,5 +1,10 @@
-"""Atlas A3 (SuperPoD) device facts for HCCL rank table 1.2: npu-smi's output, parsed, and
-each host's super device ids resolved.
+"""Device facts, each parsed in one place: /etc/hccn.conf (every Ascend host's device NIC
+addresses, for `orch check`, `orch plan --probe` and the rank table of `orch up`), and for
+Atlas A3 (SuperPoD, HCCL rank table 1.2) npu-smi's output, and each host's super device ids
+resolved.
+
+    /etc/hccn.conf    address_<id>=IP and netmask_<id>=MASK lines (written by hccn_tool):
+                      parse_hccn -> {device: HccnDevice}; hccn_ips -> {device: IP}
 
 A "1.2" rank table gives every device its `super_device_id` (the die's id inside the
 SuperPoD, which HCCL compares with what the driver reports) and groups the servers by
@@ -26,16 +31,20 @@ SuperPoD, a SuperPoD whose servers are not listed together.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .errors import PlanError
-from .plan import RankPlan
 from .hostsets import fold
 from .model import Host
 
+if TYPE_CHECKING:  # plan.py imports this module
+    from .plan import RankPlan
+
+HCCN_CONF = "/etc/hccn.conf"
 NPU_SMI = "npu-smi"
 MAPPING_ARGV = (NPU_SMI, "info", "-m")
 DIES_PER_NPU = 2
@@ -48,7 +57,68 @@ def spod_argv(card: int, chip: int) -> list[str]:
     return [NPU_SMI, "info", "-t", "spod-info", "-i", str(card), "-c", str(chip)]
 
 
-# --------------------------------------------------------------------------- parsers
+# --------------------------------------------------------------------------- hccn.conf
+
+
+@dataclass(frozen=True)
+class HccnDevice:
+    """One device's lines in /etc/hccn.conf (None: the file has no such line)."""
+
+    address: str | None
+    netmask: str | None
+
+
+_HCCN_LINE = re.compile(r"^\s*(address|netmask)_(\d+)\s*=\s*([^\s#]+)")
+
+
+def parse_hccn(text: str) -> dict[int, HccnDevice]:
+    """/etc/hccn.conf text -> {device id: HccnDevice} from its `address_<id>=` and `netmask_<id>=`
+    lines. gateway_/netdetect_ lines, comments, blanks and garbage are ignored; spaces around
+    '=' and CRLF line ends are tolerated; a repeated id keeps the last value (what hccn_tool
+    would have written last). Values are kept as written (hccn_ips keeps the IP addresses)."""
+    addr: dict[int, str] = {}
+    mask: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _HCCN_LINE.match(line)
+        if m:
+            (addr if m.group(1) == "address" else mask)[int(m.group(2))] = m.group(3)
+    return {d: HccnDevice(addr.get(d), mask.get(d)) for d in sorted(set(addr) | set(mask))}
+
+
+def hccn_ips(conf: Mapping[int, HccnDevice]) -> dict[int, str]:
+    """{device id: device NIC IP} from a parsed hccn.conf: only addresses that are IP addresses."""
+    out: dict[int, str] = {}
+    for d, dev in conf.items():
+        try:
+            ipaddress.ip_address(dev.address or "")
+        except ValueError:
+            continue
+        out[d] = dev.address  # type: ignore[assignment]
+    return out
+
+
+def parse_hccn_conf(text: str) -> dict[int, str]:
+    """/etc/hccn.conf text -> {device id: device NIC IP} (parse_hccn, then hccn_ips)."""
+    return hccn_ips(parse_hccn(text))
+
+
+def read_hccn(pool, hosts: Sequence[Host], what: str = "", timeout: float | None = None
+              ) -> dict[str, dict[int, HccnDevice]]:
+    """Each host's /etc/hccn.conf, over the pool's connections (at once, up to ssh.fanout):
+    {host name: parse_hccn}. A host it cannot read from -> PlanError naming them all (`what`
+    goes before the message: `--probe: `)."""
+    from .fanout import fan_out
+
+    def read(h: Host) -> dict[int, HccnDevice]:
+        return parse_hccn(pool[h].run(["cat", HCCN_CONF]).check(f"reading {HCCN_CONF}").out)
+
+    res = fan_out(hosts, read, limit=pool.cluster.ssh.fanout, timeout=timeout)
+    res.raise_if_failed(PlanError, f"{what}could not read {HCCN_CONF} on {{n}} host(s)", brief=True,
+                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
+    return res.succeeded
+
+
+# --------------------------------------------------------------------------- npu-smi parsers
 
 
 @dataclass(frozen=True)

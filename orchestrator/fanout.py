@@ -5,6 +5,10 @@ value or an OrchError, and fan_out never raises midway (except KeyboardInterrupt
 after which no new host is started). A host that overruns its timeout is
 reported as timed out and no longer waited for; its slot is handed to a new
 worker so a stuck host never slows the others down.
+
+    res = fan_out(hosts, fn, limit=cluster.ssh.fanout)
+    res.raise_if_failed(LaunchError, "could not start on {n} host(s)")   # the caller decides
+    values = res.succeeded
 """
 
 from __future__ import annotations
@@ -33,10 +37,45 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
+SHOWN_ERRORS = 20  # a brief failure list names at most this many hosts
+
+
+class Results(dict, Generic[T]):
+    """{host name: Outcome} in the order of the hosts, with the failures at hand (fabric's
+    GroupResult): `.failed` / `.succeeded`, and `.raise_if_failed(...)` for the caller that
+    cannot go on without every host."""
+
+    @property
+    def failed(self) -> dict[str, OrchError]:
+        """{host name: its error}, for the hosts that failed."""
+        return {n: o.error for n, o in self.items() if o.error is not None}
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        """{host name: its value}, for the hosts that did not fail."""
+        return {n: o.value for n, o in self.items() if o.error is None}
+
+    def raise_if_failed(self, error: Callable[..., OrchError], message: str, *, hint: str | None = None,
+                        brief: bool = False) -> "Results[T]":
+        """Raise `error(message + the failures, hint=hint)` when some host failed; `{n}` in the
+        message is the number of hosts that did. Each failure on its own line: in full, or
+        (`brief`) its first line, at most SHOWN_ERRORS of them. Returns self when none did."""
+        failed = list(self.failed.values())
+        if not failed:
+            return self
+        if brief:
+            lines = [f"  - {str(e).splitlines()[0]}" for e in failed[:SHOWN_ERRORS]]
+            if len(failed) > SHOWN_ERRORS:
+                lines.append(f"  - ... and {len(failed) - SHOWN_ERRORS} more")
+        else:
+            lines = [f"  {e}" for e in failed]
+        raise error(message.replace("{n}", str(len(failed))) + ":\n" + "\n".join(lines), hint=hint)
+
+
 def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
             timeout: float | None = None,
-            on_done: Callable[[Outcome[T]], None] | None = None) -> dict[str, Outcome[T]]:
-    """Call fn(host) for every host, `limit` at a time. Returns {host.name: Outcome},
+            on_done: Callable[[Outcome[T]], None] | None = None) -> Results[T]:
+    """Call fn(host) for every host, `limit` at a time. Returns {host.name: Outcome} (Results),
     in the order of `hosts`."""
     hosts = list(hosts)
     todo: queue.SimpleQueue[Host | None] = queue.SimpleQueue()
@@ -99,4 +138,4 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
     except BaseException:
         cancel.set()
         raise
-    return {h.name: results[h.name] for h in hosts}
+    return Results((h.name, results[h.name]) for h in hosts)

@@ -1,8 +1,9 @@
 """`orch check --deep`: device health before a long job (check `health`, Ascend and GPU only).
 
 Pure: the probe sections' shell text, parsers of what they print, and one judge per host. The
-sections go into the one probe script of probes.py (only when the plan's checks name `health`,
-i.e. with --deep); the judge is called by checks.judge_host. See docs/health.md.
+sections go into the host's one probe script (only when the plan's checks name `health`, i.e.
+with --deep) and the judge is called for each host, both through the check in checks/health.py.
+See docs/health.md.
 
 Ascend (job.platform ascend), for each planned device of the host:
   * `npu-smi info` health column (the probe's `npu` section, shared with the devices check):
@@ -38,8 +39,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .devices import parse_npu_smi_dies
-from .probes import HCCN_CONF, NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
+from .devices import HCCN_CONF, parse_npu_smi_dies
+from .probes import NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
 from .model import Cluster, Host
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"  # where the driver installs it (often not on PATH)
@@ -133,7 +134,7 @@ def xid_script() -> str:
 
 def sections(cluster: Cluster, host: Host) -> list[tuple[str, str]]:
     """(name, body) of the health sections for this host (the Ascend `npu` section comes from
-    probes.py)."""
+    the devices check, checks/devices.py)."""
     platform = cluster.job.platform
     if platform == "ascend":
         return [("health:hccn", hccn_script(host.devices, ping_targets(cluster, host)[1]))]

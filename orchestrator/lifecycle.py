@@ -16,13 +16,15 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from . import logs, runstate, supervisor
+from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
+from .render import is_root
 from .runs import Run, mask_text
 from .runstate import RunView
 from .model import Cluster
@@ -91,9 +93,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
-    bad = [o.error for o in res.values() if not o.ok]
-    if bad:
-        raise PreflightFailed("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
+    res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
     problems = []
     for name, o in res.items():
         problem = supervisor.python_problem(o.value["python"])
@@ -122,7 +122,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: o.value["uid"] == 0 for n, o in res.items()}, interfaces,
+    return Prepared({n: is_root(uid=o.value["uid"]) for n, o in res.items()}, interfaces,
                     {n: o.value["arch"] for n, o in res.items()})
 
 
@@ -175,10 +175,7 @@ class Lifecycle:
         self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.hosts)} host(s)")
         results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
                                                 dict(launch.files.get(h.name, {}))))
-        failed = [o for o in results.values() if not o.ok]
-        if failed:
-            raise LaunchError("distribution failed; nothing was started:\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
         self.events.step(f"synced: {copied} file copies, "
                          f"{sum(len(o.value.unchanged) for o in results.values())} already up to date")
@@ -219,11 +216,9 @@ class Lifecycle:
         results = self._fan(member, members)
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save()
-        failed = [o for o in results.values() if not o.ok]
-        if failed:
+        if results.failed:
             stop_run(self.cluster, self.plan, self.pool, self.run.id, "a host whose supervisor did not start")
-            raise LaunchError("could not start on every host (what started was stopped):\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        results.raise_if_failed(LaunchError, "could not start on every host (what started was stopped)")
         self.events.step(f"started run {self.run.id}: {self.plan.size} rank(s) on {len(self.plan.hosts)} host(s), "
                          f"supervised from {head.name}")
 
@@ -232,11 +227,9 @@ class Lifecycle:
         steps; wait (bounded) until the head's supervisor runs."""
         res = self._fan(lambda h: self.pool[h].run(supervisor.stage_script(cfgs[h.name])).check(
             "staging the run's supervisor").out)
-        failed = [o for o in res.values() if not o.ok]
-        if failed:
+        if res.failed:
             self._unstage(cfgs)
-            raise LaunchError("could not stage the run on every node; nothing was started:\n" + "\n".join(
-                f"  {o.error}" for o in failed))
+        res.raise_if_failed(LaunchError, "could not stage the run on every node; nothing was started")
         from . import slurm
 
         job = self.run.data["slurm"]
@@ -339,8 +332,8 @@ class Lifecycle:
         """Every host's supervisor state, merged (one round trip per host)."""
         res = self._fan(lambda h: supervisor.parse_json_line(
             self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out))
-        docs = {n: o.value for n, o in res.items() if o.ok}
-        unreachable = {n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}
+        docs = res.succeeded
+        unreachable = {n: str(e).splitlines()[0] for n, e in res.failed.items()}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
         return self._slurm_word(self.view)
@@ -419,21 +412,18 @@ def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
 # --------------------------------------------------------------------------- device IPs
 
 
-def read_device_ips(plan: RankPlan, pool: Pool) -> dict[str, dict[int, str]]:
+def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int, HccnDevice]] | None = None
+                    ) -> dict[str, dict[int, str]]:
     """Device IPs for the rank table: the inventory's `device_ips`, else each host's
-    /etc/hccn.conf (read only from hosts that need it, over the open connections)."""
-    from .errors import PlanError
-    from .plan import HCCN_CONF, device_ips_for, parse_hccn_conf
+    /etc/hccn.conf: as `known` has it (what `orch check`'s probe read there), else read now
+    (only from hosts that need it, over the open connections)."""
+    from .devices import hccn_ips, read_hccn
+    from .plan import device_ips_for
 
-    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices)]
-    outcomes = fan_out(need, lambda h: parse_hccn_conf(pool[h].run(["cat", HCCN_CONF]).check(
-        f"reading {HCCN_CONF}").out), limit=pool.cluster.ssh.fanout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        raise PlanError(f"could not read {HCCN_CONF} on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
-                        hint="run `orch check` for the connection problems, or give device_ips in the inventory")
-    return device_ips_for(plan, {n: o.value for n, o in outcomes.items()})
+    known = dict(known or {})
+    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
+    confs = {**known, **read_hccn(pool, need)}
+    return device_ips_for(plan, {n: hccn_ips(c) for n, c in confs.items()})
 
 
 def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
@@ -446,13 +436,10 @@ def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
 
     need = [h for h in plan.hosts if needs_probe(h)]
     outcomes = fan_out(need, lambda h: read_spod(pool[h], h), limit=pool.cluster.ssh.fanout)
-    failed = [o.error for o in outcomes.values() if not o.ok]
-    if failed:
-        raise PlanError(f"could not run npu-smi on {len(failed)} host(s):\n"
-                        + "\n".join(f"  - {str(e).splitlines()[0]}" for e in failed[:20]),
-                        hint="run `orch check` for the connection problems, or give super_device_ids and "
-                             "super_pod_id in the inventory")
-    return super_devices_for(plan, {n: o.value for n, o in outcomes.items()})
+    outcomes.raise_if_failed(PlanError, "could not run npu-smi on {n} host(s)", brief=True,
+                             hint="run `orch check` for the connection problems, or give super_device_ids and "
+                                  "super_pod_id in the inventory")
+    return super_devices_for(plan, outcomes.succeeded)
 
 
 # --------------------------------------------------------------------------- a recorded run

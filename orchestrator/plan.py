@@ -47,15 +47,14 @@ Validation collects every violation into one PlanError (exit code 2):
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .devices import HCCN_CONF
 from .errors import PlanError
 from .hostsets import by_value
 from .model import Cluster, Host
 
-HCCN_CONF = "/etc/hccn.conf"
 ASCEND_MAX_DEVICE = 7
 ASCEND_NETWORKS = (frozenset({0, 1, 2, 3}), frozenset({4, 5, 6, 7}))
 SINGLE_HOST_ASCEND_SIZES = (1, 2, 4, 8)
@@ -337,29 +336,6 @@ def _describe_by(hosts, key, limit: int = 8) -> str:
 
 
 # --------------------------------------------------------------------------- device IPs (ascend)
-
-_ADDRESS_LINE = re.compile(r"^\s*address_(\d+)\s*=\s*([^\s#]+)")
-
-
-def parse_hccn_conf(text: str) -> dict[int, str]:
-    """/etc/hccn.conf text -> {device id: device NIC IP} from its `address_<id>=IP` lines.
-
-    netmask_/gateway_/netdetect_ lines, comments, blanks and garbage are ignored, as are
-    values that are not IP addresses; spaces around '=' and CRLF line ends are tolerated;
-    a repeated id keeps the last value (what hccn_tool would have written last)."""
-    out: dict[int, str] = {}
-    for line in text.splitlines():
-        m = _ADDRESS_LINE.match(line)
-        if not m:
-            continue
-        value = m.group(2)
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            continue
-        out[int(m.group(1))] = value
-    return out
-
 
 def device_ips_for(plan: RankPlan, probed: Mapping[str, Mapping[int, str]]) -> dict[str, dict[int, str]]:
     """{host name: {device id: device IP}} for every device in the plan.

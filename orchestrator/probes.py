@@ -1,7 +1,8 @@
 """The probe of `orch check`: ONE POSIX sh script per host, and pure parsers of what it prints.
 
-`probe_script(cluster, host, ...)` builds the script from data alone: every
-check's commands, each wrapped in a section::
+`assemble(host, ...)` builds the script from the sections' commands (each check
+in checks/ says which it needs, checks/run.py which go to a host), each wrapped
+in a section::
 
     @@orch:begin NAME
     <stdout and stderr of the section's commands>
@@ -11,7 +12,7 @@ check's commands, each wrapped in a section::
 that never ended (the probe was killed) has rc None. The parse_* functions below
 turn one section's text into data and raise `ProbeError` (never anything else)
 on output they do not understand, with a message that quotes it. Judging
-(pass/warn/fail) is not done here: see checks.py.
+(pass/warn/fail) is not done here: see checks/.
 
 The probe runs over the same non-interactive SSH session mpirun's own ssh will
 get, so `command -v` sees the PATH the launcher will see. Commands that can hang
@@ -31,7 +32,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from . import devices
+from .devices import HccnDevice
 from .model import Cluster, Host
+from .render import is_python
 
 MARK = "@@orch:"
 NOT_INSTALLED = "orch:not-installed"
@@ -43,9 +47,7 @@ TOOL_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "VIRTUAL_ENV"
 HASH_LIMIT = 256 << 20  # sync files larger than this are compared by size only
 MAX_COMPARED_FILES = 1000
 SECTION_TIMEOUT = 20  # seconds, for each command that may hang
-MESH_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 ASCEND_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
-HCCN_CONF = "/etc/hccn.conf"
 
 
 class ProbeError(ValueError):
@@ -87,8 +89,7 @@ class MeshTarget:
 def interpreter(cluster: Cluster) -> str:
     """The python the ranks run: the command's executable if it is a python, else python3."""
     exe = cluster.job.command[0] if cluster.job.command else "python3"
-    base = exe.rsplit("/", 1)[-1]
-    return exe if re.fullmatch(r"python[0-9.]*", base) else "python3"
+    return exe if is_python(exe) else "python3"
 
 
 def tool_env(cluster: Cluster, host: Host) -> dict[str, str]:
@@ -97,140 +98,18 @@ def tool_env(cluster: Cluster, host: Host) -> dict[str, str]:
     return {k: merged[k] for k in TOOL_ENV if k in merged}
 
 
-def mpirun_prefix(args: Sequence[str]) -> str | None:
-    """`--prefix DIR` (or --prefix=DIR) from mpirun_args: mpirun then runs DIR/bin/orted remotely."""
-    args = list(args)
-    for i, a in enumerate(args):
-        if a == "--prefix" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--prefix="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
-    """(label, how to find it) for each executable the launch needs on every host.
-
-    how: "job" (PATH of the ranks: job.env applied), "plain" (the non-interactive ssh PATH,
-    what mpirun's own ssh gets) or an absolute path."""
-    job = cluster.job
-    out: list[tuple[str, str]] = []
-    if job.launcher == "mpirun":
-        out.append(("mpirun", "job"))
-        prefix = mpirun_prefix(job.mpirun_args)
-        out.append(("orted", f"{prefix.rstrip('/')}/bin/orted" if prefix else "plain"))
-    elif job.launcher in ("msrun", "torchrun"):
-        out.append((job.launcher, "job"))
-    exe = job.command[0] if job.command else None
-    if exe and not any(label == exe for label, _ in out):
-        if "/" not in exe:
-            out.append((exe, "job"))
-        elif exe.startswith("/"):
-            out.append((exe, exe))
-        # a relative path is resolved in workdir: usually one of the synced files
-    return out
-
-
-def _section(name: str, body: str) -> str:
+def section_script(name: str, body: str) -> str:
+    """One section of the probe: its commands between the begin and end markers."""
     # a subshell: a section's `cd`, variables or `exit` never leak into the next one
     return f"_b {name}\n(\n{body.rstrip()}\n)\n_e {name} $?"
 
 
-def _with_env(env: Mapping[str, str], body: str) -> str:
+def with_env(env: Mapping[str, str], body: str) -> str:
+    """Commands run with these variables exported (in a subshell)."""
     if not env:
         return body
     exports = "\n".join(f"{k}={shlex.quote(v)}; export {k}" for k, v in env.items())
     return f"(\n{exports}\n{body}\n)"
-
-
-def _versions_sections(tools: Iterable[str], py: str, env: Mapping[str, str]) -> list[str]:
-    tools = list(tools)
-    out = []
-    qpy = shlex.quote(py)
-    if "python" in tools:
-        out.append(("ver:python", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} --version 2>&1; "
-                                  f"else echo {NOT_INSTALLED}; fi"))
-    dists = [t for t in tools if t in DIST_TOOLS] + (list(NCCL_DISTS) if "nccl" in tools else [])
-    if dists:
-        code = ("import sys\n"
-                "try:\n import importlib.metadata as m\n"
-                "except ImportError:\n import importlib_metadata as m\n"
-                "for d in sys.argv[1:]:\n"
-                " try: print(d, m.version(d))\n"
-                " except Exception: print(d, '-')\n")
-        out.append(("ver:dists", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} -c {shlex.quote(code)} "
-                                 f"{' '.join(dists)}; else echo {NOT_INSTALLED}; fi"))
-    if "openmpi" in tools:
-        out.append(("ver:openmpi", "if command -v mpirun >/dev/null 2>&1; then $T mpirun --version 2>&1\n"
-                                   "elif command -v ompi_info >/dev/null 2>&1; then $T ompi_info --version 2>&1\n"
-                                   f"else echo {NOT_INSTALLED}; fi"))
-    if "nccl" in tools:
-        out.append(("ver:nccl", "f=\nl=$(command -v ldconfig || echo /sbin/ldconfig)\n"
-                                "for p in $(\"$l\" -p 2>/dev/null | sed -n 's/.*libnccl\\.so[^ ]* .*=> //p'); do "
-                                "echo \"$p -> $(readlink -f \"$p\")\"; f=1; done\n"
-                                "for p in $(echo \"$LD_LIBRARY_PATH\" | tr ':' ' '); do for q in \"$p\"/libnccl.so.*; "
-                                "do [ -e \"$q\" ] && echo \"$q\" && f=1; done; done\n"
-                                "for h in ${CUDA_HOME:+\"$CUDA_HOME\"/include/nccl.h} /usr/include/nccl.h "
-                                "/usr/local/cuda/include/nccl.h; do [ -f \"$h\" ] && { echo \"# $h\"; "
-                                "grep -E '^#define NCCL_(MAJOR|MINOR|PATCH)' \"$h\"; f=1; break; }; done\n"
-                                f"[ -n \"$f\" ] || echo {NOT_INSTALLED}"))
-    if "cann" in tools:
-        out.append(("ver:cann", f"f=\nfor i in \"${{ASCEND_TOOLKIT_HOME:-{ASCEND_TOOLKIT}}}\"/*/"
-                                "ascend_toolkit_install.info \"${ASCEND_TOOLKIT_HOME:-"
-                                f"{ASCEND_TOOLKIT}}}\"/ascend_toolkit_install.info \"${{ASCEND_TOOLKIT_HOME:-"
-                                f"{ASCEND_TOOLKIT}}}\"/*/version.cfg; do "
-                                "[ -f \"$i\" ] && { echo \"# $i\"; cat \"$i\"; f=1; break; }; done\n"
-                                f"[ -n \"$f\" ] || echo {NOT_INSTALLED}"))
-    if "cuda-driver" in tools:
-        out.append(("ver:cuda-driver", "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version\n"
-                                       "elif command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi "
-                                       "--query-gpu=driver_version --format=csv,noheader 2>&1\n"
-                                       f"else echo {NOT_INSTALLED}; fi"))
-    return [_section(n, _with_env(env, b)) for n, b in out]
-
-
-def _path_section(cluster: Cluster, env: Mapping[str, str]) -> str:
-    plain, job, fixed = [], [], []
-    for label, how in launch_tools(cluster):
-        (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
-    from .supervisor import PYTHON_VERSION_SH
-
-    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
-    lines = ["echo \"PATH=$PATH\"", f"printf 'supervisor\\t%s\\n' \"$({PYTHON_VERSION_SH})\""]
-    for label, _ in plain:
-        lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
-    for label, path in fixed:
-        lines.append(f"if [ -x {shlex.quote(path)} ]; then p={shlex.quote(path)}; else p=; fi; "
-                     f"printf 'fixed\\t%s\\t%s\\n' {shlex.quote(label)} \"$p\"")
-    if job:
-        inner = ["echo \"JOBPATH=$PATH\""] + [
-            f"printf 'job\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\""
-            for label, _ in job]
-        lines.append(_with_env({k: v for k, v in env.items() if k == "PATH"}, "\n".join(inner)))
-    return _section("path", "\n".join(lines))
-
-
-def _mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_timeout: float) -> str:
-    ct = max(1, round(connect_timeout))
-    limit = max(ct + 10, int(command_timeout * 0.8))
-    jobs = []
-    for t in targets:
-        args = "".join(" " + shlex.quote(a) for a in (*t.ssh_args, t.address))
-        jobs.append(f"( e=$(ssh -o BatchMode=yes -o ConnectTimeout={ct}{args} true 2>&1 >/dev/null "
-                    f"</dev/null); r=$?; printf '%s\\t%s\\t%s\\n' {shlex.quote(t.name)} \"$r\" "
-                    f"\"$(printf '%s' \"$e\" | tr '\\t\\n\\r' '   ' | cut -c1-300)\" ) &")
-    # ConnectTimeout bounds the TCP connect; `timeout` also bounds a host that accepts but never answers,
-    # within the probe's own command_timeout so that the other sections still report
-    # OpenSSH >= 9.0 opens with the sntrup761x25519 key exchange, ~0.15 s of CPU on this host per
-    # connection (minutes of CPU for a thousand hosts): a test that runs `true` puts curve25519
-    # first (mpirun's own ssh keeps its defaults; a server without curve25519 still gets the rest).
-    # An ssh that does not know `^` (< 8.2) is left as it is.
-    body = (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {limit}'\n"
-            f"K=; ssh -G -o {MESH_KEX} localhost >/dev/null 2>&1 && K='-o {MESH_KEX}'\n"
-            "S=$(command -v ssh)\nssh() { $M \"$S\" $K \"$@\"; }\n"
-            + "\n".join(jobs) + "\nwait")
-    return body
 
 
 def interface_script(interface: str, launch_address: str) -> str:
@@ -284,112 +163,37 @@ def parse_interface(text: str) -> IfAddr | None:
     return None
 
 
-def _mesh_start(body: str) -> str:
-    """Start the mesh test in the background, right away: it is the slowest section (a connection
-    to every other host) and it then runs while the other sections do. Its output waits in a
-    temporary file (removed when the probe's shell exits) for the section's turn."""
+def _background_start(body: str) -> str:
+    """Start a section in the background, right away: the slowest one (mesh: a connection to
+    every other host) then runs while the other sections do. Its output waits in a temporary
+    file (removed when the probe's shell exits) for the section's turn."""
     return ("_mo=$(mktemp 2>/dev/null) || _mo=/tmp/.orch-mesh.$$\ntrap 'rm -f \"$_mo\"' EXIT\n"
             f"(\n{body}\n) > \"$_mo\" 2>&1 &\n_mp=$!")
 
 
-def _mesh_section() -> str:
-    return "_b mesh\nwait \"$_mp\"; _mr=$?; cat \"$_mo\"; rm -f \"$_mo\"\n_e mesh $_mr"
+def _background_section(name: str) -> str:
+    return f"_b {name}\nwait \"$_mp\"; _mr=$?; cat \"$_mo\"; rm -f \"$_mo\"\n_e {name} $_mr"
 
 
-def probe_script(cluster: Cluster, host: Host, *, checks: Iterable[str] | None = None,
-                 manifest: Sequence[SyncFile] = (), mesh_targets: Sequence[MeshTarget] = (),
-                 versions: Iterable[str] = (), launch_host: bool = False, launch_address: str = "") -> str:
-    """The one script run on `host`. Pure: same inputs, same script.
-
-    checks: the check names to probe for (default: all); manifest: the files orch up will
-    sync (sizes, hashes); mesh_targets: hosts this one must reach with ssh as mpirun does;
-    versions: the tools whose versions to report; launch_host: also probe the msrun port;
-    launch_address: the launch host's cluster address (job.interface: auto looks for its route).
-    `health` (orch check --deep) is probed only when `checks` names it."""
-    want = set(checks) if checks is not None else None
-
-    def on(*names: str) -> bool:
-        return want is None or any(n in want for n in names)
-
-    job = cluster.job
-    env = tool_env(cluster, host)
-    qw = shlex.quote(job.workdir)
+def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
+             body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]]) -> str:
+    """The one probe script of a host from its sections' (name, commands): `first`, then
+    `background` started (at most one), `body` in order, `background` printed, `last`.
+    Pure: same inputs, same script (checks/run.py says which sections)."""
+    if len(background) > 1:
+        raise ValueError("the probe runs at most one section in the background")
     parts = [
-        "# orch check probe for " + host.name.replace("\n", " "),
+        "# orch check probe for " + host_name.replace("\n", " "),
         "exec 2>&1 </dev/null",
         "_b() { printf '%sbegin %s\\n' '" + MARK + "' \"$1\"; }",
         "_e() { printf '\\n%send %s %s\\n' '" + MARK + "' \"$1\" \"$2\"; }",
         f"T=; command -v timeout >/dev/null 2>&1 && T='timeout {SECTION_TIMEOUT}'",
-        _section("clock0", "date +%s.%N"),
     ]
-    mesh = on("mesh") and bool(mesh_targets)
-    if mesh:
-        parts.append(_mesh_start(_mesh_body(mesh_targets, cluster.ssh.connect_timeout, cluster.ssh.command_timeout)))
-    if on("user"):
-        parts.append(_section("user", "id -un"))
-    if on("versions"):
-        parts += _versions_sections(versions, interpreter(cluster), env)
-    if on("path"):
-        parts.append(_path_section(cluster, env))
-    if on("nic"):
-        parts.append(_section("nic", "ip -o addr show 2>/dev/null || hostname -I"))
-        if job.interface:
-            parts.append(_section("iface", interface_script(job.interface, launch_address)))
-    deep = want is not None and "health" in want  # orch check --deep: health.py's sections, and npu-smi
-    if (on("devices") or deep) and job.platform == "ascend":
-        parts.append(_section("hccn", f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; "
-                                      f"else echo {NOT_INSTALLED}; fi"))
-        parts.append(_section("npu", "if command -v npu-smi >/dev/null 2>&1; then $T npu-smi info; "
-                                     f"else echo {NOT_INSTALLED}; fi"))
-    if on("devices") and job.platform == "gpu":
-        parts.append(_section("gpus", "if command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi -L; "
-                                      f"else echo {NOT_INSTALLED}; fi"))
-    if deep:
-        from . import health
-
-        parts += [_section(n, b) for n, b in health.sections(cluster, host)]
-    if on("workdir", "disk", "files"):
-        parts.append(_section("workdir", (
-            f"W={qw}\n"
-            "if [ -d \"$W\" ]; then echo existed=yes; else echo existed=no\n"
-            "  if e=$(mkdir -p -- \"$W\" 2>&1); then echo mkdir=ok; else echo \"mkdir=$e\"; fi; fi\n"
-            # mktemp: a new file of a random name (O_EXCL), never one another user planted
-            "if [ -d \"$W\" ]; then\n"
-            "  if f=$(mktemp -- \"$W/.orch-check.XXXXXXXX\" 2>&1); then rm -f -- \"$f\"; echo write=ok; "
-            "else echo \"write=$f\"; fi; fi\n"
-            # who could change what runs: the owner and mode of the workdir and of every parent
-            # (of its real path: a link's own mode says nothing)
-            "echo uid=$(id -u)\nd=$(readlink -f -- \"$W\" 2>/dev/null) || d=\"$W\"\nwhile :; do\n"
-            "  [ -e \"$d\" ] && echo \"perm=$(stat -c '%a %u' -- \"$d\") $d\"\n"
-            "  [ \"$d\" = / ] && break; d=$(dirname -- \"$d\"); done")))
-    if on("disk"):
-        parts.append(_section("df", (
-            f"d={qw}\nwhile [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done\n"
-            "$T df -Pk -- \"$d\"")))
-    if on("files") and manifest:
-        small = [f for f in manifest[:MAX_COMPARED_FILES] if f.sha256 is not None]
-        big = [f for f in manifest[:MAX_COMPARED_FILES] if f.sha256 is None]
-        lines = [f"cd {qw} 2>/dev/null || {{ echo orch:no-workdir; exit 0; }}"]
-        if small:
-            names = " ".join(shlex.quote(f.rel) for f in small)
-            lines.append("if command -v sha256sum >/dev/null 2>&1; then "
-                         f"for f in {names}; do [ -f \"$f\" ] && printf '%s\\0' \"$f\"; done | "
-                         "xargs -0 -r sha256sum --; "
-                         "else echo orch:no-sha256sum; fi")
-        for f in big:
-            q = shlex.quote(f.rel)
-            lines.append(f"[ -f {q} ] && printf 'size %s %s\\n' \"$(wc -c < {q})\" {q}")
-        lines.append("true")
-        parts.append(_section("files", "\n".join(lines)))
-    if on("ports") and launch_host and job.launcher in ("msrun", "torchrun"):
-        parts.append(_section("ports", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || ss -ltn"))
-    if on("stale"):
-        parts.append(_section("stale", ("echo self=$$\n"
-                                        "grep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ | tr '\\0' '\\n'"
-                                        "\ntrue")))
-    if mesh:
-        parts.append(_mesh_section())
-    parts.append(_section("clock1", "date +%s.%N"))
+    parts += [section_script(n, b) for n, b in first]
+    parts += [_background_start(b) for _, b in background]
+    parts += [section_script(n, b) for n, b in body]
+    parts += [_background_section(n) for n, _ in background]
+    parts += [section_script(n, b) for n, b in last]
     return "\n".join(parts) + "\n"
 
 
@@ -626,24 +430,11 @@ def parse_listening_ports(text: str) -> set[int]:
     return ports
 
 
-@dataclass(frozen=True)
-class HccnDevice:
-    address: str | None
-    netmask: str | None
-
-
 def parse_hccn(text: str) -> dict[int, HccnDevice] | None:
-    """/etc/hccn.conf -> {device id: HccnDevice}; None if the file does not exist.
-    Comments, blanks, other keys and garbage lines are ignored."""
+    """The hccn section (/etc/hccn.conf) -> devices.parse_hccn; None if the file does not exist."""
     if _not_installed(text):
         return None
-    addr: dict[int, str] = {}
-    mask: dict[int, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s*(address|netmask)_(\d+)\s*=\s*([^\s#]+)", line)
-        if m:
-            (addr if m.group(1) == "address" else mask)[int(m.group(2))] = m.group(3)
-    return {d: HccnDevice(addr.get(d), mask.get(d)) for d in sorted(set(addr) | set(mask))}
+    return devices.parse_hccn(text)
 
 
 def parse_nvidia_smi_l(text: str) -> dict[int, str] | None:

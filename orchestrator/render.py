@@ -41,6 +41,13 @@ MSRUN_CLUSTER_TIME_OUT = 600
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 
 
+def is_python(executable: str) -> bool:
+    """Is this command's executable a Python interpreter (python, python3, /usr/bin/python3.11)?
+    The one rule for it: msrun drops it (it runs `python script` itself), orch check asks it
+    for the versions of the job's Python packages."""
+    return bool(_PYTHON.match(posixpath.basename(executable)))
+
+
 # --------------------------------------------------------------------------- paths on the hosts
 
 
@@ -279,6 +286,13 @@ def mpirun_interface(chosen: Mapping[str, tuple[str, str | None]]) -> tuple[str,
     return ",".join(nets) or joined, {"NCCL_SOCKET_IFNAME": joined, "HCCL_SOCKET_IFNAME": joined}
 
 
+def is_root(*, uid: int | None = None, user: str | None = None) -> bool:
+    """The one rule for "the launch user is root" (mpirun then needs --allow-run-as-root): uid 0
+    when the host said (`id -u`, up's prepare), else the login name (`id -un` in orch check; the
+    inventory's user for `orch plan`, which touches no host)."""
+    return uid == 0 if uid is not None else user == "root"
+
+
 def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
                 interface: str | None = None, output_dir: str | None = None,
                 pass_env: tuple[str, ...] = (), command: list[str] | None = None,
@@ -332,7 +346,7 @@ def msrun_script(command: tuple[str, ...] | list[str]) -> list[str]:
     interpreter options stay (`python3 -u net.py` -> ['-u', 'net.py']): orch's worker wrapper
     (launchers.msrun_task) hands them to the interpreter."""
     cmd = list(command)
-    if cmd and _PYTHON.match(posixpath.basename(cmd[0])):
+    if cmd and is_python(cmd[0]):
         cmd = cmd[1:]
         if not any(not a.startswith("-") for a in cmd):
             raise PlanError("msrun launcher: job.command names python but no script",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple
 from ClusterShell.NodeSet import NodeSetParseError
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
 
+from .checks.names import KNOWN_CHECKS  # the names only: no check is imported
 from .errors import Location, SpecError
 from .hostsets import expand, expand_names
 # the model's types, for callers that load a cluster file and build on it (tests, mostly)
@@ -29,8 +30,6 @@ if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a con
     from .transport.sshconfig import SshConfig
 
 KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
-KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
-                "workdir", "disk", "files", "ports", "stale", "clock", "health")
 MAX_SLOTS = 1024  # ranks on one host: above any real machine, and a typo costs no memory
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MPIRUN_UNSAFE = frozenset('$`"\\!')  # special inside double quotes (sh, csh)

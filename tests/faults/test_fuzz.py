@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import launchers, logs, plan, probes, render, runs, supervisor, sync
+from orchestrator import devices, launchers, logs, plan, probes, render, runs, supervisor, sync
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.hostsets import fold
 from orchestrator.spec import load_cluster
@@ -275,7 +275,7 @@ def test_fuzz_probe_parsers(text):
 @given(text=host_output())
 def test_fuzz_hccn_conf(text):
     """/etc/hccn.conf of any content -> {device id: IP address}, only valid ones kept."""
-    out = plan.parse_hccn_conf(text)
+    out = devices.parse_hccn_conf(text)
     for dev, ip in out.items():
         assert isinstance(dev, int) and dev >= 0
         ipaddress.ip_address(ip)

@@ -282,7 +282,7 @@ def test_probe_quotes_hostile_values(tmp_path):
 
 def test_path_applies_job_env_path_and_mpirun_prefix(tmp_path):
     c = cluster(tmp_path, env={"PATH": "/opt/mpi/bin:/usr/bin"}, mpirun_args=("--prefix", "/opt/mpi"))
-    assert probes.launch_tools(c) == [("mpirun", "job"), ("orted", "/opt/mpi/bin/orted"), ("python3", "job")]
+    assert checks.launch_tools(c) == [("mpirun", "job"), ("orted", "/opt/mpi/bin/orted"), ("python3", "job")]
     s = checks.make_check_plan(c).script(c.hosts[0])
     assert "PATH=/opt/mpi/bin:/usr/bin; export PATH" in s and "[ -x /opt/mpi/bin/orted ]" in s
 

@@ -82,3 +82,28 @@ def test_keyboard_interrupt_stops_new_hosts():
         fan_out(hosts(50), fn, limit=2, on_done=on_done)
     time.sleep(0.2)
     assert len(started) < 50
+
+
+def test_results_failed_succeeded_and_raise_if_failed():
+    """The result map keeps failures as values until the caller asks: .failed, .succeeded, and
+    .raise_if_failed naming every failing host (briefly: first lines, at most 20, then a count)."""
+    from orchestrator.errors import OrchError, PlanError
+
+    def fn(h):
+        if int(h.name[1:]) % 2:
+            raise HostError(h.name, "no route\nsecond line")
+        return h.name
+
+    res = fan_out(hosts(50), fn, limit=8)
+    assert list(res.succeeded) == [f"h{i}" for i in range(0, 50, 2)] and res.succeeded["h4"] == "h4"
+    assert list(res.failed) == [f"h{i}" for i in range(1, 50, 2)]
+    with pytest.raises(PlanError) as exc:
+        res.raise_if_failed(PlanError, "could not read it on {n} host(s)", hint="fix it", brief=True)
+    lines = exc.value.message.splitlines()
+    assert lines[0] == "could not read it on 25 host(s):" and lines[1] == "  - h1: no route"
+    assert len(lines) == 22 and lines[-1] == "  - ... and 5 more" and exc.value.hint == "fix it"
+    with pytest.raises(OrchError) as exc:
+        res.raise_if_failed(OrchError, "every host")
+    assert exc.value.message.startswith("every host:\n  h1: no route\nsecond line\n  h3: ")
+    ok = fan_out(hosts(3), lambda h: 1)
+    assert ok.raise_if_failed(PlanError, "never") is ok and ok.failed == {}

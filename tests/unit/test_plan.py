@@ -11,9 +11,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.devices import parse_hccn_conf
 from orchestrator.errors import PlanError
 from orchestrator.plan import (
-    RULE_A3_MULTI, RULE_A3_NPU, RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan, parse_hccn_conf,
+    RULE_A3_MULTI, RULE_A3_NPU, RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan,
     server_key,
 )
 from orchestrator.spec import Checks, Cluster, Host, Job
@@ -367,9 +368,9 @@ def test_cli_ranktable_without_device_ips_says_probe(tmp_path):
 
 
 def test_cli_probe_reads_hccn_conf_through_the_transport(tmp_path, monkeypatch):
-    import orchestrator.plan
+    import orchestrator.devices
 
-    monkeypatch.setattr(orchestrator.plan, "HCCN_CONF", str(GOLDEN / "hccn.conf"))
+    monkeypatch.setattr(orchestrator.devices, "HCCN_CONF", str(GOLDEN / "hccn.conf"))
     f = write_cluster(tmp_path, """
         inventory:
           hosts: [{address: 127.0.0.1, connection: local, slots: 8}]
@@ -382,9 +383,9 @@ def test_cli_probe_reads_hccn_conf_through_the_transport(tmp_path, monkeypatch):
 
 
 def test_cli_probe_failure_exits_2(tmp_path, monkeypatch):
-    import orchestrator.plan
+    import orchestrator.devices
 
-    monkeypatch.setattr(orchestrator.plan, "HCCN_CONF", str(tmp_path / "missing.conf"))
+    monkeypatch.setattr(orchestrator.devices, "HCCN_CONF", str(tmp_path / "missing.conf"))
     f = write_cluster(tmp_path, """
         inventory:
           hosts: [{address: 127.0.0.1, connection: local, slots: 8}]
@@ -531,3 +532,15 @@ printf '\\t%-30s : %u\\n' SDID $((113246208 + d)) 'Super Pod Size' 48 'Super Pod
     assert res.exit_code == 2 and "host 127.0.0.1 devices 1-15: no super_device_id" in res.output
     assert "`npu-smi info -t spod-info -i 0 -c 1` (and the same for the other 14) printed no SDID" in res.output
     assert "does not support" in res.output
+
+
+def test_hccn_conf_has_one_parser_for_check_and_rank_table():
+    """orch check (probes.parse_hccn: addresses and netmasks as written) and the rank table
+    (parse_hccn_conf: the IP addresses) read hccn.conf with the one parser of devices.py."""
+    from orchestrator import devices, probes
+
+    text = (GOLDEN / "hccn.conf").read_text() + "address_9=not-an-ip\nnetmask_9=255.255.255.0\n"
+    conf = probes.parse_hccn(text)
+    assert conf == devices.parse_hccn(text) and conf[9] == devices.HccnDevice("not-an-ip", "255.255.255.0")
+    assert parse_hccn_conf(text) == devices.hccn_ips(conf) == SEED000_IPS
+    assert probes.parse_hccn(probes.NOT_INSTALLED) is None

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError
-from orchestrator.plan import device_ips_for, make_plan, parse_hccn_conf, server_key
+from orchestrator.devices import parse_hccn_conf
+from orchestrator.plan import device_ips_for, make_plan, server_key
 from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (
     REDACTED, hostfile, mpirun_argv, mpirun_env, msrun_argv, node_env, msrun_script,
@@ -417,3 +418,26 @@ def test_legacy_board_id_follows_the_hosts_arch():
     assert json.loads(rank_table(c, plan, ips))["board_id"] == "0x0000"
     assert json.loads(rank_table(c, plan, ips, aarch64=True))["board_id"] == "0x002f"
     assert parse_prepare("uid 0\narch aarch64\npy 3.11\n")["arch"] == "aarch64"
+
+
+@pytest.mark.parametrize("exe, want", [("python", True), ("python3", True), ("/usr/bin/python3.11", True),
+                                       ("/opt/py/bin/python3.12.1", True), ("pythonic.py", False),
+                                       ("python3.", False), ("ipython", False), ("net.py", False)])
+def test_is_python_is_one_rule_for_msrun_and_check(tmp_path, want, exe):
+    """One rule decides "the command starts with a Python interpreter": msrun drops it, orch
+    check's probe asks it for the job's package versions."""
+    from orchestrator.probes import interpreter
+    from orchestrator.render import is_python
+    from orchestrator.spec import Cluster, Job
+
+    assert is_python(exe) is want
+    assert (msrun_script([exe, "net.py"]) == ["net.py"]) is want
+    c = Cluster(name="t", path=tmp_path / "c.yaml", hosts=(), job=Job(workdir="/w", command=(exe, "net.py")))
+    assert interpreter(c) == (exe if want else "python3")
+
+
+def test_is_root_one_rule():
+    from orchestrator.render import is_root
+
+    assert is_root(uid=0) and not is_root(uid=1000) and not is_root(uid=1000, user="root")
+    assert is_root(user="root") and not is_root(user="train") and not is_root()

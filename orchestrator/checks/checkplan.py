@@ -1,0 +1,135 @@
+"""Everything `orch check` decides before any host is touched (CheckPlan): which checks run,
+the hosts in the rank plan's order, the launch host, the tools whose versions are compared,
+the files `orch up` would sync, who tests ssh to whom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from .. import probes
+from ..errors import PlanError
+from ..plan import RankPlan, order_hosts
+from ..probes import MeshTarget, SyncFile
+from ..model import Cluster, Host
+from .names import KNOWN_CHECKS
+
+
+def active_checks(cluster: Cluster) -> list[str]:
+    return [c for c in KNOWN_CHECKS if c not in cluster.checks.skip]
+
+
+def needed_tools(cluster: Cluster) -> list[str]:
+    """Tools the launch cannot do without (their absence everywhere is a fail)."""
+    job = cluster.job
+    out = ["python"]
+    if job.launcher == "mpirun":
+        out.append("openmpi")
+    if job.launcher == "msrun" or (job.platform == "ascend" and job.launcher != "torchrun"):
+        out.append("mindspore")
+    if job.launcher == "torchrun":
+        out.append("torch")
+    if job.platform == "ascend":
+        out.append("cann")
+    if job.platform == "gpu":
+        out += ["nccl", "cuda-driver"]
+    return out
+
+
+def version_tools(cluster: Cluster) -> list[str]:
+    """checks.versions if given, else the defaults for the launcher and platform."""
+    if cluster.checks.versions is not None:
+        return list(dict.fromkeys(cluster.checks.versions))
+    return needed_tools(cluster)
+
+
+def mesh_sources(hosts: tuple[Host, ...], cluster: Cluster, full_mesh: bool) -> list[Host]:
+    """Who tests ssh to the others (hosts in plan order): the launch host for mpirun, every host
+    with --full-mesh."""
+    if len(hosts) < 2 or not (cluster.job.launcher == "mpirun" or full_mesh):
+        return []
+    return list(hosts) if full_mesh else [hosts[0]]
+
+
+def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
+    """(files orch up will copy, with size and sha256; why job.sync entries cannot be synced). Reads
+    local files.
+
+    Uses sync.manifest, entry by entry, so the paths in workdir are exactly the ones `orch up` writes."""
+    from ..errors import SpecError
+    from ..sync import manifest
+
+    files: list[SyncFile] = []
+    missing: list[str] = []
+    for entry in cluster.job.sync:
+        try:
+            got = manifest(cluster.base_dir, (entry,), str(cluster.path), cluster.job.sync_exclude, hashed=True)
+        except SpecError as exc:
+            missing += [msg for _, msg in exc.problems]
+            continue
+        files += [SyncFile(e.rel, e.size, e.sha256 if e.size <= probes.HASH_LIMIT else None)
+                  for e in got if e.kind == "file"]
+    return files, missing
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """Everything decided before any host is touched."""
+
+    cluster: Cluster
+    checks: tuple[str, ...]
+    hosts: tuple[Host, ...]  # plan order
+    launch: Host
+    tools: tuple[str, ...]
+    needed: tuple[str, ...]
+    manifest: tuple[SyncFile, ...]
+    missing_sync: tuple[str, ...]
+    mesh_from: frozenset[str]
+    full_mesh: bool
+    rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
+
+    def script(self, host: Host) -> str:
+        """The one probe script for this host (pure)."""
+        from .run import probe_script
+
+        return probe_script(self, host)
+
+    def applies(self, check: str, host: Host) -> bool:
+        """Does this per-host check have a result for this host?"""
+        from .base import check as registered_check
+
+        c = registered_check(check)
+        return check in self.checks and c.judge is not None and c.applies(self, host)
+
+    def mesh_targets(self, source: Host) -> list[MeshTarget]:
+        """Every other host, as mpirun will ssh to it from `source`: the address and ssh options
+        mpirun gets (connection: local hosts are this machine)."""
+        from ..render import ssh_args
+
+        return [MeshTarget(h.name, h.cluster_address, tuple(ssh_args(source, h))) for h in self.hosts
+                if h.name != source.name and h.connection == "ssh"]
+
+
+def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
+                    deep: bool = False) -> CheckPlan:
+    """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
+    making it gave); None: made here."""
+    if rank_plan is None:
+        rank_plan = try_plan(cluster)
+    checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
+    hosts = rank_plan.hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
+    manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
+    return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
+                     tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
+                     manifest=tuple(manifest), missing_sync=tuple(missing),
+                     mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
+                     full_mesh=full_mesh, rank_plan=rank_plan)
+
+
+def try_plan(cluster: Cluster) -> RankPlan | PlanError:
+    """plan.make_plan, its PlanError as a value (orch check reports it as device-rules)."""
+    from ..plan import make_plan
+
+    try:
+        return make_plan(cluster)
+    except PlanError as exc:
+        return exc
+

@@ -1,0 +1,238 @@
+"""Running the checks: one probe per host (the sections of every check that runs, as one script
+over the host's one connection), every host at once (up to ssh.fanout), and the judges.
+
+    report = run_checks(cluster, pool, rank_plan, full_mesh=False, on_result=print)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from typing import Callable, Iterable, Sequence
+
+from .. import probes
+from ..errors import HostError, OrchError, PlanError
+from ..fanout import fan_out
+from ..plan import RankPlan
+from ..probes import ProbeError
+from ..model import Cluster, Host
+from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result
+from .checkplan import CheckPlan, make_check_plan
+from .names import KNOWN_CHECKS
+
+BIG_SCRIPT = 100_000  # bytes: a larger probe goes over stdin (one argv string is limited to 128 KiB)
+HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
+
+
+# --------------------------------------------------------------------------- the probe script
+
+
+def probe_order(checks: Sequence[Check]) -> list[Check]:
+    """The checks in the order their sections go into the probe: the report's, except for a check
+    that says whose sections its own follow (probe_after)."""
+    out = [c for c in checks if c.probe_after is None]
+    for c in checks:
+        if c.probe_after is not None:
+            out.insert(out.index(REGISTRY[c.probe_after]) + 1, c)
+    return out
+
+
+def sections_for(plan: CheckPlan, host: Host, checks: Iterable[Check]) -> dict[str, list[tuple[str, str]]]:
+    """{place: [(section name, commands)]} of these checks' probes on this host, each probe once."""
+    out: dict[str, list[tuple[str, str]]] = {"frame": [], "background": [], "body": []}
+    seen: set[str] = set()
+    for c in checks:
+        for p in c.probes:
+            if p.key not in seen:
+                seen.add(p.key)
+                out[p.place] += p.shell(plan, host)
+    return out
+
+
+def probe_script(plan: CheckPlan, host: Host) -> str:
+    """The one script run on `host`: the sections of every check the plan runs (the frame's,
+    the clock, always). Pure: same inputs, same script."""
+    checks = probe_order(registered())
+    frame = sections_for(plan, host, [c for c in checks if any(p.place == "frame" for p in c.probes)])["frame"]
+    got = sections_for(plan, host, [c for c in checks if c.name in plan.checks])
+    return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:])
+
+
+def check_script(plan: CheckPlan, host: Host, check: Check) -> str:
+    """The shell one check puts into the host's probe: its sections, each between its markers
+    (a background section's commands as they are started)."""
+    got = sections_for(plan, host, [check])
+    return "".join(probes.section_script(n, b) + "\n" for place in ("frame", "background", "body")
+                   for n, b in got[place])
+
+
+def probe_for(cluster: Cluster, host_name: str, *, full_mesh: bool = False, deep: bool = False) -> str:
+    """The probe script `orch check` would run on one host (`orch check --print-probe HOST`)."""
+    plan = make_check_plan(cluster, full_mesh=full_mesh, deep=deep)
+    return plan.script(cluster.host(host_name))
+
+
+# --------------------------------------------------------------------------- running
+
+
+def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], None] | None = None) -> ProbeRun:
+    """Connect (once) and run the probe. Never raises an OrchError: it becomes part of the ProbeRun.
+    `on_connected` is called once the connection is up or has failed."""
+    transport = pool[host]
+    addresses = resolve_address(host.cluster_address)
+    c0 = time.monotonic()
+    try:
+        transport.connect()
+    except OrchError as exc:
+        return ProbeRun(host, None, exc, "connect", connect_time=time.monotonic() - c0, addresses=addresses)
+    finally:
+        if on_connected is not None:
+            on_connected()
+    connect_time = time.monotonic() - c0
+    script = plan.script(host)
+    t_send = time.time()
+    try:
+        if len(script.encode()) > BIG_SCRIPT:
+            res = transport.run('f=$(mktemp) && cat > "$f" && sh "$f"; r=$?; rm -f "$f"; exit $r',
+                                stdin=script.encode())
+        else:
+            res = transport.run(script)
+    except OrchError as exc:
+        return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
+    t_recv = time.time()
+    sections = probes.split_sections(res.out)
+    if not sections:
+        tail = (res.err.strip() or res.out.strip())[-300:]
+        return ProbeRun(host, None, HostError(host.name, f"the probe printed nothing usable (exit code "
+                                              f"{res.exit_code}){': ' + tail if tail else ''}"),
+                        "probe", connect_time=connect_time, addresses=addresses)
+    return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses)
+
+
+def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
+               deep: bool = False, on_result: Callable[[CheckResult], None] | None = None) -> Report:
+    """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
+    deep: also the device health probes (check `health`). `rank_plan`: the plan the caller made
+    (or the PlanError making it gave: check device-rules reports it); None: planned here."""
+    from .devices import hccn_confs
+
+    t0 = time.monotonic()
+    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep)
+    results: list[CheckResult] = []
+
+    def emit(rs: Iterable[CheckResult]) -> None:
+        for r in rs:
+            results.append(r)
+            if on_result:
+                on_result(r)
+
+    emit(judge_cluster_local(plan))
+    runs: dict[str, ProbeRun] = {}
+
+    def done(outcome) -> None:
+        run = outcome.value if outcome.ok else ProbeRun(outcome.host, None, outcome.error, "probe")
+        runs[outcome.host.name] = run
+        emit(judge_host(plan, run))
+
+    # The mesh sources' probes (ssh to every other host) take longest: they connect first, alone, so
+    # that their handshakes do not queue behind every other host's (the others wait at most
+    # HEAD_START seconds for them). At 64 hosts that took ~0.6 s off the launch host's probe,
+    # which is the whole check's wall time.
+    waiting = {h.name for h in plan.hosts if h.name in plan.mesh_from}
+    heads_up = threading.Event()
+    if not waiting or len(waiting) == len(plan.hosts):
+        heads_up.set()
+    lock = threading.Lock()
+
+    def connected(name: str) -> None:
+        with lock:
+            waiting.discard(name)
+            if not waiting:
+                heads_up.set()
+
+    def probe(h: Host) -> ProbeRun:
+        if h.name in plan.mesh_from:
+            return probe_host(plan, pool, h, on_connected=lambda: connected(h.name))
+        heads_up.wait(HEAD_START)
+        return probe_host(plan, pool, h)
+
+    ssh = cluster.ssh
+    budget = ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + ssh.command_timeout + 5 + HEAD_START
+    fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
+    ordered = [runs[h.name] for h in plan.hosts]
+    emit(judge_across(plan, ordered))
+    order = {c: i for i, c in enumerate(KNOWN_CHECKS)}
+    hidx = {h.name: i for i, h in enumerate(plan.hosts)}
+    results.sort(key=lambda r: (order.get(r.check, 99), hidx.get(r.host, len(hidx)) if r.host else len(hidx)))
+    hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
+    return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn)
+
+
+def resolve_address(address: str) -> frozenset[str] | None:
+    """An inventory address as IPs, resolved on this machine (None: a DNS name that does not resolve)."""
+    try:
+        return frozenset({str(ipaddress.ip_address(address))})
+    except ValueError:
+        pass
+    try:
+        return frozenset(ai[4][0] for ai in socket.getaddrinfo(address, None))
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def _host_message(err: OrchError, host: Host) -> str:
+    msg = err.message
+    prefix = f"{host.name}: "
+    if msg.startswith(prefix):
+        msg = msg[len(prefix):]
+    return msg + (f"; {err.hint}" if err.hint else "")
+
+
+def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
+    """Every per-host result of one host, from its ProbeRun (pure). A host that gave no sections
+    fails `ssh`, and each other check that applies to it is an error ("not checked")."""
+    host = run.host
+    applicable = [c for c in registered() if plan.applies(c.name, host)]
+    if run.sections is None:
+        err = run.error or HostError(host.name, "no answer")
+        if run.stage == "connect":
+            why = "not checked: SSH to the host failed"
+            msg = _host_message(err, host)
+            if f"{host.user}@{host.ssh_address}" not in msg:
+                msg = f"{host.route}: {msg}"
+        else:
+            why = "not checked: the probe did not complete on the host"
+            msg = f"connected to {host.target} but the probe failed: {_host_message(err, host)}"
+        return [result("ssh", host, "fail", msg) if c.name == "ssh" else result(c.name, host, "error", why)
+                for c in applicable]
+    out: list[CheckResult] = []
+    for c in applicable:
+        try:
+            out += c.judge(plan, run)  # type: ignore[misc]
+        except (Missing, ProbeError) as exc:
+            out.append(result(c.name, host, "error", str(exc)))
+    return out
+
+
+def judge_across(plan: CheckPlan, runs: Sequence[ProbeRun]) -> list[CheckResult]:
+    """Cluster-wide results from every host's probe output (hosts that gave none are left out)."""
+    ok = [r for r in runs if r.sections is not None]
+    out: list[CheckResult] = []
+    for c in registered():
+        if c.across is not None and c.name in plan.checks:
+            out += c.across(plan, ok)
+    return out
+
+
+def judge_cluster_local(plan: CheckPlan) -> list[CheckResult]:
+    """Checks that need no host: the plan's rules, and the files to sync existing here."""
+    out: list[CheckResult] = []
+    for c in registered():
+        if c.local is not None and c.name in plan.checks:
+            out += c.local(plan)
+    return out

@@ -1,0 +1,29 @@
+"""stale: processes of an earlier orch run still alive on the host (found by ORCH_RUN_ID in
+their environment)."""
+
+from __future__ import annotations
+
+from .. import probes
+from ..probes import Section
+from ..model import Host
+from .base import Check, CheckResult, Probe, register, result, section
+
+STALE = Probe("stale", lambda plan, host: [("stale", (
+    "echo self=$$\n"
+    "grep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ | tr '\\0' '\\n'"
+    "\ntrue"))])
+
+
+def judge_stale(host: Host, sec: Section) -> list[CheckResult]:
+    runs = probes.parse_stale(sec.body)
+    if not runs:
+        return [result("stale", host, "pass", "no processes of an earlier orch run")]
+    out = []
+    for run_id, pids in sorted(runs.items()):
+        shown = ", ".join(map(str, sorted(pids)[:8])) + (" ..." if len(pids) > 8 else "")
+        out.append(result("stale", host, "warn", f"{len(pids)} process(es) of orch run {run_id} still alive "
+                                                 f"(pid {shown}): stop them with `orch down --run {run_id}`"))
+    return out
+
+
+register(Check("stale", probes=(STALE,), judge=lambda plan, run: judge_stale(run.host, section(run.sections, "stale"))))
