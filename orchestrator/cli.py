@@ -25,9 +25,10 @@ def _save_traceback() -> str:
 
 class OrchGroup(click.Group):
     """Maps OrchError subclasses to exit codes; an unexpected crash saves its traceback.
-    `lab` is imported only when used (it is big and no other command needs it)."""
+    `lab` (orchestrator/cli_lab.py, over orchestrator/lab/) is imported only when used: it is big
+    and no other command needs it."""
 
-    lazy = {"lab": ("orchestrator.lab", "lab_group")}
+    lazy = {"lab": ("orchestrator.cli_lab", "lab_group")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

@@ -1,4 +1,4 @@
-"""Fixtures for every test directory that uses the simulated cluster (orchestrator/lab.py).
+"""Fixtures for every test directory that uses the simulated cluster (orchestrator/lab/).
 
 `lab`: a session-wide 3-host lab (name ``t<pid>``), torn down at the end.
 `lab_factory(letter, n, vary=..., refuse_key=..., slurm=...)`: more labs (name ``<letter><pid>``),
@@ -66,10 +66,9 @@ def _require_lab() -> None:
 
 def _require_slurm() -> None:
     """Slurm labs need Debian's slurm-wlm and munge (scripts/test.sh installs them as root)."""
-    from orchestrator import labslurm
-    from orchestrator.lab import _which
+    from orchestrator.lab import slurm, which
 
-    missing = sorted({pkg for tool, pkg in labslurm.TOOLS.items() if _which(tool) is None})
+    missing = sorted({pkg for tool, pkg in slurm.TOOLS.items() if which(tool) is None})
     if not missing:
         return
     why = f"a Slurm lab needs {', '.join(missing)} (apt-get install slurm-wlm munge)"

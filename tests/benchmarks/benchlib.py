@@ -1,6 +1,6 @@
 """Shared helpers of the cluster-scale benchmarks (not collected by pytest: not test_*.py).
 
-Everything runs against lab hosts (orchestrator/lab.py: network namespaces with their own
+Everything runs against lab hosts (orchestrator/lab/: network namespaces with their own
 sshd, 198.18.0.0/16) and this machine only. Each measured command is a child process
 reaped with os.wait4, so its wall time, CPU (user+sys, its waited-for children included:
 pdsh's and Ansible's ssh processes count) and peak RSS are its own. SSH connections are

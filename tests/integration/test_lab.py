@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator import lab as labmod
 from orchestrator.errors import LabError
-from orchestrator.lab import Lab
+from orchestrator.lab import Lab, render as labrender, system as labsys
 from orchestrator.launchers import RUN_VAR
 from orchestrator.supervisor import sweep_script
 
@@ -165,7 +165,7 @@ def test_each_host_has_its_own_pid_namespace(lab):
     try:
         # out here it is a process with another pid, in host 1's PID namespace only
         assert root and root != pid
-        assert wait_for(lambda: labmod._pid_alive(root, "sleep"))  # setsid has exec'd sleep
+        assert wait_for(lambda: labmod.pid_alive(root, "sleep"))  # setsid has exec'd sleep
         assert Path(f"/proc/{root}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", str(secs).encode()]
         for i in (1, 2, 3):
             ps = system_ssh(lab, i, "ps -e -o pid=,args=; echo /proc; cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
@@ -184,10 +184,10 @@ def test_each_host_has_its_own_pid_namespace(lab):
         for i in (2, 3):
             res = system_ssh(lab, i, sweep_script(tag, "TERM", grace=2))
             assert res.stdout.strip() == "none", (i, res.stdout, res.stderr)
-        assert labmod._pid_alive(root, "sleep")
+        assert labmod.pid_alive(root, "sleep")
         res = system_ssh(lab, 1, sweep_script(tag, "TERM", grace=2))
         assert res.stdout.strip() == "stopped", res.stdout + res.stderr
-        assert wait_for(lambda: not labmod._pid_alive(root))
+        assert wait_for(lambda: not labmod.pid_alive(root))
     finally:
         system_ssh(lab, 1, f"kill -9 {pid} 2>/dev/null")
 
@@ -198,7 +198,7 @@ def test_killed_orphans_are_reaped_not_left_as_zombies(lab):
     assert res.returncode == 0, res.stderr
     pid = int(res.stdout)
     root = lab.root_pid(3, pid)
-    assert root and wait_for(lambda: labmod._pid_alive(root, "sleep"))
+    assert root and wait_for(lambda: labmod.pid_alive(root, "sleep"))
     ps = system_ssh(lab, 3, f"ps -o ppid=,stat=,comm= -p {pid}; ps -o comm= -p 1")
     assert ps.stdout.split() == ["1", "S", "sleep", labmod.HOLDER_COMM], ps.stdout
     assert system_ssh(lab, 3, f"kill -9 {pid}").returncode == 0
@@ -320,25 +320,25 @@ def test_up_replaces_and_down_leaves_nothing(lab, lab_factory):
     # a daemon started over ssh (setsid, detached) must not survive replace or down
     daemon = "sh -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'"
     pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))  # $! is host 2's pid
-    assert wait_for(lambda: labmod._pid_alive(pid, "sleep"))  # once setsid has exec'd sleep
+    assert wait_for(lambda: labmod.pid_alive(pid, "sleep"))  # once setsid has exec'd sleep
 
     r = orch("lab", "up", "2", "--name", name)  # someone's lab: not replaced without --replace
     assert r.returncode == 1 and "already up (3 hosts" in r.stderr and "--replace" in r.stderr, r.stderr
-    assert len(w.hosts) == 3 and all(labmod._pid_alive(p) for p in old_holders)
+    assert len(w.hosts) == 3 and all(labmod.pid_alive(p) for p in old_holders)
     r = orch("lab", "up", "2", "--name", name, "--replace")
     assert r.returncode == 0, r.stderr
     assert len(w.hosts) == 2
-    assert not any(labmod._pid_alive(p) for p in old_holders)
+    assert not any(labmod.pid_alive(p) for p in old_holders)
     assert not os.path.exists(f"/run/netns/olab-{name}-3")
-    assert not labmod._pid_alive(pid)
+    assert not labmod.pid_alive(pid)
     pid = w.root_pid(2, int(system_ssh(w, 2, daemon).stdout))
-    assert wait_for(lambda: labmod._pid_alive(pid, "sleep"))
+    assert wait_for(lambda: labmod.pid_alive(pid, "sleep"))
     holders = [h["holder_pid"] for h in w.state()["hosts"]]
 
     r = orch("lab", "down", "--name", name)
     assert r.returncode == 0, r.stderr
     assert leftovers(name, sd) == []
-    assert not any(labmod._pid_alive(p) for p in holders + [pid])
+    assert not any(labmod.pid_alive(p) for p in holders + [pid])
     r = orch("lab", "down", "--name", name)
     assert r.returncode == 0 and "nothing to remove" in r.stdout
 
@@ -358,18 +358,18 @@ def test_errors_are_lab_errors_naming_the_fix(lab, monkeypatch):
     with pytest.raises(LabError, match="hosts 1..2"):
         Lab("tzz").up(2, vary=["5:openmpi=4.0.3"])
 
-    real_which = labmod._which
+    real_which = labsys.which
     for tool, package in [("mpirun", "openmpi-bin"), ("sshd", "openssh-server"), ("ip", "iproute2"),
                           ("nsenter", "util-linux")]:
-        monkeypatch.setattr(labmod, "_which", lambda t, _tool=tool: None if t == _tool else real_which(t))
+        monkeypatch.setattr(labsys, "which", lambda t, _tool=tool: None if t == _tool else real_which(t))
         with pytest.raises(LabError) as exc:
             labmod.preflight()
         assert f"apt-get install {package}" in str(exc.value)
-    monkeypatch.setattr(labmod, "_which", real_which)
-    monkeypatch.setattr(labmod.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(labsys, "which", real_which)
+    monkeypatch.setattr(labsys.os, "geteuid", lambda: 1000)
     with pytest.raises(LabError, match="needs root"):
         Lab("t0").status()
-    monkeypatch.setattr(labmod.sys, "platform", "darwin")
+    monkeypatch.setattr(labsys.sys, "platform", "darwin")
     with pytest.raises(LabError, match="needs Linux"):
         labmod.preflight()
 
@@ -567,4 +567,4 @@ def test_option_errors():
     with pytest.raises(LabError, match="bad lab user name"):
         Lab(hb_name("z")).up(1, user="Bad User")
     with pytest.raises(LabError, match="already has 'root'"):
-        labmod.labnet.passwd_with_user("root:x:0:0::/root:/bin/sh\n", "root", "/home/root", "/bin/sh")
+        labrender.passwd_with_user("root:x:0:0::/root:/bin/sh\n", "root", "/home/root", "/bin/sh")

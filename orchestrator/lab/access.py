@@ -1,5 +1,7 @@
-"""The lab's extra topologies (`orch lab up N --ssh-port P --user NAME --bastion`): pure text
-helpers for orchestrator/lab.py, which does the namespaces, mounts and processes.
+"""How people and orch reach a lab, as pure text: the inventory, known_hosts, the OpenSSH
+client config, the system ssh argv, and the reachability probe run from the bastion. No I/O.
+
+The topologies (`orch lab up N --ssh-port P --user NAME --bastion`) show here:
 
 --ssh-port P  every sshd (hosts and bastion) listens on P. The lab's known_hosts names every
               host as ``[address]:P`` / ``[name]:P`` (OpenSSH's form for a port other than 22);
@@ -7,10 +9,11 @@ helpers for orchestrator/lab.py, which does the namespaces, mounts and processes
               (orch passes it, e.g. ``-mca plm_rsh_args "-p P"`` for mpirun).
 --user NAME   an ordinary user NAME (uid = gid = USER_ID) on every host, from per-host copies of
               /etc/passwd and /etc/group bound over the real ones inside the host (the machine's
-              files are only read). Its home /home/NAME (per host; /home is an overlay like /root)
-              holds the lab key, known_hosts, config and environment as root's ~/.ssh does; /data
-              is the user's. sshd reads no /etc/shadow entry for it (none needed with UsePAM no:
-              the password field is ``*``, not a locked ``!``). Root login still works.
+              files are only read; render.passwd_with_user). Its home /home/NAME (per host; /home
+              is an overlay like /root) holds the lab key, known_hosts, config and environment as
+              root's ~/.ssh does; /data is the user's. sshd reads no /etc/shadow entry for it (none
+              needed with UsePAM no: the password field is ``*``, not a locked ``!``). Root login
+              still works.
 --bastion     the hosts sit on a second bridge with no address of this machine and an
               ``unreachable`` route to their subnet here (a connect fails at once, nothing leaves
               the machine); the only way in is host 0, the bastion: two NICs (this machine's
@@ -23,15 +26,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import LabError
+from .model import SLOTS, SSH_PORT, LabHost
 
-USER_ID = 4300              # uid and gid of the --user account on every host
-BASTION_INDEX = 0           # Lab.host(0), Lab.exec(0, ...), `orch lab sshd stop 0`: the bastion
-BASTION_MAX_STARTUPS = "10:30:100"  # OpenSSH's default: a connection storm meets the real limit
-USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
 # plain YAML scalars that are not strings (YAML 1.1, what PyYAML reads)
 _YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 
@@ -41,24 +41,26 @@ HOST_SSH_CONFIG = ("Host *\n    BatchMode yes\n    StrictHostKeyChecking yes\n"
                    "    ConnectTimeout 10\n")
 
 
-def validate_port(port) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise LabError(f"bad ssh port {port!r}", hint="--ssh-port takes 1..65535, e.g. 2222")
-    return port
-
-
-def validate_user(user) -> str:
-    if not isinstance(user, str) or not USER_RE.fullmatch(user):
-        raise LabError(f"bad lab user name {user!r}",
-                       hint="a user name is a-z, 0-9, _ and -, starting with a letter or _, e.g. --user train")
-    return user
-
-
 def yaml_str(value: str) -> str:
     """value as a YAML scalar: plain where that reads back as the same string, else quoted."""
     if re.fullmatch(r"[A-Za-z_/][A-Za-z0-9_./-]*", value) and value.lower() not in _YAML_WORDS:
         return value
     return json.dumps(value)
+
+
+def inventory_yaml(name: str, subnet: str, hosts: Sequence[LabHost], key: Path, known_hosts: Path, *,
+                   user: str = "root", port: int = SSH_PORT, jump: str | None = None) -> str:
+    """`jump` (USER@ADDRESS:PORT of a bastion) goes into the defaults: every host is behind it."""
+    extra = f", jump: {yaml_str(jump)}" if jump else ""
+    lines = [
+        f"# orch lab {name!r}: {len(hosts)} simulated hosts on {subnet}; made by `orch lab up`,",
+        "# removed by `orch lab down`. Usable unchanged as `inventory:` in a cluster.yaml.",
+        f"defaults: {{user: {yaml_str(user)}, port: {port}, identity_file: {key}, "
+        f"known_hosts: {known_hosts}, slots: {SLOTS}{extra}}}",
+        "hosts:",
+    ]
+    lines += [f"  - {{address: {h.address}, name: {h.name}}}" for h in hosts]
+    return "\n".join(lines) + "\n"
 
 
 def host_patterns(names: Iterable[str], port: int) -> list[str]:
@@ -116,26 +118,25 @@ def ssh_client_config(lab: str, hosts: Sequence, bastion, *, user: str, port: in
     return "\n".join(lines) + "\n"
 
 
-def _with_entry(base: str, what: str, user: str, line: str) -> str:
-    """`base` (this machine's /etc/passwd or /etc/group) plus the lab user's `line`; refuses a
-    name or id already there."""
-    for existing in base.splitlines():
-        f = existing.split(":")
-        if len(f) >= 3 and (f[0] == user or f[2] == str(USER_ID)):
-            kind = "uid" if what == "passwd" else "gid"
-            raise LabError(
-                f"--user {user}: /etc/{what} already has {f[0]!r} ({kind} {f[2]})",
-                hint=f"pick a user name not on this machine; the lab user gets {kind} {USER_ID}",
-            )
-    return base.rstrip("\n") + f"\n{line}\n"
-
-
-def passwd_with_user(base: str, user: str, home: str, shell: str) -> str:
-    return _with_entry(base, "passwd", user, f"{user}:*:{USER_ID}:{USER_ID}:orch lab user:{home}:{shell}")
-
-
-def group_with_user(base: str, user: str) -> str:
-    return _with_entry(base, "group", user, f"{user}:x:{USER_ID}:")
+def ssh_argv(address: str, *, key: Path, known_hosts: Path, port: int, user: str = "root",
+             bastion: str | None = None, command: str | None = None, connect_timeout: int = 5) -> list[str]:
+    """The system ssh client's argv to reach `address` as `user` with the lab's key and port (reads
+    nothing in ~/.ssh); through the `bastion` address, as the same user, if given."""
+    opts = [
+        "-i", str(key),
+        "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={connect_timeout}",
+        "-o", "LogLevel=ERROR", "-p", str(port),
+    ]
+    argv = ["ssh", "-F", "/dev/null", *opts]
+    if bastion:
+        jump = ["ssh", "-F", "/dev/null", *opts, "-W", "[%h]:%p", f"{user}@{bastion}"]
+        argv += ["-o", "ProxyCommand=" + shlex.join(jump)]
+    argv.append(f"{user}@{address}")
+    if command is not None:
+        argv.append(command)
+    return argv
 
 
 # Run with this machine's python inside the bastion's network namespace (nsenter --net):

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import LabError
+from ..errors import LabError
+from .system import SLURM_TOOLS, nsenter_run, run, which
 
-TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sinfo": "slurm-client", "munged": "munge"}
+TOOLS = SLURM_TOOLS  # tool -> the Debian package that brings it
+
 PARTITION = "main"
 CTLD_PORT_BASE = 17000  # + the lab's subnet octet: one controller port per lab
 NODE_CPUS = 16          # what slurmd reports (config_overrides): room for the ranks of one host
@@ -77,8 +79,8 @@ def inventory_yaml(lab: str, n: int, conf: Path, key: Path, known_hosts: Path, s
             f"slurm: {{nodes: {n}, partition: {PARTITION}, conf: {conf}}}\n")
 
 
-def start(state_dir: Path, lab: str, k: int, gateway: str, hosts: Sequence, run: Callable,
-          enter: Callable[[int], list[str]], nsenter_run: Callable, which: Callable) -> dict:
+def start(state_dir: Path, lab: str, k: int, gateway: str, hosts: Sequence,
+          enter: Callable[[int], list[str]]) -> dict:
     """Start munged + slurmctld here and slurmd in every host; wait until every node is idle.
     `enter(i)` is the nsenter prefix into host i. Returns the state to record."""
     sdir = slurm_dir(state_dir)
@@ -125,5 +127,5 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 # Processes of a lab's Slurm outside its hosts' namespaces: found by their command lines,
-# which name files in the lab's state dir (see Lab._lab_pids).
+# which name files in the lab's state dir (see teardown.lab_pids).
 DAEMONS = (b"slurmctld", b"munged")

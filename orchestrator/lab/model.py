@@ -1,0 +1,98 @@
+"""The lab's names, numbers and records: constants, LabHost/HostStatus and the checks of
+what a user may name (lab name, --ssh-port, --user). No I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import LabError
+
+DEFAULT_ROOT = "/var/tmp/orch-lab"
+NAME_RE = re.compile(r"[a-z0-9]{1,8}")
+MAX_HOSTS = 240  # .11 .. .250 of the lab's /24
+SUBNET_PREFIX = "198.18"
+SSH_PORT = 22
+SLOTS = 2
+HOST_PREFIX = 10  # host i has .(10+i)
+STATE_VERSION = 1
+NETNS_DIR = "/run/netns"
+
+# PID 1 of every lab host's PID namespace: h<i>/setup.sh execs <state dir>/orch-lab-init
+# (a python script, so its comm is this name). "sleep" is what older labs hold with.
+HOLDER_COMM = "orch-lab-init"
+HOLDER_COMMS = (HOLDER_COMM, "sleep")
+
+USER_ID = 4300              # uid and gid of the --user account on every host
+BASTION_INDEX = 0           # Lab.host(0), Lab.exec(0, ...), `orch lab sshd stop 0`: the bastion
+BASTION_MAX_STARTUPS = "10:30:100"  # OpenSSH's default: a connection storm meets the real limit
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One simulated host. index is 1-based."""
+
+    index: int
+    name: str
+    address: str
+    netns: str
+    veth: str
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """holder_pid and sshd_pid are pids in this machine's root PID namespace (not the host's);
+    sshd_pid is None unless sshd runs."""
+
+    host: LabHost
+    netns: bool
+    holder_pid: int | None
+    holder_alive: bool
+    sshd_pid: int | None
+    sshd_alive: bool
+    link_up: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.netns and self.holder_alive and self.sshd_alive and self.link_up
+
+
+@dataclass
+class HostPlan:
+    """What `up` makes of one host: its files' dir, its --vary versions, --refuse-key."""
+
+    host: LabHost
+    dir: Path
+    versions: dict[str, str] = field(default_factory=dict)
+    refuse_key: bool = False
+    back_address: str | None = None  # the bastion's address on the hosts' bridge (bastion only)
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise LabError(
+            f"bad lab name {name!r}",
+            hint="a lab name is 1-8 characters of a-z and 0-9, e.g. --name t1",
+        )
+    return name
+
+
+def validate_port(port) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise LabError(f"bad ssh port {port!r}", hint="--ssh-port takes 1..65535, e.g. 2222")
+    return port
+
+
+def validate_user(user) -> str:
+    if not isinstance(user, str) or not USER_RE.fullmatch(user):
+        raise LabError(f"bad lab user name {user!r}",
+                       hint="a user name is a-z, 0-9, _ and -, starting with a letter or _, e.g. --user train")
+    return user
+
+
+def subnet_octet(name: str) -> int:
+    """The lab's preferred third octet, 1..250, stable from its name."""
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % 250 + 1
