@@ -24,7 +24,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# orch and the test tools go into the project's venv (.venv, scripts/venv.sh), never into the
+# system's python (Debian and Ubuntu refuse that: PEP 668)
+. scripts/venv.sh
+orch_venv "[test]"
 
 # The end-to-end training tests (tests/e2e) run real MindSpore (msrun) and mpi4py (mpirun)
 # jobs on the lab: libopenmpi-dev + a venv at /opt/orch-venvs/train. Quick when installed;
@@ -35,4 +38,4 @@ else
   echo "not root: not installing the e2e training dependencies (the lab tests skip without root)" >&2
 fi
 
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+exec "$ORCH_PY" -m pytest -q -p no:cacheprovider "$@"

@@ -74,11 +74,12 @@ are reaped (daemons it forks are the init's, as usual).
 
 PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environment
 (PermitUserEnvironment yes), which sets
-``PATH=/opt/orch-lab/bin:<dir of sys.executable>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
+``PATH=/opt/orch-lab/bin:<dir of the host python>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
 (plus PYTHONPATH=/opt/orch-lab/site / LD_LIBRARY_PATH=/opt/orch-lab/lib where a
---vary put something there). So ``python3`` over ssh is the very interpreter that ran
-``orch lab up`` (with its site-packages; a checkout under /tmp is not visible: /tmp is per host)
-unless ``--vary I:python=X`` puts a version shim first. Because bash sources
+--vary put something there). The host python (system.host_python) is the very interpreter
+that ran ``orch lab up``, or, when that one sits where hosts mount their own directory (a
+venv under /tmp), the interpreter it links to; it also runs each host's init. So ``python3``
+over ssh is that one unless ``--vary I:python=X`` puts a version shim first. Because bash sources
 ~/.bashrc for ssh commands and this machine's /root/.bashrc prepends pyenv shims,
 each host's /root/.bashrc (in its /root overlay; the real file is untouched) returns
 early for non-interactive shells.

@@ -4,17 +4,14 @@ each host's init and sshd, then the inventory and ssh_config. `lab` is a Lab (na
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import LabError
 from . import access, network, processes, render, state as labstate, versions
 from .model import BASTION_MAX_STARTUPS, SSH_PORT, USER_ID, HostPlan, LabHost
-from .system import parallel, run, write
+from .system import host_python, parallel, run, write
 
 if TYPE_CHECKING:
     from .core import Lab
@@ -60,16 +57,14 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
     except OSError:
         base_bashrc = ""
     bashrc = render.bashrc(base_bashrc)
-    pydir = os.path.dirname(sys.executable)
+    python = host_python()
+    pydir = os.path.dirname(python)
     need_openmpi_version = any(v.get("openmpi", "none") != "none" for v in (p.versions for p in plans))
     real_ompi = versions.openmpi_real_version(tools["mpirun"]) if need_openmpi_version else ""
     hide_exes = (versions.openmpi_names(render.path_dirs(pydir))
                  if any(p.versions.get("openmpi") == "none" for p in plans) else {})
 
-    if re.search(r"\s", sys.executable) or len(sys.executable) > 200:
-        raise LabError(f"the lab's init runs with this python, but {sys.executable!r} cannot be a #! interpreter",
-                       hint="run orch from a python whose path has no spaces")
-    write(lab.init_path, render.init_script(sys.executable), 0o755)
+    write(lab.init_path, render.init_script(python), 0o755)
     for p in every:
         write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools,
                    port=port, user=user)

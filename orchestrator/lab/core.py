@@ -7,7 +7,6 @@ import contextlib
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -18,7 +17,7 @@ from . import slurm as labslurm  # up() has a flag named slurm
 from .model import (BASTION_INDEX, DEFAULT_ROOT, HOLDER_COMM, HOST_PREFIX, MAX_HOSTS, NETNS_DIR, SLOTS,
                     SSH_PORT, SUBNET_PREFIX, HostStatus, LabHost, validate_name, validate_port, validate_user)
 from .pids import holder_alive, pid_alive, root_pid
-from .system import DOWN_TOOLS, UP_TOOLS, nsenter_run, preflight, write
+from .system import DOWN_TOOLS, UP_TOOLS, host_python, nsenter_run, preflight, write
 from .versions import parse_vary
 
 
@@ -199,7 +198,7 @@ class Lab:
                 for i in range(1, n + 1)
             ]
             state = labstate.new(self, hosts, k=k, m=m, ssh_port=ssh_port, user=user, bastion=bastion,
-                                 vary=plan_vary, refuse=refuse, created=created, python=sys.executable,
+                                 vary=plan_vary, refuse=refuse, created=created, python=host_python(),
                                  now=time.time())
             labstate.save(self.state_path, state)
         try:

@@ -29,6 +29,9 @@ USER_ID = 4300              # uid and gid of the --user account on every host
 BASTION_INDEX = 0           # Lab.host(0), Lab.exec(0, ...), `orch lab sshd stop 0`: the bastion
 BASTION_MAX_STARTUPS = "10:30:100"  # OpenSSH's default: a connection storm meets the real limit
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
+# what every lab host mounts a directory of its own over (render.setup_script): this machine's
+# files there are out of the hosts' sight
+HOST_PRIVATE = ("/tmp", "/data", "/opt/orch-lab", "/root/.ssh", "/home")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class HostPlan:
     versions: dict[str, str] = field(default_factory=dict)
     refuse_key: bool = False
     back_address: str | None = None  # the bastion's address on the hosts' bridge (bastion only)
+
+
+def host_visible(path: str) -> bool:
+    """Does a lab host see this machine's `path` (an absolute, normalised path)?"""
+    return not any(path == d or path.startswith(d + "/") for d in HOST_PRIVATE)
 
 
 def validate_name(name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -17,6 +18,7 @@ from typing import Mapping, Sequence
 
 from ..errors import LabError
 from . import pids
+from .model import HOST_PRIVATE, host_visible
 from .render import SBIN_PATH
 
 # Which Debian package brings each tool the lab runs.
@@ -35,6 +37,21 @@ TOOLS = {
 SLURM_TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sinfo": "slurm-client", "munged": "munge"}
 UP_TOOLS = tuple(TOOLS)
 DOWN_TOOLS = ("ip",)
+
+
+def host_python() -> str:
+    """The python lab hosts run for the lab's own init and python shims, and find first on
+    their PATH: the one running orch, or, when it sits where hosts mount their own directory
+    (a venv under /tmp, say), the interpreter it links to (the venv's base: stdlib is all a
+    host needs of it)."""
+    exe = os.path.abspath(sys.executable)
+    for path in (exe, os.path.realpath(exe)):
+        if host_visible(path) and not re.search(r"\s", path) and len(path) <= 200:
+            return path
+    raise LabError(f"lab hosts cannot run this python ({exe}, which is {os.path.realpath(exe)}): hosts mount "
+                   f"their own {', '.join(HOST_PRIVATE)}, and a #! line takes no spaces",
+                   hint="run orch from a python outside those directories, e.g. a venv made with "
+                        "`python3 -m venv /opt/orch-venv` (or a clone elsewhere than /tmp)")
 
 
 def which(tool: str) -> str | None:

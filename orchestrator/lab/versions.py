@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ..errors import LabError
 from .model import HostPlan
-from .system import listdir, run, which, write
+from .system import host_python, listdir, run, which, write
 
 _DIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]*")
@@ -175,7 +175,7 @@ def install(p: HostPlan, opt: Path, mpirun: str, real_ompi: str) -> list[Path]:
                 info = which("ompi_info") or "/usr/bin/ompi_info"
                 write(opt / "bin" / "ompi_info", ompi_info_shim(info, real_ompi, version), 0o755)
         elif tool == "python":
-            write(opt / "bin" / "python3", python_shim(version, sys.executable), 0o755)
+            write(opt / "bin" / "python3", python_shim(version, host_python()), 0o755)
             os.symlink("python3", opt / "bin" / "python")
         elif tool == "nccl":
             if version != "none":

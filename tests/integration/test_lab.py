@@ -104,12 +104,16 @@ def test_hosts_ssh_to_each_other(lab):
 
 
 def test_ssh_sessions_get_this_python(lab):
+    """Hosts run this python, or, from a venv they cannot see (under /tmp, which each host
+    mounts its own), the interpreter it links to."""
     # (not `import orchestrator`: the checkout may live under /tmp, which is private per host)
+    from orchestrator.lab.system import host_python
+
     res = system_ssh(lab, 2, "python3 -c 'import sys; print(sys.executable)'; echo $PATH")
     assert res.returncode == 0, res.stderr
     exe, path = res.stdout.split()
     assert os.path.realpath(exe) == os.path.realpath(sys.executable)
-    assert path.split(":")[:2] == ["/opt/orch-lab/bin", os.path.dirname(sys.executable)]
+    assert path.split(":")[:2] == ["/opt/orch-lab/bin", os.path.dirname(host_python())]
 
 
 def test_mpirun_runs_across_two_lab_hosts(lab):

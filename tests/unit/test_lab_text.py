@@ -263,3 +263,30 @@ def test_slurm_inventory_reads_back():
                                               Path("/lab/kh"), 2))
     assert inv["slurm"] == {"nodes": 2, "partition": slurm.PARTITION, "conf": "/lab/slurm/slurm.conf"}
     assert inv["defaults"] == {"user": "root", "identity_file": "/lab/key", "known_hosts": "/lab/kh", "slots": 2}
+
+
+def test_hosts_run_a_python_they_can_see(tmp_path, monkeypatch):
+    """A venv under /tmp (hosts mount their own /tmp) is run through the interpreter it links to;
+    one hosts cannot see at all is an error that says why and what to do."""
+    import os
+    import sys
+
+    from orchestrator.errors import LabError
+    from orchestrator.lab import system
+    from orchestrator.lab.model import host_visible
+
+    assert not host_visible("/tmp/x/.venv/bin/python") and not host_visible("/data/py")
+    assert host_visible("/usr/bin/python3") and host_visible("/tmpx/python") and host_visible("/root/.pyenv/python3")
+    base = os.path.realpath(sys.executable)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(base)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    assert str(venv).startswith("/tmp/"), "the test needs a tmp_path under /tmp"
+    assert system.host_python() == base
+    (tmp_path / "real-python").write_text("")
+    (venv / "python").unlink()
+    (venv / "python").symlink_to(tmp_path / "real-python")
+    with pytest.raises(LabError) as e:
+        system.host_python()
+    assert "lab hosts cannot run this python" in e.value.message and "/tmp" in e.value.message
