@@ -200,13 +200,26 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
     return UpResult(run, outcome, lc)
 
 
-def status(run_id: str | None = None, root: str | os.PathLike = "."):
+def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster: Cluster | None = None):
     """A run's state as its supervisors record it on the cluster (runstate.RunView: `.state`,
-    `.ranks`, `.exit_codes`); default: the latest run started from `root`."""
-    from .lifecycle import run_status
+    `.ranks`, `.exit_codes`, `.run_id`); default: the latest run started from `root`. With
+    `cluster` (and no run id), the latest run in its workdir, asked of its launch host: works on
+    a machine that never ran `orch up` (a Slurm inventory: its latest `orch-<name>` job)."""
+    from .lifecycle import cluster_status, run_status
     from .runs import load_run
 
-    return run_status(load_run(run_id, cwd=Path(root).absolute()))
+    if cluster is not None and run_id is None:
+        if cluster.slurm is not None:
+            from . import slurm
+
+            cluster = slurm.latest(cluster)
+        rid, view = cluster_status(cluster, plan(cluster))
+        view.run_id = rid
+        return view
+    run = load_run(run_id, cwd=Path(root).absolute())
+    view = run_status(run)
+    view.run_id = run.id
+    return view
 
 
 def down(run_id: str | None = None, root: str | os.PathLike = "."):

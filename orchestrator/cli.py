@@ -236,14 +236,13 @@ def _plan_super_devices(cluster, rp, probe: bool):
 
 
 def _plan_print(cluster, rp) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from .hostsets import fold
 
     click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
                f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.cluster_address})")
-    console = Console(highlight=False)
+    console = _console()
     if rp.size <= PLAN_TABLE_MAX_RANKS:
         table = Table("rank", "host", "address", "local rank", "device")
         for r in rp.ranks:
@@ -356,7 +355,6 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
 
 
 def _print_check(cluster, report) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -370,8 +368,7 @@ def _print_check(cluster, report) -> None:
         rows = [(names, v) for v, names in by_value(values)]
     else:
         rows = values
-    width = max([len(r[0]) for r in rows] + [4]) + sum(len(c) + 3 for c in columns) + 4
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else max(100, width))
+    console = _console()
     table = Table("host", *columns, title=f"orch check: {cluster.name}", title_justify="left")
     for name, v in rows:
         table.add_row(escape(name), *[(f"[{_CELL[s][1]}]{_CELL[s][0]}[/]" if s else "[dim]-[/]") for s in v])
@@ -438,15 +435,18 @@ class _CliEvents:
 @click.option("--force", is_flag=True, help="stop a run still live in the same workdir on these hosts first")
 @click.option("--follow-rank", type=int, default=0, show_default=True, help="stream this rank's output")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no rank output, only the verdict")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the outcome as one JSON object on stdout (no rank output there; progress stays on stderr)")
 def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, force: bool, follow_rank: int,
-               quiet: bool) -> None:
+               quiet: bool, as_json: bool) -> None:
     """Check, render, distribute, launch, follow and gather a job.
 
     Exit code: 0 every rank exited 0; 1 the job failed (or was lost, stalled, timed out);
     2 bad file/usage, or another run is live in the workdir; 3 preflight failed, or Slurm
     refused the allocation (nothing started); 5 every rank exited 0 but some logs could not
     be kept here (this machine's disk full: `orch logs` fetches them later); 130 interrupted
-    or stopped (every rank stopped)."""
+    or stopped (every rank stopped). With --json, stdout holds only the outcome: run, state,
+    exit_code, message, first_failure, exit_codes, attempts, logs, logs_missing."""
     import signal as _signal
 
     from . import api
@@ -460,7 +460,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
         result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
-                        follow_rank=follow_rank, show_output=not quiet, events=_CliEvents(quiet),
+                        follow_rank=follow_rank, show_output=not (quiet or as_json), events=_CliEvents(quiet),
                         # finish stopping and gathering whatever signals come
                         on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
     except PreflightFailed as exc:
@@ -469,15 +469,31 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
         raise
     finally:
         _signal.signal(_signal.SIGTERM, old)
-    _report_outcome(result)
+    _report_outcome(result, as_json)
 
 
-def _report_outcome(result) -> None:
-    """Says how `orch up` ended and exits with result.exit_code."""
+def _up_json(result) -> str:
+    import json as _json
+
+    outcome, run = result.outcome, result.run
+    view = outcome.view
+    return _json.dumps({"run": run.id, "state": outcome.state, "exit_code": result.exit_code,
+                        "message": outcome.message, "first_failure": outcome.first_failure,
+                        "exit_codes": {str(k): v for k, v in outcome.exit_codes.items()},
+                        "attempts": view.attempts if view is not None else [],
+                        "logs": str(run.logs_dir), "logs_missing": result.logs_missing})
+
+
+def _report_outcome(result, as_json: bool = False) -> None:
+    """Says how `orch up` ended (`as_json`: also as one JSON object on stdout) and exits with
+    result.exit_code."""
     ctx = click.get_current_context()
     lc, outcome, run = result.lifecycle, result.outcome, result.run
+    if as_json:
+        click.echo(_up_json(result))
     if outcome.state == "detached":
-        click.echo(run.id)
+        if not as_json:
+            click.echo(run.id)
         click.echo(f"orch: run {run.id} started; it is supervised on the cluster: follow it with "
                    f"`orch logs --run {run.id} -f`, see it with `orch status`, stop it with "
                    f"`orch down --run {run.id}`", err=True)
@@ -527,30 +543,21 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     2 no such run."""
     import json as _json
 
-    from rich.console import Console
     from rich.table import Table
 
-    from . import lifecycle, runstate
-    from .runs import load_run
+    from . import api, runstate
 
     if file is not None or (run_id is None and not _has_runs()):
-        from .plan import make_plan
-
         cluster = load(file or "cluster.yaml", None)
-        if cluster.slurm is not None:
-            from . import slurm
-
-            cluster = slurm.latest(cluster)
-        rid, view = lifecycle.cluster_status(cluster, make_plan(cluster))
-        name = cluster.name
+        view, name = api.status(cluster=cluster), cluster.name
     else:
-        run = load_run(run_id)
-        view = lifecycle.run_status(run)
-        rid, name = run.id, run.data.get("name")
+        view = api.status(run_id)
+        name = _record_name(view.run_id)
+    rid = view.run_id
     if as_json:
         click.echo(_json.dumps({"run": rid, **view.to_dict()}))
     else:
-        console = Console(highlight=False)
+        console = _console()
         title = f"run {rid} ({name}): {view.state}" + (f", attempt {view.attempt}" if view.attempt > 1 else "")
         if view.slurm:
             title += f" (Slurm job {view.slurm['job_id']}: {view.slurm['state']})"
@@ -563,8 +570,22 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
         if view.message:
             console.print(view.message, soft_wrap=True)
         for host, err in view.unreachable.items():
-            console.print(f"[yellow]{host}: unreachable: {err}[/]")
+            console.print(f"[yellow]{host}: unreachable: {err}[/]", soft_wrap=True)
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
+
+
+def _record_name(run_id: str | None) -> str | None:
+    from .runs import load_run
+
+    return load_run(run_id).data.get("name") if run_id else None
+
+
+def _console():
+    """rich output on stdout: as wide as the terminal on one, and never cut or wrapped when
+    stdout is a pipe or a file (scripts read every host name and value whole)."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 100_000)
 
 
 def _has_runs() -> bool:
@@ -578,19 +599,29 @@ def _has_runs() -> bool:
 
 @cli.command("down")
 @_run_option
-def down_command(run_id: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print what was stopped as one JSON object")
+def down_command(run_id: str | None, as_json: bool) -> None:
     """Stop every process of a run on every host (its supervisor stops the ranks: TERM, then
     KILL after a grace period; then anything left is swept), and gather its logs. Only that
-    run's processes are touched. Safe to repeat."""
-    from . import lifecycle
+    run's processes are touched. Safe to repeat.
+
+    Exit code: 0 stopped everywhere; 1 some host could not be reached (run it again once it is);
+    2 no such run."""
+    import json as _json
+
+    from . import api
     from .runs import load_run
 
     run = load_run(run_id)
     following = " (the `orch up` following it records the outcome too, and exits 130)" \
         if run.controller_alive() else ""
-    stopped, unreachable, _ = lifecycle.run_down(run)
-    for host, what in stopped.items():
-        click.echo(f"{host}: {what}", err=True)
+    stopped, unreachable, view = api.down(run.id)
+    if as_json:
+        click.echo(_json.dumps({"run": run.id, "state": view.state, "stopped": stopped, "unreachable": unreachable,
+                                "logs": str(run.logs_dir)}))
+    if not as_json:
+        for host, what in stopped.items():
+            click.echo(f"{host}: {what}", err=True)
     for host, err in unreachable.items():
         click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
     if unreachable:
@@ -630,6 +661,16 @@ def logs_command(run_id: str | None, rank: int | None, host: str | None, host_al
         out.flush()
     if follower is not None and not follower.exit_ok():
         click.get_current_context().exit(1)
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion_command(shell: str) -> None:
+    """Print the shell completion script for SHELL: e.g. `eval "$(orch completion bash)"` in
+    ~/.bashrc (`orch completion zsh` in ~/.zshrc; `orch completion fish | source` for fish)."""
+    from click.shell_completion import get_completion_class
+
+    click.echo(get_completion_class(shell)(cli, {}, "orch", "_ORCH_COMPLETE").source())
 
 
 def main() -> None:

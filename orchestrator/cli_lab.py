@@ -3,6 +3,7 @@ is run (cli.OrchGroup.lazy): no other command imports the lab."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import click
@@ -109,14 +110,28 @@ def lab_inventory(name: str, slurm: bool) -> None:
 
 @lab_group.command("status")
 @_name_option
-def lab_status(name: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the lab as one JSON object")
+def lab_status(name: str, as_json: bool) -> None:
     """Per host: name, address, netns, sshd, link."""
     lab = Lab(name)
     preflight(DOWN_TOOLS)
     if not lab.exists():
-        click.echo(f"lab {name}: not up (no {lab.state_path})")
+        if as_json:
+            click.echo(json.dumps({"name": name, "up": False, "hosts": []}))
+        else:
+            click.echo(f"lab {name}: not up (no {lab.state_path})")
         return
     st = lab.state()
+    if as_json:
+        b = st.get("bastion")
+        click.echo(json.dumps({
+            "name": name, "up": True, "status": st.get("status"), "subnet": st["subnet"], "bridge": st["bridge"],
+            "bastion": {"name": b["name"], "subnet": b["subnet"], "bridge": b["bridge"]} if b else None,
+            "inventory": str(lab.inventory_path), "ssh_config": str(lab.ssh_config_path) if b else None,
+            "hosts": [{"index": s.host.index, "name": s.host.name, "address": s.host.address, "netns": s.host.netns,
+                       "netns_up": bool(s.netns and s.holder_alive), "sshd_pid": s.sshd_pid, "sshd": s.sshd_alive,
+                       "link": s.link_up} for s in lab.status()]}))
+        return
     click.echo(f"lab {name}: {st['subnet']} bridge {st['bridge']} status {st.get('status')}")
     if st.get("bastion"):
         b = st["bastion"]

@@ -44,6 +44,7 @@ class RunView:
     started: float | None = None
     ended: float | None = None
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
+    run_id: str | None = None   # which run (api.status sets it)
 
     @property
     def final(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -253,6 +254,12 @@ def test_status_output(lab):
             r.stdout
     assert r.stdout.rstrip().endswith(f"inventory: {lab.inventory_path}")
     assert all(s.ok for s in lab.status())
+    doc = json.loads(orch("lab", "status", "--name", lab.name, "--json").stdout)
+    assert doc["up"] and doc["inventory"] == str(lab.inventory_path) and doc["bastion"] is None
+    assert [(h["name"], h["address"], h["sshd"], h["link"], h["netns_up"]) for h in doc["hosts"]] == [
+        (h.name, h.address, True, True, True) for h in lab.hosts]
+    assert json.loads(orch("lab", "status", "--name", "zzgone", "--json").stdout) == {
+        "name": "zzgone", "up": False, "hosts": []}
 
 
 def test_inventory_is_a_contract_inventory(lab):

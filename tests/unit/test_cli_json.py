@@ -1,0 +1,69 @@
+"""--json on every command that reports (up, status, down; check and plan have theirs), and
+tables that never cut a value when stdout is not a terminal. One host, connection: local."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LONG = "a-host-name-long-enough-to-be-cut-by-an-eighty-column-table-" + "x" * 20
+
+
+def orch(*args, cwd: Path, rc: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+                         timeout=timeout)
+    if rc is not None:
+        assert res.returncode == rc, (res.stdout, res.stderr)
+    return res
+
+
+def cluster(tmp_path: Path, command: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"""name: js
+inventory:
+  hosts: [{{name: {LONG}, address: 127.0.0.1, connection: local, slots: 2}}]
+job:
+  workdir: {tmp_path / 'wd'}
+  launcher: ranktable
+  command: [sh, -c, {json.dumps(command)}]
+""")
+    return path
+
+
+def test_up_json_is_one_object_with_the_outcome(tmp_path):
+    cluster(tmp_path, 'echo "rank $RANK_ID"')
+    res = orch("up", "--json", "--skip-checks", cwd=tmp_path, rc=0)
+    doc = json.loads(res.stdout)  # stdout holds the object and nothing else: no rank output
+    assert doc["state"] == "succeeded" and doc["exit_code"] == 0 and doc["exit_codes"] == {"0": 0, "1": 0}
+    assert Path(doc["logs"]).is_dir() and doc["logs_missing"] == [] and doc["run"] in doc["logs"]
+    cluster(tmp_path, '[ "$RANK_ID" = 1 ] && exit 3; sleep 30')
+    doc = json.loads(orch("up", "--json", "--skip-checks", cwd=tmp_path, rc=1).stdout)
+    assert doc["state"] == "failed" and doc["exit_code"] == 1
+    assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["exit_code"] == 3
+
+
+def test_detached_then_status_and_down_json(tmp_path):
+    cluster(tmp_path, "sleep 60")
+    doc = json.loads(orch("up", "--json", "--detach", "--skip-checks", cwd=tmp_path, rc=0).stdout)
+    assert doc["state"] == "detached" and doc["exit_code"] == 0
+    run = doc["run"]
+    st = json.loads(orch("status", "--json", cwd=tmp_path, rc=0).stdout)
+    assert st["run"] == run and st["state"] in ("starting", "running")
+    down = json.loads(orch("down", "--json", cwd=tmp_path, rc=0).stdout)
+    assert down["run"] == run and down["state"] == "stopped" and down["unreachable"] == {}
+    assert set(down["stopped"]) == {LONG}
+    st = json.loads(orch("status", "--json", "--run", run, cwd=tmp_path, rc=4).stdout)
+    assert st["state"] == "stopped" and {r["state"] for r in st["ranks"]} == {"stopped"}
+
+
+def test_tables_keep_every_value_whole_when_not_on_a_terminal(tmp_path):
+    cluster(tmp_path, "true")
+    assert LONG in orch("plan", cwd=tmp_path, rc=0).stdout
+    orch("up", "-q", "--skip-checks", cwd=tmp_path, rc=0)
+    out = orch("status", cwd=tmp_path, rc=0).stdout
+    assert LONG in out and "…" not in out, out
+    out = orch("check", cwd=tmp_path).stdout
+    assert LONG in out and "…" not in out, out
