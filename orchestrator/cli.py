@@ -92,19 +92,36 @@ def inventory_option(f):
                              "(also ORCH_INVENTORY), e.g. -i \"$(orch lab inventory NAME)\"")(f)
 
 
+def interface_option(f):
+    """--interface IFACE: job.interface for this command (plan, check, up), kept in the context;
+    `load` applies it."""
+    def keep(ctx, param, value):
+        if value:
+            ctx.meta["orch.interface"] = value
+        return value
+    return click.option("--interface", default=None, metavar="IFACE", expose_value=False, callback=keep,
+                        help="the NIC for MPI/NCCL/HCCL/Gloo traffic, as job.interface (a name, or auto)")(f)
+
+
 def hosts_option(f):
-    return inventory_option(click.option(
+    return interface_option(inventory_option(click.option(
         "--hosts", "hosts", default=None, metavar="PATTERN",
-        help="act on a subset: names, ranges (node[01-04]) or group names, comma-separated")(f))
+        help="act on a subset: names, ranges (node[01-04]) or group names, comma-separated")(f)))
 
 
 def load(file: str, hosts: str | None):
-    """cluster.yaml (its inventory replaced by -i, if given) -> validated Cluster, narrowed to --hosts."""
+    """cluster.yaml (its inventory replaced by -i, if given) -> validated Cluster, narrowed to
+    --hosts, with --interface as its job.interface."""
+    from dataclasses import replace
+
     from .spec import load_cluster
 
     ctx = click.get_current_context(silent=True)
-    inventory = ctx.meta.get("orch.inventory") if ctx is not None else None
-    return load_cluster(file, inventory=inventory).select(hosts)
+    meta = ctx.meta if ctx is not None else {}
+    cluster = load_cluster(file, inventory=meta.get("orch.inventory")).select(hosts)
+    if meta.get("orch.interface"):
+        cluster = replace(cluster, job=replace(cluster.job, interface=meta["orch.interface"]))
+    return cluster
 
 
 # --- plan command (orch plan) ---
@@ -121,10 +138,7 @@ PLAN_TABLE_MAX_RANKS = 64
 @click.option("--probe", is_flag=True,
               help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
                    "(ranktable launcher); the only option that touches hosts")
-@click.option("--interface", default=None, metavar="IFACE",
-              help="the NIC for MPI/NCCL/HCCL/Gloo traffic, as job.interface (a name, or auto)")
-def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool,
-                 interface: str | None) -> None:
+def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool) -> None:
     """Show the rank plan and every file and command `orch up` would use. Touches no host
     (unless --probe)."""
     import json as _json
@@ -167,10 +181,6 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             missing_ips = missing_sdids if missing_ips is None else \
                 PlanError(f"{missing_ips.message}\n{missing_sdids.message}", hint=missing_sdids.hint)
 
-    if interface:
-        from dataclasses import replace
-
-        cluster = replace(cluster, job=replace(cluster.job, interface=interface))
     files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=render.is_root(user=rp.launch_host.user))
     if slurm_cmds is not None:
         files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"

@@ -1,5 +1,6 @@
-"""--json on every command that reports (up, status, down; check and plan have theirs), and
-tables that never cut a value when stdout is not a terminal. One host, connection: local."""
+"""One CLI grammar: --json on every command that reports (up, status, down; check and plan have
+theirs), the same flags for the same ideas (--interface on plan, check and up), and tables that
+never cut a value when stdout is not a terminal. One host, connection: local."""
 
 from __future__ import annotations
 
@@ -67,3 +68,16 @@ def test_tables_keep_every_value_whole_when_not_on_a_terminal(tmp_path):
     assert LONG in out and "…" not in out, out
     out = orch("check", cwd=tmp_path).stdout
     assert LONG in out and "…" not in out, out
+
+
+def test_interface_is_one_flag_for_plan_check_and_up(tmp_path):
+    """--interface sets job.interface wherever a command reads the cluster file."""
+    path = cluster(tmp_path, "true")
+    path.write_text(path.read_text().replace("launcher: ranktable", "launcher: mpirun"))
+    orch("plan", "--interface", "eth9", "--out", str(tmp_path / "p"), cwd=tmp_path, rc=0)
+    assert "eth9" in (tmp_path / "p" / "commands.json").read_text()
+    assert "eth9" not in orch("plan", "--out", str(tmp_path / "q"), cwd=tmp_path, rc=0).stdout + \
+        (tmp_path / "q" / "commands.json").read_text()
+    probe = orch("check", "--interface", "eth9", "--print-probe", LONG, cwd=tmp_path, rc=0).stdout
+    assert "eth9" in probe and "eth9" not in orch("check", "--print-probe", LONG, cwd=tmp_path, rc=0).stdout
+    assert "--interface" in orch("up", "--help", cwd=tmp_path, rc=0).stdout
