@@ -21,7 +21,7 @@ from .. import probes
 from ..devices import HccnDevice
 from ..errors import OrchError
 from ..probes import Section
-from ..hostsets import fold
+from ..hostsets import by_value, fold
 from ..model import Host
 from .names import KNOWN_CHECKS
 
@@ -231,5 +231,5 @@ def split_by(per_host: Mapping[str, str], label: Callable[[str], str] = str) -> 
     groups: dict[str, list[str]] = {}
     for h, v in per_host.items():
         groups.setdefault(v, []).append(h)
-    parts = "; ".join(f"{label(v)} on {fold(hs)}" for v, hs in sorted(groups.items(), key=lambda kv: -len(kv[1])))
+    parts = "; ".join(f"{label(v)} on {hs}" for v, hs in by_value(per_host.items(), most_first=True))
     return groups, parts
