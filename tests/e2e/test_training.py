@@ -14,7 +14,6 @@ lab cannot be made (not root, no network namespaces), like every lab test.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -25,10 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.labutil import leftovers
+from tests.support import REPO, leftovers, orch, run_record
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
 VENV = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
 LOSS = re.compile(r"^epoch: (\d+), step: (\d+), loss is ([0-9.eE+-]+)$", re.M)
@@ -48,9 +46,6 @@ def e2e_lab(lab_factory):
     return lab_factory("e", 3)
 
 
-def orch(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
-                          timeout=timeout)
 
 
 
@@ -82,10 +77,6 @@ def playbook(lab, tmp_path: Path, cluster_file: str, inventory_args: list[str], 
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def run_record(cwd: Path) -> dict:
-    return json.loads((sorted((cwd / ".orch" / "runs").iterdir())[-1] / "run.json").read_text())
 
 
 def up_ok(tmp_path: Path, timeout: float) -> tuple[dict, float]:

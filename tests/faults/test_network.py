@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .helpers import host_procs, leftovers, orch, run_record, running, spawn_orch, wait_until, write_cluster
+from tests.support import host_procs, leftovers, orch, run_record, running, spawn_orch, wait_until, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -27,8 +27,8 @@ def test_check_unreachable_host_is_reported_within_connect_budget(net, tmp_path)
     (naming it and its address) within connect_timeout x retries, and every other host's
     results are the ones a healthy run gives (only the mesh check, which tries to reach the
     dead host, names it)."""
-    write_cluster(net, tmp_path, ssh={"connect_timeout": 1, "retries": 2, "command_timeout": 20},
-                  checks={"versions": ["python"]})
+    write_fault_cluster(net, tmp_path, ssh={"connect_timeout": 1, "retries": 2, "command_timeout": 20},
+                        checks={"versions": ["python"]})
     t0 = time.monotonic()
     healthy = json.loads(orch("check", "--json", cwd=tmp_path, check_rc=0).stdout)
     healthy_took = time.monotonic() - t0
@@ -62,8 +62,8 @@ SLEEPER = ["sh", "-c", "echo start $RANK_ID; exec sleep 60"]  # exec: no shell o
 
 
 def _start(lab, tmp_path, workdir: str, command=SLEEPER, **kw) -> tuple[subprocess.Popen, str]:
-    write_cluster(lab, tmp_path, workdir=workdir, launcher="ranktable", command=command,
-                  ssh={"connect_timeout": 2, "retries": 2, "command_timeout": 10}, **kw)
+    write_fault_cluster(lab, tmp_path, workdir=workdir, launcher="ranktable", command=command,
+                        ssh={"connect_timeout": 2, "retries": 2, "command_timeout": 10}, **kw)
     proc = spawn_orch("up", "-q", cwd=tmp_path)
     try:
         assert wait_until(lambda: running(tmp_path), 60), proc.stderr.read1().decode() if proc.poll() else ""

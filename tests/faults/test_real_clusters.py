@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import orch, run_ids, runs_dir
+from tests.support import orch, run_ids, runs_dir
 
 pytestmark = pytest.mark.lab
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import (host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch, up_then_kill_controller,
-                      wait_until, write_cluster)
+from tests.support import (host_procs, leftovers, orch, run_ids, run_record, spawn_orch,
+                           up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -34,8 +33,8 @@ def _defaults(lab, **kw) -> dict:
 
 
 def _cluster(lab, tmp_path, workdir, command, *, slots=1, hosts=None, name="cluster.yaml", **job) -> Path:
-    return write_cluster(lab, tmp_path, name=name, workdir=workdir, command=command, hosts=hosts,
-                         inventory=_defaults(lab, slots=slots), checks={"versions": ["python"]}, **job)
+    return write_fault_cluster(lab, tmp_path, name=name, workdir=workdir, command=command, hosts=hosts,
+                               inventory=_defaults(lab, slots=slots), checks={"versions": ["python"]}, **job)
 
 
 def _status(cwd, *args, rc=None) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,10 +21,10 @@ import pytest
 import yaml
 
 from tests.conftest import _require_lab
+from tests.support import REPO, orch
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = f"chk{os.getpid() % 100000}"
 
 
@@ -61,10 +60,8 @@ def write(lab, tmp_path: Path, ssh: dict | None = None, **job) -> Path:
 
 
 def orch_check(f: Path, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", str(f), *args], capture_output=True,
-                         text=True, timeout=timeout, env=env, cwd=f.parent)
+    res = orch("check", f, *args, cwd=f.parent, timeout=timeout, text=True, env={"PYTHONPATH": str(REPO)})
     return res, time.monotonic() - t0
 
 

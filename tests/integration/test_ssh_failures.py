@@ -11,7 +11,7 @@ from orchestrator.errors import AuthError, HostKeyError, TransientNetworkError
 from orchestrator.fanout import fan_out
 from orchestrator.transport import Pool, make_transport
 
-from .labutil import lab_cluster
+from tests.support import lab_cluster
 
 pytestmark = pytest.mark.lab
 

@@ -16,7 +16,7 @@ from orchestrator.errors import RemoteTimeout
 from orchestrator.spec import Host, SshSettings
 from orchestrator.transport import make_transport
 
-from .labutil import lab_cluster
+from tests.support import lab_cluster
 
 HOSTILE = ["it's", 'a "q"', "$(touch /tmp/orch-pwned-%s)", "`touch /tmp/orch-pwned-%s`", "; echo x |& \\",
            "new\nline", "spaces  and\ttabs", "ünïcødé ✓", "*", "~", "-n", ""]

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from .labutil import leftovers, wait_until, write_cluster
+from tests.support import REPO, leftovers, orch, run_record, spawn_orch, wait_until, write_cluster
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
 
 RANK_PY = """\
 import os, socket, sys, time
@@ -25,23 +23,6 @@ if os.environ.get("FAIL_RANK") == r:
     print("failing on purpose", flush=True)
     sys.exit(3)
 """
-
-
-def orch(*args, cwd, timeout=180, check_rc=None):
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
-                         timeout=timeout)
-    if check_rc is not None:
-        assert res.returncode == check_rc, (res.returncode, res.stdout.decode(), res.stderr.decode())
-    return res
-
-
-def run_record(cwd: Path, run_id: str | None = None) -> dict:
-    runs = sorted(p for p in (cwd / ".orch" / "runs").iterdir() if (p / "run.json").is_file())  # not half-made
-    path = [p for p in runs if run_id is None or p.name == run_id][-1] / "run.json"
-    return json.loads(path.read_text())
-
-
-
 
 
 @pytest.fixture
@@ -120,8 +101,7 @@ def test_ranktable_partial_devices_4_to_7_legacy_table(lab, tmp_path):
 
 def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
     job("/data/up-sigint", launcher="ranktable", command=["sh", "-c", "echo up; sleep 120"])
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "-q"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn_orch("up", "-q", cwd=tmp_path)
     try:
         assert wait_until(lambda: (tmp_path / ".orch" / "runs").is_dir()
                           and run_record(tmp_path).get("state") == "running", 60)
@@ -227,8 +207,7 @@ def test_logs_into_a_closed_pipe_end_quietly(tmp_path):
         f"job: {{workdir: {tmp_path}/wd, launcher: ranktable, command: [sh, -c, 'yes 0123456789abcdef | head -n 100000']}}\n")
     orch("up", "-q", cwd=tmp_path, check_rc=0)
     crashes = set(glob.glob(f"{tempfile.gettempdir()}/orch-crash-*"))
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", "--rank", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn_orch("logs", "--rank", "0", cwd=tmp_path)
     assert proc.stdout.readline() == b"0123456789abcdef\n"
     proc.stdout.close()
     err = proc.stderr.read().decode()
