@@ -177,3 +177,22 @@ def up_then_kill_controller(cwd: Path, *, procs: int, args=(), timeout: float = 
     finally:
         proc.kill()
     return run_id
+
+
+# ------------------------------------------------------------------ time, against a healthy run
+
+
+def timed(fn, *args, **kw):
+    """(fn(*args, **kw), the seconds it took)."""
+    t0 = time.monotonic()
+    out = fn(*args, **kw)
+    return out, time.monotonic() - t0
+
+
+def budget(healthy: float, cost: float) -> float:
+    """How long an operation with a fault may take: what the same operation took healthy, here
+    and now, plus `cost`, what the fault costs by design (timeouts x attempts, grace periods),
+    plus slack that grows with how slow this machine is right now (a loaded CI runner slows
+    both runs alike). Waiting the fault out the long way (a job's sleep, TCP's own time-outs)
+    still overruns it."""
+    return healthy + cost + max(1.5, healthy)
