@@ -37,7 +37,6 @@ from .spec import KNOWN_CHECKS, Cluster, Host, fold
 
 Status = Literal["pass", "warn", "fail", "error"]
 SEVERITY = {"pass": 0, "warn": 1, "error": 2, "fail": 3}
-BIG_SCRIPT = 100_000  # bytes: a larger probe goes over stdin (one argv string is limited to 128 KiB)
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
 
@@ -283,11 +282,7 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
     script = plan.script(host)
     t_send = time.time()
     try:
-        if len(script.encode()) > BIG_SCRIPT:
-            res = transport.run('f=$(mktemp) && cat > "$f" && sh "$f"; r=$?; rm -f "$f"; exit $r',
-                                stdin=script.encode())
-        else:
-            res = transport.run(script)
+        res = transport.run(script)  # on stdin, whatever its size (Transport.run)
     except OrchError as exc:
         return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
     t_recv = time.time()
