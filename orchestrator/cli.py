@@ -493,7 +493,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
 def _report_outcome(result) -> None:
     """Says how `orch up` ended and exits with result.exit_code."""
     ctx = click.get_current_context()
-    lc, outcome, run = result.lifecycle, result.outcome, result.run
+    outcome, run = result.outcome, result.run
     if outcome.state == "detached":
         click.echo(run.id)
         click.echo(f"orch: run {run.id} started; it is supervised on the cluster: follow it with "
@@ -511,14 +511,14 @@ def _report_outcome(result) -> None:
     elif result.exit_code == 5:  # the job is fine, what orch keeps of it is not
         click.secho(f"orch: run {run.id} succeeded: {outcome.message}, but its logs here are incomplete"
                     + (f" (not gathered from {', '.join(missing)})" if missing else "")
-                    + (f": {lc.write_error}" if lc.write_error else "")
+                    + (f": {result.lifecycle.write_error}" if result.lifecycle.write_error else "")
                     + f"; the hosts keep them: `orch logs --run {run.id}` fetches what is missing", fg="yellow",
                     err=True)
     else:
         click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
         ff = outcome.first_failure
         if ff is not None:
-            tail = lc.log_tail(ff["rank"])
+            tail = result.lifecycle.log_tail(ff["rank"])
             if tail:
                 click.echo(f"--- last lines of rank {ff['rank']} ({ff['host']}) ---", err=True)
                 click.echo(tail, err=True)
