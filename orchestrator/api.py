@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import Interrupted, PreflightFailed, UsageError
-from .lifecycle import Events, Lifecycle, Outcome
+from .lifecycle import Events, Lifecycle, RunEnd
 from .plan import RankPlan
 from .runs import Run
 from .model import Cluster
@@ -66,7 +66,7 @@ class UpResult:
     lifecycle that followed it (log tails)."""
 
     run: Run
-    outcome: Outcome
+    outcome: RunEnd
     lifecycle: Lifecycle
 
     @property
@@ -171,33 +171,33 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
         launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
                                  interfaces=prepared.interfaces, aarch64=prepared.aarch64)
-        lc = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
+        run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
         outcome = None
         try:
-            lc.distribute(launch)
-            lc.start(launch)
-            outcome = lifecycle.Outcome("detached") if detach else lc.follow()
+            run_lifecycle.distribute(launch)
+            run_lifecycle.start(launch)
+            outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt:
-            outcome = lifecycle.Outcome("interrupted", "every rank was stopped")
+            outcome = lifecycle.RunEnd("interrupted", "every rank was stopped")
         except lifecycle.LaunchError as exc:
-            outcome = lifecycle.Outcome("failed", str(exc))
+            outcome = lifecycle.RunEnd("failed", str(exc))
         finally:
             if on_finishing is not None:
                 on_finishing()
             if outcome is None:
-                outcome = lifecycle.Outcome("failed", "orch itself failed; every rank was stopped")
+                outcome = lifecycle.RunEnd("failed", "orch itself failed; every rank was stopped")
             if outcome.state != "detached":
-                if lc.started and outcome.view is None:  # not ended on the cluster's word: stop it
+                if run_lifecycle.started and outcome.view is None:  # not ended on the cluster's word: stop it
                     events.step("stopping every process of the run")
-                    for host, what in lc.stop("interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted"
-                                              else outcome.message).items():
+                    why = "interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted" else outcome.message
+                    for host, what in run_lifecycle.stop(why).items():
                         if what.startswith("could not stop"):
                             events.warning(f"{host}: {what}; once it is reachable, run "
                                            f"`orch down --run {run.id}`")
-                    outcome.view = lc.status()
-                lc.gather()
-            lc.finish(outcome)
-    return UpResult(run, outcome, lc)
+                    outcome.view = run_lifecycle.status()
+                run_lifecycle.gather()
+            run_lifecycle.finish(outcome)
+    return UpResult(run, outcome, run_lifecycle)
 
 
 def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster: Cluster | None = None):

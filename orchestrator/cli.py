@@ -498,7 +498,7 @@ def _report_outcome(result, as_json: bool = False) -> None:
     """Says how `orch up` ended (`as_json`: also as one JSON object on stdout) and exits with
     result.exit_code."""
     ctx = click.get_current_context()
-    lc, outcome, run = result.lifecycle, result.outcome, result.run
+    outcome, run = result.outcome, result.run
     if as_json:
         click.echo(_up_json(result))
     if outcome.state == "detached":
@@ -519,14 +519,14 @@ def _report_outcome(result, as_json: bool = False) -> None:
     elif result.exit_code == 5:  # the job is fine, what orch keeps of it is not
         click.secho(f"orch: run {run.id} succeeded: {outcome.message}, but its logs here are incomplete"
                     + (f" (not gathered from {', '.join(missing)})" if missing else "")
-                    + (f": {lc.write_error}" if lc.write_error else "")
+                    + (f": {result.lifecycle.write_error}" if result.lifecycle.write_error else "")
                     + f"; the hosts keep them: `orch logs --run {run.id}` fetches what is missing", fg="yellow",
                     err=True)
     else:
         click.secho(f"orch: run {run.id} {outcome.state}: {outcome.message}", fg="red", err=True)
         ff = outcome.first_failure
         if ff is not None:
-            tail = lc.log_tail(ff["rank"])
+            tail = result.lifecycle.log_tail(ff["rank"])
             if tail:
                 click.echo(f"--- last lines of rank {ff['rank']} ({ff['host']}) ---", err=True)
                 click.echo(tail, err=True)

@@ -122,9 +122,5 @@ class LogsIncomplete(OrchError):
     exit_code = 5
 
 
-class JobFailed(OrchError):
-    exit_code = 1
-
-
 class Interrupted(OrchError):
     exit_code = 130

@@ -41,7 +41,8 @@ class Events:
 
 
 @dataclass
-class Outcome:
+class RunEnd:
+    """How `orch up` left a run: its state, why, its first failure and the last view of its ranks."""
     state: str                       # succeeded | failed | stopped | lost | stalled | timeout | interrupted | detached
     message: str = ""
     first_failure: dict | None = None
@@ -52,7 +53,7 @@ class Outcome:
         return self.view.exit_codes if self.view else {}
 
     @classmethod
-    def of(cls, view: RunView) -> "Outcome":
+    def of(cls, view: RunView) -> "RunEnd":
         return cls(view.state, view.message, view.first_failure, view)
 
 
@@ -263,7 +264,7 @@ class Lifecycle:
                                                          f"{supervisor.config_name(h.name)}"]))
 
     # ---- following
-    def follow(self) -> Outcome:
+    def follow(self) -> RunEnd:
         """Follow the run's events until it ends: one stream from the host of the followed rank
         (or the launch host), pushed by the cluster. A broken stream is opened again; a launch
         host that stays unreachable for longer than the supervisors wait for each other means the
@@ -310,17 +311,17 @@ class Lifecycle:
             except OrchError as exc:
                 err = exc
             if stream.last_state and stream.last_state.get("state") in runstate.FINAL:
-                return Outcome.of(self._slurm_word(runstate.from_head(stream.last_state)))
+                return RunEnd.of(self._slurm_word(runstate.from_head(stream.last_state)))
             view = self.status()
             if view.final:
-                return Outcome.of(view)
+                return RunEnd.of(view)
             if self.plan.launch_host.name not in view.unreachable and view.state != "unknown":
                 last_ok = time.monotonic()
             if time.monotonic() - last_ok > window:
                 why = view.unreachable.get(self.plan.launch_host.name) or (str(err) if err else view.message)
-                return Outcome("lost", f"lost contact with the launch host {self.plan.launch_host.name}: {why}. "
-                               "The supervisors on the other hosts stop their ranks when the launch host's is gone; "
-                               f"once it is reachable, run `orch down --run {self.run.id}`")
+                return RunEnd("lost", f"lost contact with the launch host {self.plan.launch_host.name}: {why}. "
+                              "The supervisors on the other hosts stop their ranks when the launch host's is gone; "
+                              f"once it is reachable, run `orch down --run {self.run.id}`")
             time.sleep(1.0)
 
     def _local_size(self, rank: int, attempt: int) -> int:
@@ -370,7 +371,7 @@ class Lifecycle:
         self.run.data["logs_incomplete"] = sorted(missing)
         return out
 
-    def finish(self, outcome: Outcome) -> None:
+    def finish(self, outcome: RunEnd) -> None:
         """Record the outcome in run.json; a full disk here is said, not a crash (the run's
         state stays on the cluster: `orch status` reads it)."""
         try:
@@ -382,7 +383,7 @@ class Lifecycle:
         return log_tail(self.run, rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)
 
 
-def record(run: Run, outcome: Outcome) -> None:
+def record(run: Run, outcome: RunEnd) -> None:
     """The outcome into run.json (atomically)."""
     view = outcome.view
     data = {"state": outcome.state, "message": outcome.message, "first_failure": outcome.first_failure}
@@ -459,13 +460,13 @@ def run_status(run: Run) -> RunView:
     """The run as the cluster sees it now; a run that ended is recorded in run.json."""
     cluster = run.cluster()
     with Pool(cluster) as pool:
-        lc = Lifecycle(cluster, plan_from_run(run), run, pool)
-        view = lc.status()
+        run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
+        view = run_lifecycle.status()
         if view.final and not run.finished:
             run.reload()
             if not run.finished:
-                lc.gather()
-                record(run, Outcome.of(view))
+                run_lifecycle.gather()
+                record(run, RunEnd.of(view))
     if not view.final and view.state == "unknown" and run.finished:
         view.state = run.data.get("state") or "unknown"
     return view
@@ -476,8 +477,8 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     Returns ({host: what was done}, {host: why it could not be stopped}, the run's final view)."""
     cluster = run.cluster()
     with Pool(cluster) as pool:
-        lc = Lifecycle(cluster, plan_from_run(run), run, pool)
-        result = lc.stop("`orch down`")
+        run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
+        result = run_lifecycle.stop("`orch down`")
         job = run.data.get("slurm")
         if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
             from . import slurm
@@ -487,8 +488,8 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
                 result["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
             except slurm.SlurmError as exc:
                 result["slurm"] = f"could not stop: {exc}"
-        view = lc.status()
-        lc.gather()
+        view = run_lifecycle.status()
+        run_lifecycle.gather()
         run.reload()
         done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
         failed = {h: r[len("could not stop: "):] for h, r in result.items() if r.startswith("could not stop")}
@@ -498,7 +499,7 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
             if failed:  # its ranks may run on: say so, never "stopped"
                 view.message += (f"; not reached: {', '.join(sorted(failed))} (its ranks' state is unknown: "
                                  f"run `orch down --run {run.id}` again once it is reachable)")
-            record(run, Outcome.of(view))
+            record(run, RunEnd.of(view))
     return done, failed, view
 
 
@@ -519,5 +520,5 @@ def cluster_status(cluster: Cluster, plan: RankPlan) -> tuple[str | None, RunVie
     return doc["run"], view
 
 
-__all__ = ["Events", "LaunchError", "Lifecycle", "Outcome", "RunConflict", "cluster_status", "prepare",
+__all__ = ["Events", "LaunchError", "Lifecycle", "RunConflict", "RunEnd", "cluster_status", "prepare",
            "read_device_ips", "read_super_devices", "record", "run_dir", "run_down", "run_status", "stop_run"]

@@ -27,8 +27,8 @@ _INT = re.compile(r"[0-9]{1,18}", re.ASCII)
 
 
 def listing_script(cluster, run_id: str) -> str:
-    rd = shlex.quote(run_dir(cluster, run_id))
-    return (f"for f in {rd}/a*/1/rank.*/stdout {rd}/a*/worker_*.log; do [ -f \"$f\" ] && "
+    quoted_dir = shlex.quote(run_dir(cluster, run_id))
+    return (f"for f in {quoted_dir}/a*/1/rank.*/stdout {quoted_dir}/a*/worker_*.log; do [ -f \"$f\" ] && "
             "echo \"log $(stat -c %s \"$f\") $f\"; done; exit 0")
 
 

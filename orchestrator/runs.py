@@ -86,24 +86,43 @@ def secret_values(cluster: Cluster) -> list[str]:
     return [v for env in (job.env, *(h.env for h in cluster.hosts)) for k, v in env.items() if job.is_secret(k)]
 
 
+YAML_BREAKS = ("\r", "\n", "\x85", "\u2028", "\u2029")  # every character YAML reads as a line break
+
+
 def mask_yaml(text: str, job: Job) -> str:
     """A cluster file's text with the value of every secret variable under any `env:` mapping
     (job.env, inventory defaults and hosts) replaced by MASK, whatever its YAML spelling
-    (quoted, escaped, a number, a block scalar)."""
+    (quoted, escaped, a number, a block scalar, anchored or reached through an alias).
+
+    A value's span is its node's: from its anchor or tag to its end, which for a block scalar
+    takes in the line break(s) after it (any of YAML_BREAKS); a line break is put back so the
+    next key stays on a line of its own, and the anchor is kept so aliases to it stay defined
+    (a tag is dropped: it might not fit MASK)."""
     import yaml
 
+    anchors: dict[int, str] = {}  # id(node) -> the anchor it was given
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            node = super().compose_node(parent, index)
+            if not isinstance(event, yaml.AliasEvent) and getattr(event, "anchor", None):
+                anchors[id(node)] = event.anchor
+            return node
+
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=Loader)
     except yaml.YAMLError:
         return text
-    spans: set[tuple[int, int]] = set()
+    spans: dict[tuple[int, int], str] = {}
 
     def walk(node, key) -> None:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 name = k.value if isinstance(k, yaml.ScalarNode) else None
                 if key == "env" and isinstance(name, str) and job.is_secret(name):
-                    spans.add((v.start_mark.index, v.end_mark.index))
+                    anchor = anchors.get(id(v))
+                    spans[(v.start_mark.index, v.end_mark.index)] = (f"&{anchor} " if anchor else "") + f"'{MASK}'"
                 else:
                     walk(v, name)
         elif isinstance(node, yaml.SequenceNode):
@@ -111,8 +130,8 @@ def mask_yaml(text: str, job: Job) -> str:
                 walk(item, None)
 
     walk(root, None)
-    for start, end in sorted(spans, reverse=True):
-        text = text[:start] + f"'{MASK}'" + ("\n" if text[start:end].endswith("\n") else "") + text[end:]
+    for (start, end), masked in sorted(spans.items(), reverse=True):
+        text = text[:start] + masked + ("\n" if text[start:end].endswith(YAML_BREAKS) else "") + text[end:]
     return text
 
 

@@ -6,6 +6,10 @@ each torn down at the end of the session (or earlier by the test).
 
 These skip only where this machine cannot make a lab (not root, not Linux, no network
 namespaces), saying why; with ``CI`` set in the environment they fail instead.
+
+Hypothesis: with ``CI`` set the "ci" profile is loaded (the same examples on every run, so a red
+build is a change in the code, never a new seed); elsewhere the default profile draws new examples
+each run. An input that found a bug is pinned with ``@example`` on its test.
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None, database=None,
+                          print_blob=True)
+# Loaded before any test module is imported: their settings(...) start from it. (Hypothesis itself
+# would load its own "ci" profile when CI is set at all, even empty.)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def pytest_configure(config) -> None:

@@ -22,7 +22,6 @@ from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, regis
 from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
 
-BIG_SCRIPT = 100_000  # bytes: a larger probe goes over stdin (one argv string is limited to 128 KiB)
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
 
@@ -94,11 +93,7 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
     script = plan.script(host)
     t_send = time.time()
     try:
-        if len(script.encode()) > BIG_SCRIPT:
-            res = transport.run('f=$(mktemp) && cat > "$f" && sh "$f"; r=$?; rm -f "$f"; exit $r',
-                                stdin=script.encode())
-        else:
-            res = transport.run(script)
+        res = transport.run(script)  # a script of any size goes on stdin
     except OrchError as exc:
         return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
     t_recv = time.time()

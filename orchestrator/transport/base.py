@@ -169,7 +169,7 @@ class Transport(ABC):
               timeout: float | None = None) -> Spawned:
         """Start a detached process (own session and process group, survives the
         connection closing). stdout+stderr go to `log`; its exit code to `rc_file`.
-        `marker` (NAME, VALUE) is set in the group leader's environment for `kill`."""
+        `marker` (NAME, VALUE) is set in the group leader's environment (tells it from a reused pid)."""
         return self.spawn_many([SpawnSpec(command, log, env, cwd, rc_file, marker)], timeout=timeout)[0]
 
     def spawn_many(self, specs: Sequence["SpawnSpec"], *, timeout: float | None = None) -> list[Spawned]:
@@ -181,12 +181,6 @@ class Transport(ABC):
         if len(pids) != len(specs) or not all(p.isascii() and p.isdigit() for p in pids):
             raise HostError(self.host.name, f"could not start processes: unexpected reply {res.out!r}")
         return [Spawned(self.host.name, int(p), s.log, s.rc_file) for p, s in zip(pids, specs)]
-
-    def kill(self, pgid: int, signal: str = "TERM", *, marker: tuple[str, str] | None = None) -> bool:
-        """Signal a process group. With `marker` (NAME, VALUE), only if the group leader's
-        environment has NAME=VALUE (guards against a reused pid). True if it was signalled."""
-        res = self.run(kill_script(pgid, signal, marker))
-        return res.exit_code == 0
 
 
 # --------------------------------------------------------------------------- pure script builders
@@ -287,14 +281,3 @@ def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, s
     pre = "".join(e + "\n" for e in exports)
     return (f"{mk} || exit 1\n(\n{pre}exec setsid sh -c {shlex.quote(body)} > {ql} 2>&1 < /dev/null\n) &\n"
             "echo $!")
-
-
-def kill_script(pgid: int, signal: str, marker: tuple[str, str] | None) -> str:
-    pgid = int(pgid)
-    sig = shlex.quote(signal)
-    if marker is None:
-        return f"kill -{sig} -{pgid} 2>/dev/null"
-    name, value = marker
-    needle = shlex.quote(f"{name}={value}")
-    return (f"tr '\\0' '\\n' < /proc/{pgid}/environ 2>/dev/null | grep -qxF -- {needle} || exit 3\n"
-            f"kill -{sig} -{pgid} 2>/dev/null")  # dash: `kill -SIG -PGID`, no `--`

@@ -14,21 +14,19 @@ lab cannot be made (not root, no network namespaces), like every lab test.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.integration.labutil import leftovers
+from orchestrator.supervisor import STOP_GRACE
+from tests.support import REPO, budget, leftovers, orch, run_record, timed
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
 VENV = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
 LOSS = re.compile(r"^epoch: (\d+), step: (\d+), loss is ([0-9.eE+-]+)$", re.M)
@@ -48,9 +46,6 @@ def e2e_lab(lab_factory):
     return lab_factory("e", 3)
 
 
-def orch(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
-                          timeout=timeout)
 
 
 
@@ -84,14 +79,8 @@ def playbook(lab, tmp_path: Path, cluster_file: str, inventory_args: list[str], 
     return path
 
 
-def run_record(cwd: Path) -> dict:
-    return json.loads((sorted((cwd / ".orch" / "runs").iterdir())[-1] / "run.json").read_text())
-
-
 def up_ok(tmp_path: Path, timeout: float) -> tuple[dict, float]:
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, timeout=timeout)
-    took = time.monotonic() - t0
+    res, took = timed(orch, "up", "-q", cwd=tmp_path, timeout=timeout)
     assert res.returncode == 0, (res.stdout.decode()[-3000:], res.stderr.decode()[-5000:])
     rec = run_record(tmp_path)
     assert rec["state"] == "succeeded" and set(rec["exit_codes"].values()) == {0}, rec["exit_codes"]
@@ -99,14 +88,23 @@ def up_ok(tmp_path: Path, timeout: float) -> tuple[dict, float]:
     return rec, took
 
 
-def up_fails_naming(tmp_path: Path, lab, *, rank: int, host: int, code: int) -> dict:
+def healthy_up(lab, tmp_path: Path, cluster_file: str, inventory_args: list[str], **job) -> float:
+    """Seconds `orch up` takes for the playbook with ranks that end at once: launch, follow, gather."""
+    (tmp_path / "ok.py").write_text("print('ok', flush=True)\n")
+    playbook(lab, tmp_path, cluster_file, inventory_args, **{**job, "command": "python ok.py",
+                                                             "sync": [str(tmp_path / "ok.py")]})
+    return up_ok(tmp_path, timeout=240)[1]
+
+
+def up_fails_naming(tmp_path: Path, lab, *, rank: int, host: int, code: int, healthy: float) -> dict:
     """`orch up` of a job whose rank `rank` (on lab host `host`) exits `code` after printing
-    "failing on purpose": exit 1 well before the others' sleep ends, that rank named with its own
-    exit code and its last lines, the run recorded as failed, nothing left running."""
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, timeout=240)
+    "failing on purpose": exit 1 well before the others' sleep ends (within the `healthy` run's
+    time plus the stop's grace), that rank named with its own exit code and its last lines, the
+    run recorded as failed, nothing left running."""
+    res, took = timed(orch, "up", "-q", cwd=tmp_path, timeout=240)
     assert res.returncode == 1, (res.stdout.decode(), res.stderr.decode())
-    assert time.monotonic() - t0 < 90
+    print(f"failing run {took:.1f}s, healthy {healthy:.1f}s")
+    assert took < budget(healthy, STOP_GRACE)
     err = res.stderr.decode()
     assert f"rank {rank} on {lab.host_name(host)}" in err and f"exit code {code}" in err \
         and "failing on purpose" in err, err
@@ -165,9 +163,11 @@ def test_msrun_failing_worker_is_named_with_its_own_exit_code(e2e_lab, tmp_path)
         "if os.environ.get('MS_ROLE') == 'MS_WORKER' and r == '3':\n"
         "    print('failing on purpose', flush=True); sys.exit(3)\n"
         "time.sleep(120)\n")
+    healthy = healthy_up(e2e_lab, tmp_path, "mindspore-msrun/cluster.yaml", ["--hosts", "2"],
+                         workdir="/data/e2e-msrun-fail", timeout=120)
     playbook(e2e_lab, tmp_path, "mindspore-msrun/cluster.yaml", ["--hosts", "2"], workdir="/data/e2e-msrun-fail",
              command="python fail.py", sync=[str(tmp_path / "fail.py")], timeout=120)
-    rec = up_fails_naming(tmp_path, e2e_lab, rank=3, host=2, code=3)
+    rec = up_fails_naming(tmp_path, e2e_lab, rank=3, host=2, code=3, healthy=healthy)
     assert rec["exit_codes"]["3"] == 3 and rec["exit_codes"]["2"] != 0
     assert orch("logs", "--rank", "2", cwd=tmp_path).stdout == b"rank 2 up\n"
 
@@ -200,9 +200,11 @@ def test_torchrun_failing_worker_is_named_and_everything_stops(e2e_lab, tmp_path
         "if r == '2':\n"
         "    print('failing on purpose', flush=True); sys.exit(7)\n"
         "time.sleep(120)\n")
+    healthy = healthy_up(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"],
+                         workdir="/data/e2e-torch-fail", timeout=120)
     playbook(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"], workdir="/data/e2e-torch-fail",
              command="python fail.py", sync=[str(tmp_path / "fail.py")], timeout=120)
-    rec = up_fails_naming(tmp_path, e2e_lab, rank=2, host=2, code=7)
+    rec = up_fails_naming(tmp_path, e2e_lab, rank=2, host=2, code=7, healthy=healthy)
     assert orch("logs", "--rank", "1", cwd=tmp_path).stdout == b"rank 1 of 4 local 1\n"
     assert orch("down", "--run", rec["id"], cwd=tmp_path).returncode == 0
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .helpers import leftovers, orch, run_ids, runs_dir, spawn_orch, wait_until, write_cluster
+from tests.support import leftovers, orch, run_ids, runs_dir, spawn_orch, wait_until, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -35,8 +35,8 @@ def test_two_runs_from_one_directory_stay_apart(clab, tmp_path):
     (B's keep running), A's `orch up` reports it was stopped by `orch down` (exit 130) and
     records that, then B is stopped the same way, leaving nothing."""
     for name in ("a", "b"):
-        write_cluster(clab, tmp_path, name=f"{name}.yaml", workdir=f"/data/fx-cc-{name}", launcher="ranktable",
-                      command=SLEEPER)
+        write_fault_cluster(clab, tmp_path, name=f"{name}.yaml", workdir=f"/data/fx-cc-{name}", launcher="ranktable",
+                            command=SLEEPER)
     torn: list[str] = []
     stop_reading = threading.Event()
 

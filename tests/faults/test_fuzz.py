@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import devices, launchers, logs, plan, probes, render, runs, supervisor, sync
@@ -182,6 +182,9 @@ secret_value = st.text(min_size=1, max_size=20).map(lambda t: SECRET_PREFIX + t)
                               st.one_of(secret_value, st.integers(10 ** 9, 10 ** 12)), min_size=1),
        plain=st.dictionaries(st.from_regex(r"P[A-Z]{0,5}", fullmatch=True), text, max_size=2),
        style=st.sampled_from([None, "'", '"', "|"]))
+# found by this test: a block scalar secret ending in NEXT LINE (or PARAGRAPH SEPARATOR) before another key
+@example(values={"HF_TOKEN": SECRET_PREFIX + "\x85"}, plain={"P": "x"}, style="|")
+@example(values={"HF_TOKEN": SECRET_PREFIX + "\u2029", "AWS_KEY": 10 ** 9}, plain={}, style="|")
 def test_fuzz_secret_masking(values, plain, style):
     """Whatever secret env values hold and however YAML spells them, the recorded cluster_text
     holds none of them and stays valid YAML (secrets replaced by ***, everything else kept)."""

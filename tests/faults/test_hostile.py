@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import leftovers, orch, run_record
+from tests.support import leftovers, orch, run_record
 
 pytestmark = pytest.mark.lab
 

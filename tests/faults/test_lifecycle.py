@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .helpers import (leftovers, orch, remote_ls, run_ids, run_record, running, spawn_orch, up_then_kill_controller,
-                      wait_until, write_cluster)
+from tests.support import (leftovers, orch, remote_ls, run_ids, run_record, spawn_orch,
+                           up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -29,8 +28,8 @@ def test_rank_killed_by_sigkill_is_reported_as_signal_9(life, tmp_path, launcher
     takes the other ranks down with other signals; the job is stopped everywhere, exit 1; the
     rank's log holds exactly what it wrote (no "Killed" from a shell of orch's)."""
     wd = f"/data/fx-oom-{launcher}"
-    write_cluster(life, tmp_path, workdir=wd, launcher=launcher, hosts=2,
-                  command=["sh", "-c", 'R=${OMPI_COMM_WORLD_RANK:-$RANK_ID}; echo $$ > pid.$R; echo up $R; '
+    write_fault_cluster(life, tmp_path, workdir=wd, launcher=launcher, hosts=2,
+                        command=["sh", "-c", 'R=${OMPI_COMM_WORLD_RANK:-$RANK_ID}; echo $$ > pid.$R; echo up $R; '
                                        'exec sleep 60'])
     life.exec(2, ["rm", "-f", f"{wd}/pid.3"])
     proc = spawn_orch("up", "-q", cwd=tmp_path)
@@ -61,7 +60,7 @@ def test_controller_killed_job_runs_on_and_can_be_reattached_and_stopped(life, t
     `orch status` shows every rank running; `orch logs -f` reattaches and streams the rank's
     output from the start; `orch down` stops every process of the run (the follower then
     ends by itself) and records the run as stopped, leaving nothing behind."""
-    write_cluster(life, tmp_path, workdir="/data/fx-ctlkill", launcher="ranktable", command=TICKER)
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-ctlkill", launcher="ranktable", command=TICKER)
     run_id = up_then_kill_controller(tmp_path, procs=12)
     time.sleep(0.5)
     assert len(leftovers(run_id)) >= 12, "the job died with its controller"
@@ -92,8 +91,8 @@ def test_full_workdir_fails_distribution_before_anything_starts(life, tmp_path):
     preflight checks on, `orch up` stops even earlier (exit 3)."""
     wd = "/data/fx-full"
     (tmp_path / "big.bin").write_bytes(os.urandom(256 * 1024))
-    write_cluster(life, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"],
-                  command=["sh", "-c", "echo started; sleep 30"])
+    write_fault_cluster(life, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"],
+                        command=["sh", "-c", "echo started; sleep 30"])
     life.exec(2, ["mkdir", "-p", wd], check=True)
     life.exec(2, ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", wd], check=True)
     try:
@@ -146,8 +145,8 @@ def test_first_failure_is_the_earliest_not_the_first_listed(tmp_path):
 def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
     """mpirun that cannot reach a host (its ssh refused on another port) exits 255: orch says
     exit code 255 (not a signal), quotes ssh's own words and OpenMPI's summary, names the log."""
-    write_cluster(life, tmp_path, workdir="/data/fx-mpierr", launcher="mpirun", command="true",
-                  mpirun_args=["--mca", "plm_rsh_args", "-p 2222"])
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-mpierr", launcher="mpirun", command="true",
+                        mpirun_args=["--mca", "plm_rsh_args", "-p 2222"])
     err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
     assert "mpirun on" in err and "failed: exit code 255" in err and "signal" not in err, err
     assert "port 2222: Connection refused" in err and "ORTE was unable to reliably start" in err, err
@@ -158,9 +157,10 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
     """Every process a run starts is findable by its run id, OpenMPI's daemons (orted) on the
     other hosts included. `orch down` while a host is cut off stops the rest, exits 1 and records
     that host's ranks as unknown, not stopped; run again once the host is back, it stops them."""
-    write_cluster(life, tmp_path, workdir="/data/fx-down-cut", launcher="mpirun", command=["sh", "-c", "sleep 300"],
-                  ssh={"connect_timeout": 2, "retries": 1}, inventory={"defaults": {**yaml.safe_load(
-                      Path(life.inventory_path).read_text())["defaults"], "slots": 1}})
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-down-cut", launcher="mpirun",
+                        command=["sh", "-c", "sleep 300"], ssh={"connect_timeout": 2, "retries": 1},
+                        inventory={"defaults": {**yaml.safe_load(Path(life.inventory_path).read_text())["defaults"],
+                                                "slots": 1}})
     run_id = orch("up", "--detach", "-q", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
 
     def run_cmdlines(i: int) -> list[str]:
@@ -187,7 +187,7 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
 def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):
     """A 200 KB env value makes mpirun's command line too long to start: orch says so (E2BIG,
     'Argument list too long'), not that ranks did not report."""
-    write_cluster(life, tmp_path, workdir="/data/fx-e2big", launcher="mpirun", command="true",
-                  env={"BIG": "x" * 200_000})
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-e2big", launcher="mpirun", command="true",
+                        env={"BIG": "x" * 200_000})
     err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
     assert "cannot start mpirun: Argument list too long" in err and "did not report" not in err, err[-2000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ORCH, leftovers, orch, run_record, runs_dir, wait_until, write_cluster
+from tests.support import ORCH, leftovers, orch, run_record, runs_dir, wait_until, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -101,8 +101,8 @@ def test_huge_binary_log_is_gathered_byte_exact_incrementally_in_bounded_memory(
     `orch logs --rank 0`; `--tail 2` gives exactly the last two lines. Each of these orch
     processes peaks far below the log's size (< 150 MB RSS): logs are streamed, never held."""
     digest, size, last = expected
-    write_cluster(llab, tmp_path, workdir="/data/fx-biglog", launcher="ranktable", command="python3 rank.py",
-                  sync=["rank.py"], env={"BIG_MB": str(BIG_MB), "GATE": "1"})
+    write_fault_cluster(llab, tmp_path, workdir="/data/fx-biglog", launcher="ranktable", command="python3 rank.py",
+                        sync=["rank.py"], env={"BIG_MB": str(BIG_MB), "GATE": "1"})
     (tmp_path / "rank.py").write_text(RANK_PY)
     llab.exec(1, ["rm", "-f", "/data/fx-biglog/seen-growing"])
     seen: list[int] = []
@@ -157,8 +157,8 @@ def test_huge_log_followed_after_detach_is_byte_exact_in_bounded_memory(llab, tm
     """Scenario 12 (reattached). `orch up --detach`, then `orch logs -f --rank 0` follows the
     200 MB rank to its end: byte-exact, with the follower's RSS far below the log's size."""
     digest, size, _ = expected
-    write_cluster(llab, tmp_path, workdir="/data/fx-biglog-f", launcher="ranktable", command="python3 rank.py",
-                  sync=["rank.py"], env={"BIG_MB": str(BIG_MB)})
+    write_fault_cluster(llab, tmp_path, workdir="/data/fx-biglog-f", launcher="ranktable", command="python3 rank.py",
+                        sync=["rank.py"], env={"BIG_MB": str(BIG_MB)})
     (tmp_path / "rank.py").write_text(RANK_PY)
     run_id = orch("up", "--detach", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
     rc, rss = measured(["logs", "-f", "--rank", "0", "--run", run_id], tmp_path, tmp_path / "follow.out")
@@ -175,8 +175,8 @@ def test_a_full_controller_disk_is_said_and_a_later_logs_fetches_the_rest(fx_lab
     says the same (exit 5); once there is space it fetches the missing bytes, byte-exact. With
     no room even for run.json: the same exit 5 naming the file, never a crash."""
     lab = fx_lab("y", 2)
-    cluster = write_cluster(lab, tmp_path, workdir="/data/fx-fulldisk", launcher="ranktable",
-                            command=["python3", "-c", "import sys; sys.stdout.write('x' * 1000000)"])
+    cluster = write_fault_cluster(lab, tmp_path, workdir="/data/fx-fulldisk", launcher="ranktable",
+                                  command=["python3", "-c", "import sys; sys.stdout.write('x' * 1000000)"])
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "orch-test-full", str(ctl)], check=True)

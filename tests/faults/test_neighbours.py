@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import orch, remote_ls, write_cluster
+from tests.support import orch, remote_ls, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -24,7 +24,7 @@ def test_check_never_truncates_a_file_through_a_planted_temp_link(fx_lab, tmp_pa
                              f"setpriv --reuid=4242 --regid=4242 --clear-groups python3 -c \"{plant}\""],
              check=True)  # one process: planting must not use up the pids it plants for
     try:
-        write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
+        write_fault_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
         res = orch("check", "--json", cwd=tmp_path, check_rc=1)  # the open workdir itself fails the check
         assert b"is writable by group and others" in res.stdout, res.stdout[-2000:]
         assert lab.exec(1, ["cat", "/data/victim"]).stdout == "precious\n"
@@ -46,7 +46,7 @@ def test_check_fails_a_workdir_another_user_could_change(fx_lab, tmp_path, make_
     lab.exec(1, ["sh", "-c", f"rm -rf {parent} && mkdir -p {wd} && " + make_unsafe.format(wd=wd, parent=parent)],
              check=True)
     try:
-        write_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
+        write_fault_cluster(lab, tmp_path, workdir=wd, command="true", hosts=1)
         res = orch("check", cwd=tmp_path, check_rc=1)
         out = res.stdout.decode()
         assert needle.format(wd=wd, parent=parent) in " ".join(out.split()), out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import leftovers, orch, run_record, spawn_orch, wait_until
+from tests.support import leftovers, orch, run_record, spawn_orch, wait_until
 
 pytestmark = pytest.mark.lab
 

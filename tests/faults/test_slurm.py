@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import host_procs, leftovers, orch, run_record, running, spawn_orch, wait_until
+from tests.support import host_procs, leftovers, orch, run_record, running, spawn_orch, wait_until
 
 pytestmark = pytest.mark.lab
 

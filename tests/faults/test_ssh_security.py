@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import orch, run_ids, sshd_lines, write_cluster
+from tests.support import orch, run_ids, sshd_lines, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -39,7 +39,7 @@ def test_auth_refused_is_one_clear_message_never_retried(sec, tmp_path):
     and `orch up --skip-checks` (exit 3, nothing started)."""
     h2 = sec.host(2)
     key = str(sec.key_path)
-    write_cluster(sec, tmp_path, ssh={"retries": 3, "connect_timeout": 2}, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, ssh={"retries": 3, "connect_timeout": 2}, checks={"versions": ["python"]})
     want = f"password-free SSH to root@{h2.address} failed: key {key} was refused"
     for args, rc in ((["check"], 1), (["up", "-q"], 3), (["up", "-q", "--skip-checks"], 3)):
         before = _auth_failures(sec, 2)
@@ -72,7 +72,7 @@ def test_changed_host_key_is_refused_under_every_policy(sec, tmp_path, policy):
     good = [ln + "\n" for ln in Path(sec.known_hosts_path).read_text().splitlines()
             if ln.split()[0].split(",")[0] == sec.host(3).address]
     kh.write_text(forged + "".join(good))
-    write_cluster(sec, tmp_path, hosts=1, inventory={"defaults": {
+    write_fault_cluster(sec, tmp_path, hosts=1, inventory={"defaults": {
         **_defaults(sec), "known_hosts": str(kh)}}, ssh={"host_key_policy": policy},
         checks={"versions": ["python"]})
     before = kh.read_text()
@@ -98,20 +98,20 @@ def test_unknown_host_key_strict_refuses_accept_new_records(sec, tmp_path):
     kh = tmp_path / "known_hosts"
     kh.write_text("")
     inv = {"defaults": {**_defaults(sec), "known_hosts": str(kh)}}
-    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
     out = _out(orch("check", cwd=tmp_path, check_rc=1))
     assert re.search(r"SHA256:[A-Za-z0-9+/]{20,}", out), out
     assert "not in" in out and "ssh-keyscan" in out and "accept-new" in out, out
     assert kh.read_text() == ""
-    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]},
-                  ssh={"host_key_policy": "accept-new"})
+    write_fault_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]},
+                        ssh={"host_key_policy": "accept-new"})
     orch("check", cwd=tmp_path, check_rc=0)
     recorded = kh.read_text().split()
     h1 = sec.host(1)
     real = next(ln.split()[1:3] for ln in Path(sec.known_hosts_path).read_text().splitlines()
                 if ln.split()[0].split(",")[0] == h1.address)
     assert recorded[0] == h1.address and recorded[1:3] == real
-    write_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, inventory=inv, hosts=1, checks={"versions": ["python"]})
     orch("check", cwd=tmp_path, check_rc=0)
 
 
@@ -122,7 +122,7 @@ def test_a_malformed_known_hosts_line_is_skipped_with_one_warning(sec, tmp_path)
     kh.write_text("# hosts\nbroken.example ssh-ed25519 AAAA!!not-base64!!\n" + Path(sec.known_hosts_path).read_text())
     inv = {"defaults": {**_defaults(sec), "known_hosts": str(kh)},
            "hosts": [{"address": sec.host(i).address, "name": sec.host(i).name} for i in (1, 3)]}  # 2 refuses the key
-    write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
     res = orch("check", cwd=tmp_path, check_rc=0)
     err = res.stderr.decode()
     assert err.count(f"{kh}:2: skipped a known_hosts line") == 1, err
@@ -135,7 +135,7 @@ def test_a_missing_key_is_named_and_never_retried(sec, tmp_path):
     tries once, never blaming the server."""
     inv = {"defaults": {**_defaults(sec), "identity_file": str(tmp_path / "nope" / "id_ed25519")},
            "hosts": [{"address": sec.host(1).address, "name": sec.host(1).name}]}
-    write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
     before = len(sshd_lines(sec, 1))
     out = _out(orch("check", cwd=tmp_path, check_rc=1))
     assert f"no usable key: identity_file {tmp_path / 'nope' / 'id_ed25519'} does not exist" in out, out
@@ -143,7 +143,7 @@ def test_a_missing_key_is_named_and_never_retried(sec, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     defaults = {k: v for k, v in _defaults(sec).items() if k != "identity_file"}
-    write_cluster(sec, tmp_path, inventory={**inv, "defaults": defaults}, checks={"versions": ["python"]})
+    write_fault_cluster(sec, tmp_path, inventory={**inv, "defaults": defaults}, checks={"versions": ["python"]})
     before = len(sshd_lines(sec, 1))
     out = _out(orch("check", cwd=tmp_path, check_rc=1, env={"HOME": str(home), "SSH_AUTH_SOCK": ""}))
     assert "no usable key for" in out and "MaxStartups" not in out, out
@@ -166,7 +166,7 @@ def test_an_encrypted_identity_file_is_taken_from_the_agent_or_refused_clearly(s
     try:
         inv = {"defaults": {**_defaults(sec), "identity_file": str(key)},
                "hosts": [{"address": sec.host(1).address, "name": sec.host(1).name}]}
-        write_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+        write_fault_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
         out = _out(orch("check", cwd=tmp_path, check_rc=1, env={"SSH_AUTH_SOCK": ""}))
         assert "protected by a passphrase and orch never prompts" in out, out
         res = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -16,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import (host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch, up_then_kill_controller,
-                      wait_until, write_cluster)
+from orchestrator.supervisor import STOP_GRACE
+from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, spawn_orch, timed,
+                           up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -34,8 +34,8 @@ def _defaults(lab, **kw) -> dict:
 
 
 def _cluster(lab, tmp_path, workdir, command, *, slots=1, hosts=None, name="cluster.yaml", **job) -> Path:
-    return write_cluster(lab, tmp_path, name=name, workdir=workdir, command=command, hosts=hosts,
-                         inventory=_defaults(lab, slots=slots), checks={"versions": ["python"]}, **job)
+    return write_fault_cluster(lab, tmp_path, name=name, workdir=workdir, command=command, hosts=hosts,
+                               inventory=_defaults(lab, slots=slots), checks={"versions": ["python"]}, **job)
 
 
 def _status(cwd, *args, rc=None) -> dict:
@@ -83,16 +83,22 @@ def test_detached_failing_rank_stops_every_other_rank_within_seconds(sup, tmp_pa
     """No controller attached, `job.on_failure: stop` still holds: a rank that fails stops
     every other rank on every host within 10 s (TERM, then KILL after 5 s), and `orch status`
     says failed, naming the rank, its host and its exit code (exit 1)."""
-    cmd = ["sh", "-c", RANK + 'echo up $R; if [ "$R" = 2 ]; then sleep 2; date +%s.%N > /data/sv-ff/failed_at; '
-                              'exit 3; fi; exec sleep 120']
-    _cluster(sup, tmp_path, "/data/sv-ff", cmd, launcher="ranktable")
-    run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
-    assert wait_until(lambda: sup.exec(3, ["cat", "/data/sv-ff/failed_at"]).stdout.strip() != "", 30)
-    failed_at = float(sup.exec(3, ["cat", "/data/sv-ff/failed_at"]).stdout)
-    assert wait_until(lambda: leftovers(run_id) == [], 15)
-    took = time.time() - failed_at
-    print(f"detached fail-fast: last process of the run gone {took:.1f}s after the failure")
-    assert took < 10
+    def detached(cmd: list[str]) -> tuple[str, float]:
+        """Start `cmd` detached; return the run id and the seconds from rank 2's end (it writes
+        /data/sv-ff/failed_at, then ends) until the last process of the run is gone."""
+        sup.exec(3, ["rm", "-f", "/data/sv-ff/failed_at"])
+        _cluster(sup, tmp_path, "/data/sv-ff", cmd, launcher="ranktable")
+        run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+        assert wait_until(lambda: sup.exec(3, ["cat", "/data/sv-ff/failed_at"]).stdout.strip() != "", 30)
+        failed_at = float(sup.exec(3, ["cat", "/data/sv-ff/failed_at"]).stdout)
+        assert wait_until(lambda: leftovers(run_id) == [], 60)  # the others sleep 120 s
+        return run_id, time.time() - failed_at
+
+    ends = RANK + 'echo up $R; if [ "$R" = 2 ]; then sleep 2; date +%s.%N > /data/sv-ff/failed_at; '
+    _, healthy = detached(["sh", "-c", ends + "fi"])  # every rank ends by itself: the supervisor's own exit
+    run_id, took = detached(["sh", "-c", ends + "exit 3; fi; exec sleep 120"])
+    print(f"detached fail-fast: last process of the run gone {took:.1f}s after the failure (healthy {healthy:.1f}s)")
+    assert took < budget(healthy, STOP_GRACE)  # TERM, then KILL after the grace
     st = _status(tmp_path, rc=1)
     ff = st["first_failure"]
     assert st["state"] == "failed" and (ff["rank"], ff["host"], ff["exit_code"]) == (2, sup.host(3).name, 3), st
@@ -216,13 +222,14 @@ def test_silent_ranks_are_a_stall_their_stacks_are_kept(sup, tmp_path):
     rank's own log), then everything is stopped: exit 1, nothing left."""
     cmd = ["python3", "-c", "import time\nprint('working', flush=True)\n"
                             "def wait_for_collective():\n    time.sleep(300)\nwait_for_collective()\n"]
+    _cluster(sup, tmp_path, "/data/sv-stall", ["python3", "-c", "print('working')"], launcher="ranktable", hosts=2,
+             stall_timeout=5)
+    _, healthy = timed(orch, "up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
     _cluster(sup, tmp_path, "/data/sv-stall", cmd, launcher="ranktable", hosts=2, stall_timeout=5)
-    t0 = time.monotonic()
-    res = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1)
-    took = time.monotonic() - t0
+    res, took = timed(orch, "up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1)
     err = res.stderr.decode()
     assert "stalled" in err and "no rank wrote any output for 5s" in err, err
-    assert took < 40, took
+    assert took < budget(healthy, 5 + STOP_GRACE), (took, healthy)  # stall_timeout, then stop
     rec = run_record(tmp_path)
     assert rec["state"] == "stalled" and leftovers(rec["id"]) == []
     for r in range(2):

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from .helpers import orch, remote_ls, spawn_orch, wait_until, write_cluster
+from tests.support import orch, remote_ls, spawn_orch, wait_until, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -30,7 +30,7 @@ def test_an_interrupted_sync_keeps_the_old_file_and_no_partial_one(sy, tmp_path)
     wd = "/data/fx-sync-int"
     old = os.urandom(4096)
     (tmp_path / "big.bin").write_bytes(old)
-    write_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"], command="true")
+    write_fault_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"], command="true")
     orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
     with open(tmp_path / "big.bin", "wb") as fh:
         for _ in range(300):
@@ -59,8 +59,8 @@ def test_hosts_mirror_modes_and_links_and_nothing_outside_the_project(sy, tmp_pa
     os.symlink("lib", proj / "pkg")
     (proj / ".git").mkdir()
     (proj / ".git" / "HEAD").write_text("ref\n")
-    write_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["proj"],
-                  command=["sh", "-c", "./proj/run.sh"], checks={"versions": ["python"]})
+    write_fault_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["proj"],
+                        command=["sh", "-c", "./proj/run.sh"], checks={"versions": ["python"]})
     res = orch("up", "-q", cwd=tmp_path, check_rc=1)  # not executable on the hosts either
     assert "Permission denied" in res.stderr.decode()
     os.chmod(proj / "run.sh", 0o755)  # a permission-only change reaches every host
@@ -77,8 +77,8 @@ def test_hosts_mirror_modes_and_links_and_nothing_outside_the_project(sy, tmp_pa
     assert "job.sync[0]" in res.stderr.decode() and "secret is a link to /etc/shadow" in res.stderr.decode()
     assert remote_ls(sy, 1, f"{wd}/proj/secret") == []
     os.unlink(proj / "secret")
-    write_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["../../../../../../etc/shadow"],
-                  command="true")
+    write_fault_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["../../../../../../etc/shadow"],
+                        command="true")
     res = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=2)
     assert "leaves the cluster file's directory" in res.stderr.decode()
     assert remote_ls(sy, 1, f"{wd}/shadow") == []

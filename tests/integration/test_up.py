@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from .labutil import leftovers, wait_until, write_cluster
+from orchestrator.supervisor import STOP_GRACE
+from tests.support import (REPO, budget, leftovers, orch, run_record, spawn_orch, timed, wait_until,
+                           write_cluster)
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
 
 RANK_PY = """\
 import os, socket, sys, time
@@ -25,23 +24,6 @@ if os.environ.get("FAIL_RANK") == r:
     print("failing on purpose", flush=True)
     sys.exit(3)
 """
-
-
-def orch(*args, cwd, timeout=180, check_rc=None):
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
-                         timeout=timeout)
-    if check_rc is not None:
-        assert res.returncode == check_rc, (res.returncode, res.stdout.decode(), res.stderr.decode())
-    return res
-
-
-def run_record(cwd: Path, run_id: str | None = None) -> dict:
-    runs = sorted(p for p in (cwd / ".orch" / "runs").iterdir() if (p / "run.json").is_file())  # not half-made
-    path = [p for p in runs if run_id is None or p.name == run_id][-1] / "run.json"
-    return json.loads(path.read_text())
-
-
-
 
 
 @pytest.fixture
@@ -75,13 +57,14 @@ def test_mpirun_2x2_succeeds_and_gathers_every_rank(lab, job, tmp_path):
 
 @pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
 def test_failing_rank_stops_everything_and_is_named(lab, job, tmp_path, launcher):
+    job(f"/data/up-fail-{launcher}", launcher=launcher, env={"SLEEP": "0.5"}, hosts=2)
+    _, healthy = timed(orch, "up", "-q", cwd=tmp_path, check_rc=0)
     job(f"/data/up-fail-{launcher}", launcher=launcher, env={"FAIL_RANK": "3", "SLEEP": "0.5"}, hosts=2)
     if launcher == "ranktable":  # rank 3 fails at once, the others would run for a minute
         job(f"/data/up-fail-{launcher}", launcher=launcher, hosts=2,
             command=["sh", "-c", 'if [ "$RANK_ID" = 3 ]; then echo failing; exit 3; fi; echo $RANK_ID; sleep 60'])
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, check_rc=1)
-    assert time.monotonic() - t0 < 40
+    res, took = timed(orch, "up", "-q", cwd=tmp_path, check_rc=1)
+    assert took < budget(healthy, STOP_GRACE), f"{took:.1f}s, healthy {healthy:.1f}s"  # TERM, KILL after the grace
     err = res.stderr.decode()
     assert f"rank 3 on {lab.host(2).name}" in err and "exit code 3" in err and "failing" in err
     rec = run_record(tmp_path)
@@ -120,8 +103,7 @@ def test_ranktable_partial_devices_4_to_7_legacy_table(lab, tmp_path):
 
 def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
     job("/data/up-sigint", launcher="ranktable", command=["sh", "-c", "echo up; sleep 120"])
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "-q"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn_orch("up", "-q", cwd=tmp_path)
     try:
         assert wait_until(lambda: (tmp_path / ".orch" / "runs").is_dir()
                           and run_record(tmp_path).get("state") == "running", 60)
@@ -169,10 +151,11 @@ def test_logs_follow_streams_until_ranks_end(lab, job, tmp_path):
 
 
 def test_job_timeout_stops_everything(lab, job, tmp_path):
+    job("/data/up-timeout", launcher="ranktable", timeout=2, command=["true"])
+    _, healthy = timed(orch, "up", "-q", cwd=tmp_path, check_rc=0)
     job("/data/up-timeout", launcher="ranktable", timeout=2, command=["sleep", "60"])
-    t0 = time.monotonic()
-    res = orch("up", "-q", cwd=tmp_path, check_rc=1)
-    assert time.monotonic() - t0 < 30
+    res, took = timed(orch, "up", "-q", cwd=tmp_path, check_rc=1)
+    assert took < budget(healthy, 2 + STOP_GRACE), f"{took:.1f}s, healthy {healthy:.1f}s"
     assert "timed out" in res.stderr.decode() or "timeout" in res.stderr.decode()
     rec = run_record(tmp_path)
     assert rec["state"] == "timeout" and leftovers(rec["id"]) == []
@@ -227,8 +210,7 @@ def test_logs_into_a_closed_pipe_end_quietly(tmp_path):
         f"job: {{workdir: {tmp_path}/wd, launcher: ranktable, command: [sh, -c, 'yes 0123456789abcdef | head -n 100000']}}\n")
     orch("up", "-q", cwd=tmp_path, check_rc=0)
     crashes = set(glob.glob(f"{tempfile.gettempdir()}/orch-crash-*"))
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", "--rank", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn_orch("logs", "--rank", "0", cwd=tmp_path)
     assert proc.stdout.readline() == b"0123456789abcdef\n"
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -666,6 +666,9 @@ def test_cli_check_json_exit_codes(tmp_path):
     d = json.loads(res.stdout)  # exactly one JSON object, nothing else
     assert res.exit_code == (0 if d["ok"] else 1), res.output
     assert {r["check"] for r in d["results"]} >= {"ssh", "user", "versions", "path", "workdir", "disk"}
+    status = {r["check"]: r["status"] for r in d["results"]}
+    healthy = ("ssh", "workdir", "disk", "files")  # what holds on any machine the tests run on
+    assert {c: status[c] for c in healthy} == dict.fromkeys(healthy, "pass"), res.output
     (tmp_path / "b").mkdir()
     bad = _local_cluster_file(tmp_path / "b", ", min_free_gib: 1000000")
     assert CliRunner().invoke(cli, ["check", str(bad), "--json"]).exit_code == 2  # duplicate key: bad file

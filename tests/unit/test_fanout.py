@@ -68,20 +68,26 @@ def test_stuck_host_times_out_without_delaying_others():
 
 
 def test_keyboard_interrupt_stops_new_hosts():
-    started = []
+    """After Ctrl-C no worker takes another host: h0 and h1 return at once, the next host each
+    worker takes blocks until the interrupt has been raised, and then no further host starts."""
+    started, release = [], threading.Event()
 
     def fn(h):
         started.append(h.name)
-        time.sleep(0.05)
+        if h.name not in ("h0", "h1"):
+            release.wait(10)
 
     def on_done(o):  # Ctrl-C arrives in the main thread while it collects results
         if o.host.name == "h1":
             raise KeyboardInterrupt
 
+    before = set(threading.enumerate())
     with pytest.raises(KeyboardInterrupt):
         fan_out(hosts(50), fn, limit=2, on_done=on_done)
-    time.sleep(0.2)
-    assert len(started) < 50
+    release.set()
+    for t in set(threading.enumerate()) - before:  # the workers finish what they hold, then stop
+        t.join(10)
+    assert len(started) <= 4, started
 
 
 def test_results_failed_succeeded_and_raise_if_failed():

@@ -1,0 +1,198 @@
+"""What every lab test suite (integration, faults, e2e) and the benchmarks share: run the real
+CLI as a user would, write cluster files over a lab, read run records, find a run's processes,
+wait for a condition, and time a faulty run against a healthy one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from orchestrator.spec import Cluster, load_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+ORCH = [sys.executable, "-m", "orchestrator.cli"]
+
+# ------------------------------------------------------------------ the CLI
+
+
+def orch(*args, cwd: Path | None = None, timeout: float = 180, check_rc: int | None = None,
+         env: dict | None = None, text: bool = False) -> subprocess.CompletedProcess:
+    """Run `orch ARGS` as a user would (a fresh process, in `cwd`); with `check_rc`, assert its
+    exit code (showing the ends of its output when it differs)."""
+    res = subprocess.run([*ORCH, *map(str, args)], cwd=cwd, capture_output=True, timeout=timeout, text=text,
+                         env={**os.environ, **(env or {})})
+    if check_rc is not None:
+        out, err = (res.stdout, res.stderr) if text else (res.stdout.decode(errors="replace"),
+                                                            res.stderr.decode(errors="replace"))
+        assert res.returncode == check_rc, (res.returncode, out[-3000:], err[-3000:])
+    return res
+
+
+def spawn_orch(*args, cwd, **kw) -> subprocess.Popen:
+    return subprocess.Popen([*ORCH, *map(str, args)], cwd=cwd, stdout=kw.pop("stdout", subprocess.PIPE),
+                            stderr=kw.pop("stderr", subprocess.PIPE), **kw)
+
+
+# ------------------------------------------------------------------ run records
+
+
+def runs_dir(cwd: Path) -> Path:
+    return Path(cwd) / ".orch" / "runs"
+
+
+def run_ids(cwd: Path) -> list[str]:
+    """The runs of `cwd` with a record (a run still being made has none yet), oldest first."""
+    d = runs_dir(cwd)
+    return sorted(p.name for p in d.iterdir() if (p / "run.json").is_file()) if d.is_dir() else []
+
+
+def run_record(cwd: Path, run_id: str | None = None) -> dict:
+    """The record of run `run_id` of `cwd`, by default of its latest run."""
+    chosen = run_id if run_id is not None else run_ids(cwd)[-1]
+    return json.loads((runs_dir(cwd) / chosen / "run.json").read_text())
+
+
+def running(cwd: Path) -> bool:
+    """The latest run of `cwd` has started its processes."""
+    try:
+        rec = run_record(cwd)
+        return rec.get("state") == "running" and bool(rec.get("procs"))
+    except (IndexError, OSError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------ cluster files over a lab
+
+SSH = {"connect_timeout": 5, "command_timeout": 60, "retries": 2}
+FAULT_SSH = {"connect_timeout": 2, "command_timeout": 20, "retries": 2}  # the fault suite waits its faults out
+
+
+def write_cluster(lab, tmp_path: Path, *, name: str = "cluster.yaml", ssh: dict | None = None,
+                  base_ssh: dict = SSH, checks: dict | None = None, inventory: dict | None = None,
+                  defaults: dict | None = None, hosts: int | None = None, inline: bool = False,
+                  workdir: str = "/data/job", **job) -> Path:
+    """A cluster.yaml over the lab's hosts; `ssh` keys override `base_ssh`, `job` keys the job's.
+    The lab's inventory is used by path, unless it is `inline`d or changed: `inventory` keys
+    replace its own, `defaults` (host keys such as slots/devices) join its defaults, `hosts`
+    keeps only the first N hosts."""
+    inv: str | dict = str(lab.inventory_path)
+    if inline or inventory or defaults or hosts:
+        inv = yaml.safe_load(Path(lab.inventory_path).read_text())
+        if defaults:
+            inv["defaults"] = {**inv.get("defaults", {}), **defaults}
+        if hosts:
+            inv["hosts"] = inv["hosts"][:hosts]
+        inv.update(inventory or {})
+    doc = {
+        "inventory": inv,
+        "ssh": {**base_ssh, **(ssh or {})},
+        "job": {"workdir": workdir, "command": "hostname", **job},
+    }
+    if checks is not None:
+        doc["checks"] = checks
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def write_fault_cluster(lab, tmp_path: Path, **kw) -> Path:
+    """write_cluster with the fault suite's defaults: short ssh timeouts, the inventory inline,
+    workdir /data/fx."""
+    kw.setdefault("workdir", "/data/fx")
+    return write_cluster(lab, tmp_path, base_ssh=FAULT_SSH, inline=True, **kw)
+
+
+def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
+    return load_cluster(write_cluster(lab, tmp_path, **kw))
+
+
+# ------------------------------------------------------------------ processes and hosts
+
+
+def leftovers(run_id: str, comm: str | None = None) -> list[str]:
+    """Live processes anywhere on this machine (so on every lab host) that belong to the run;
+    with `comm`, only those whose command name is `comm` (say the ranks' `sleep`, leaving out
+    the helpers a run starts and ends while it runs)."""
+    needle = f"ORCH_RUN_ID={run_id}".encode()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, state = stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()[0]
+        if needle in env and state != "Z" and comm in (None, name):
+            out.append(pid)
+    return out
+
+
+def host_procs(lab, i: int, run_id: str) -> list[str]:
+    """Processes of the run on lab host i (its own PID namespace)."""
+    res = lab.exec(i, ["sh", "-c", f"grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null; true"])
+    return res.stdout.split()
+
+
+def remote_ls(lab, i: int, pattern: str) -> list[str]:
+    """Paths matching a shell glob on lab host i (empty if none)."""
+    res = lab.exec(i, ["sh", "-c", f"for f in {pattern}; do [ -e \"$f\" ] && echo \"$f\"; done; true"])
+    return res.stdout.split()
+
+
+def sshd_lines(lab, i: int) -> list[str]:
+    try:
+        return lab.sshd_log(i).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def wait_until(pred, timeout: float = 30.0, interval: float = 0.1) -> bool:
+    """Poll `pred` until it is true or `timeout` seconds pass (asking once more after that);
+    says which."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def up_then_kill_controller(cwd: Path, *, procs: int, args=(), timeout: float = 60) -> str:
+    """`orch up ARGS` in `cwd`, SIGKILLed (laptop closed) once the run has started and at least
+    `procs` of its processes run; returns the run id."""
+    proc = spawn_orch("up", *args, cwd=cwd)
+    try:
+        assert wait_until(lambda: running(cwd), timeout), "the run did not start"
+        run_id = run_record(cwd)["id"]
+        assert wait_until(lambda: len(leftovers(run_id)) >= procs, timeout), leftovers(run_id)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    return run_id
+
+
+# ------------------------------------------------------------------ time, against a healthy run
+
+
+def timed(fn, *args, **kw):
+    """(fn(*args, **kw), the seconds it took)."""
+    t0 = time.monotonic()
+    out = fn(*args, **kw)
+    return out, time.monotonic() - t0
+
+
+def budget(healthy: float, cost: float) -> float:
+    """How long an operation with a fault may take: what the same operation took healthy, here
+    and now, plus `cost`, what the fault costs by design (timeouts x attempts, grace periods),
+    plus slack that grows with how slow this machine is right now (a loaded CI runner slows
+    both runs alike). Waiting the fault out the long way (a job's sleep, TCP's own time-outs)
+    still overruns it."""
+    return healthy + cost + max(1.5, healthy)

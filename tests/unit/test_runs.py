@@ -1,0 +1,46 @@
+"""Run records (orchestrator/runs.py): the cluster text they keep has every secret masked and
+stays valid YAML."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from orchestrator import runs
+from orchestrator.spec import load_cluster
+
+HEAD = "inventory:\n  hosts: [{address: 10.0.0.1}]\njob:\n  workdir: /data/x\n  command: 'true'\n  env:\n"
+
+
+def masked_env(tmp_path, text: str) -> dict:
+    f = tmp_path / "cluster.yaml"
+    f.write_text(text, newline="")
+    masked = runs.mask_yaml(text, load_cluster(f).job)
+    assert "S3cr3t" not in masked
+    return yaml.safe_load(masked)["job"]["env"]
+
+
+@pytest.mark.parametrize("br", ["\n", "\r", "\r\n", "\x85", "\u2028", "\u2029"])
+@pytest.mark.parametrize("indicator", ["|", ">", "|+", ">-"])
+def test_block_scalar_secret_ending_in_any_line_break(tmp_path, br, indicator):
+    """A block scalar's node takes in the line breaks after it; each of YAML's five line break
+    characters (U+0085 NEXT LINE found by the fuzz test) is put back as one, so the next key
+    stays on its own line."""
+    text = HEAD + f"    HF_TOKEN: {indicator}\n      S3cr3t-x{br}{br}    PLAIN: x\n"
+    assert masked_env(tmp_path, text) == {"HF_TOKEN": runs.MASK, "PLAIN": "x"}
+
+
+def test_anchored_secret_keeps_its_anchor(tmp_path):
+    """An alias to a masked value stays defined (and shows MASK too); a tag is dropped."""
+    text = HEAD + "    HF_TOKEN: !!str &tok S3cr3t-x\n    PLAIN: *tok\n"
+    assert masked_env(tmp_path, text) == {"HF_TOKEN": runs.MASK, "PLAIN": runs.MASK}
+    text = HEAD.replace("{address: 10.0.0.1}", "{address: 10.0.0.1, env: {A: &tok S3cr3t-x}}") + "    HF_TOKEN: *tok\n"
+    assert masked_env(tmp_path, text) == {"HF_TOKEN": runs.MASK}
+
+
+def test_other_spellings(tmp_path):
+    """Double-quoted with escapes, single-quoted, a number: masked by their key."""
+    text = HEAD + ("    HF_TOKEN: \"S3cr3t-\\x85\\N\"\n    DB_PASSWORD: 'S3cr3t-''q'''\n"
+                   "    AWS_KEY: 123\n    PLAIN: plain\n")
+    assert masked_env(tmp_path, text) == {"HF_TOKEN": runs.MASK, "DB_PASSWORD": runs.MASK, "AWS_KEY": runs.MASK,
+                                          "PLAIN": "plain"}
