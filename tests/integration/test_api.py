@@ -3,8 +3,6 @@ driven directly, never printing or exiting."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 LONG = "a-host-name-long-enough-to-be-cut-by-an-eighty-column-table-" + "x" * 20
