@@ -13,19 +13,18 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import logs, runstate, supervisor
+from . import logs, runstate, sh, supervisor
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
 from .launchers import Launch, run_dir
 from .plan import RankPlan
 from .render import is_root
-from .runs import Run, mask_text
+from .runs import Run
 from .runstate import RunView
 from .model import Cluster
 from .transport import Pool
@@ -187,7 +186,7 @@ class Lifecycle:
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
         job = self.cluster.job
         self.run.data["commands"] = {
-            h: [{"key": p["key"], "command": mask_text(job, dict(p["env"]), shlex.join(p["argv"])),
+            h: [{"key": p["key"], "command": sh.shown_join(p["argv"]),
                  "cwd": p["cwd"]} for p in cfg["procs"]] for h, cfg in cfgs.items()}
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
