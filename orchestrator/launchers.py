@@ -208,10 +208,17 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     return out
 
 
+def recorded_commands(configs: Mapping[str, Mapping]) -> dict[str, list[dict]]:
+    """What run.json keeps of the processes in the supervisors' configurations: {host: [{"key",
+    "command", "cwd"}]}, each command line with its Secret words masked."""
+    return {h: [{"key": p["key"], "command": sh.shown_join(p["argv"]), "cwd": p["cwd"]} for p in cfg["procs"]]
+            for h, cfg in configs.items()}
+
+
 def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
                root: bool) -> dict[str, str]:
     """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
-    plan.json, commands.json (secrets redacted; the very processes each host's supervisor
+    plan.json, commands.json (secrets masked; the very processes each host's supervisor
     starts), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
     files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),

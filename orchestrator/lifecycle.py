@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import logs, runstate, sh, supervisor
+from . import logs, runstate, supervisor
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
-from .launchers import Launch, run_dir
+from .launchers import Launch, recorded_commands, run_dir
 from .plan import RankPlan
 from .render import is_root
 from .runs import Run
@@ -185,9 +185,7 @@ class Lifecycle:
         which join it; the head starts the ranks once every host has joined."""
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
         job = self.cluster.job
-        self.run.data["commands"] = {
-            h: [{"key": p["key"], "command": sh.shown_join(p["argv"]),
-                 "cwd": p["cwd"]} for p in cfg["procs"]] for h, cfg in cfgs.items()}
+        self.run.data["commands"] = recorded_commands(cfgs)
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
             return self._start_slurm(cfgs)
