@@ -21,7 +21,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import render
+from . import render, sh
 from .plan import RankPlan
 from .model import Cluster
 
@@ -186,7 +186,7 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     """{host name: [process record]}: exactly what each host's supervisor starts for attempt 1
     of a run (`orch up` runs these very argv lists), hosts in plan order. A record is
     {"key", "argv", "env", "cwd", "stdout"} plus "rank" for a rank the supervisor starts
-    itself. With `redact`, secret env values are replaced by REDACTED."""
+    itself. With `redact`, Secret values (env, command words holding one) show as sh.MASK."""
     job = cluster.job
     roots = {h.name: root for h in plan.hosts}
     if job.launcher == "ranktable" and job.platform == "ascend" and device_ips is None:
@@ -198,8 +198,8 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     for h in plan.hosts:
         recs = []
         for p in launch.procs[h.name]:
-            env = {k: (render.REDACTED if redact and job.is_secret(k) else v) for k, v in p.env.items()}
-            rec = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in p.argv], "env": env,
+            env, argv = (sh.shown_env(p.env), map(sh.shown, p.argv)) if redact else (dict(p.env), p.argv)
+            rec = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in argv], "env": env,
                    "cwd": p.cwd, "stdout": posixpath.join(adir, p.log)}
             if p.rank is not None:
                 rec["rank"] = p.rank
@@ -208,10 +208,17 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     return out
 
 
+def recorded_commands(configs: Mapping[str, Mapping]) -> dict[str, list[dict]]:
+    """What run.json keeps of the processes in the supervisors' configurations: {host: [{"key",
+    "command", "cwd"}]}, each command line with its Secret words masked."""
+    return {h: [{"key": p["key"], "command": sh.shown_join(p["argv"]), "cwd": p["cwd"]} for p in cfg["procs"]]
+            for h, cfg in configs.items()}
+
+
 def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Mapping[int, str]] | None,
                root: bool) -> dict[str, str]:
     """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
-    plan.json, commands.json (secrets redacted; the very processes each host's supervisor
+    plan.json, commands.json (secrets masked; the very processes each host's supervisor
     starts), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
     files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),

@@ -13,7 +13,6 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -22,10 +21,10 @@ from . import logs, runstate, supervisor
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
-from .launchers import Launch, run_dir
+from .launchers import Launch, recorded_commands, run_dir
 from .plan import RankPlan
 from .render import is_root
-from .runs import Run, mask_text
+from .runs import Run
 from .runstate import RunView
 from .model import Cluster
 from .transport import Pool
@@ -186,9 +185,7 @@ class Lifecycle:
         which join it; the head starts the ranks once every host has joined."""
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
         job = self.cluster.job
-        self.run.data["commands"] = {
-            h: [{"key": p["key"], "command": mask_text(job, dict(p["env"]), shlex.join(p["argv"])),
-                 "cwd": p["cwd"]} for p in cfg["procs"]] for h, cfg in cfgs.items()}
+        self.run.data["commands"] = recorded_commands(cfgs)
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
             return self._start_slurm(cfgs)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import shlex
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import sh
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
 from .launchers import run_dir
@@ -27,9 +27,8 @@ _INT = re.compile(r"[0-9]{1,18}", re.ASCII)
 
 
 def listing_script(cluster, run_id: str) -> str:
-    quoted_dir = shlex.quote(run_dir(cluster, run_id))
-    return (f"for f in {quoted_dir}/a*/1/rank.*/stdout {quoted_dir}/a*/worker_*.log; do [ -f \"$f\" ] && "
-            "echo \"log $(stat -c %s \"$f\") $f\"; done; exit 0")
+    d = run_dir(cluster, run_id)
+    return sh.sizes([sh.glob(d, "a*/1/rank.*/stdout"), sh.glob(d, "a*/worker_*.log")])
 
 
 def parse_listing(text: str) -> dict[tuple[int, int], tuple[int, str]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal, Mapping
 
+from . import sh
 from .errors import UsageError
 
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
@@ -146,6 +147,9 @@ class Job:
     hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
     hccl_exec_timeout: int | None = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "env", sh.mark(self.env, self.is_secret))
+
     def is_secret(self, name: str) -> bool:
         return name in self.secret_env or bool(SECRET_NAME.search(name))
 
@@ -213,6 +217,19 @@ class Cluster:
     checks: Checks = Checks()
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     slurm: Slurm | None = None
+
+    def __post_init__(self):
+        """Secret values become sh.Secret here, the first place that knows both a job's secret
+        names and every host's env: whatever prints or records them (sh.shown) masks them by type.
+        A word of job.command holding a secret value (the user's own text) is found by search."""
+        job = self.job
+        hosts = tuple(h if all(isinstance(v, sh.Secret) or not job.is_secret(k) for k, v in h.env.items())
+                      else replace(h, env=sh.mark(h.env, job.is_secret)) for h in self.hosts)
+        secrets = [v for env in (job.env, *(h.env for h in hosts)) for v in env.values() if isinstance(v, sh.Secret)]
+        command = sh.mark_words(job.command, secrets) if secrets else job.command
+        object.__setattr__(self, "hosts", hosts)
+        if any(a is not b for a, b in zip(command, job.command)):
+            object.__setattr__(self, "job", replace(job, command=command))
 
     @property
     def base_dir(self) -> Path:

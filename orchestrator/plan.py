@@ -50,6 +50,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from . import sh
 from .devices import HCCN_CONF
 from .errors import PlanError
 from .hostsets import by_value
@@ -309,7 +310,7 @@ def mpirun_violations(hosts: tuple[Host, ...], platform: str) -> list[str]:
         values = {h.env.get(k) for h in hosts}
         if len(values) > 1:
             out.append(f"mpirun rule: mpirun exports ONE environment to every rank, but host env {k} differs: "
-                       + _describe_by(hosts, lambda h, k=k: h.env.get(k, "<unset>"))
+                       + _describe_by(hosts, lambda h, k=k: sh.shown(h.env.get(k, "<unset>")))
                        + "; give it the same value on every host (inventory defaults.env), set it in each "
                        "host's login environment, or use launcher msrun/ranktable (one launch per host)")
     return out

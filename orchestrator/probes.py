@@ -104,14 +104,6 @@ def section_script(name: str, body: str) -> str:
     return f"_b {name}\n(\n{body.rstrip()}\n)\n_e {name} $?"
 
 
-def with_env(env: Mapping[str, str], body: str) -> str:
-    """Commands run with these variables exported (in a subshell)."""
-    if not env:
-        return body
-    exports = "\n".join(f"{k}={shlex.quote(v)}; export {k}" for k, v in env.items())
-    return f"(\n{exports}\n{body}\n)"
-
-
 def interface_script(interface: str, launch_address: str) -> str:
     """Prints `ifc NAME ADDR/PREFIX` for job.interface on this host: the named interface, or
     (`auto`) the one its route to the launch host leaves by (for the launch host itself: the one

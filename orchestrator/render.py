@@ -19,8 +19,8 @@ Secret environment variables (Job.is_secret: listed in job.secret_env or named
 *_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv: mpirun gets `-x NAME`
 and the value travels in mpirun's own environment (`mpirun_env`), which the
 transport exports inside the script it runs, so it is not visible in `ps` or in
-the recorded command line. `launchers.launch_commands` (what `orch plan` shows) replaces
-their values with REDACTED so that plan output and run records never hold them.
+the recorded command line. Their values are sh.Secret (model.Cluster makes them so): what
+`orch plan` shows and run records hold masks them (sh.shown), what runs has them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from .model import Cluster, Host
 
 HOSTFILE = "hostfile"
 RANK_TABLE = "rank_table.json"
-REDACTED = "<redacted>"
 MSRUN_CLUSTER_TIME_OUT = 600
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 

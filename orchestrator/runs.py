@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LocalWriteError, UsageError
+from .sh import MASK, mask_values, shown
 from .model import Cluster, Host, Job
 
 RUNS_DIR = Path(".orch") / "runs"
-MASK = "***"
 CONTROLLER_LOCK = "controller.lock"
 
 
@@ -56,28 +56,6 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
 
 def mask_env(job: Job, env: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if job.is_secret(k) else v) for k, v in env.items()}
-
-
-def mask_text(job: Job, env: dict[str, str], text: str) -> str:
-    """Replace the values of `env`'s secret variables wherever they appear in `text`."""
-    return mask_values(text, [v for k, v in env.items() if job.is_secret(k)])
-
-
-MIN_MASKED = 6  # shorter values are not masked by text search: they would hit unrelated text
-
-
-def mask_values(text: str, secrets) -> str:
-    """Replace each of `secrets` (and each line of a multi-line one) in `text` by MASK.
-    A search over free text: values shorter than MIN_MASKED are left (see mask_yaml for the
-    cluster file, where every secret is found by its key, whatever its length)."""
-    values = set()
-    for v in secrets:
-        values.add(v)
-        values.update(ln.strip() for ln in v.splitlines())
-    for v in sorted(values, key=len, reverse=True):
-        if len(v) >= MIN_MASKED:
-            text = text.replace(v, MASK)
-    return text
 
 
 def secret_values(cluster: Cluster) -> list[str]:
@@ -248,10 +226,9 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
     for h in (*model["hosts"], sl.get("template"), sl.get("login_host")):
         if h:
             h["env"] = mask_env(job, h["env"])
-    secrets = secret_values(cluster)
-    model["job"].update(env=mask_env(job, dict(job.env)), command=[mask_values(a, secrets) for a in job.command])
-    try:
-        cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
+    model["job"].update(env=mask_env(job, dict(job.env)), command=[shown(a) for a in job.command])
+    try:  # the user's YAML: its secret values masked by key, then any other mention by search
+        cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secret_values(cluster))
     except (OSError, UnicodeDecodeError):
         cluster_text = None
     data = {

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator import sh
+from orchestrator.launchers import RUN_VAR
 from orchestrator.spec import Cluster, load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,13 +138,13 @@ def leftovers(run_id: str, comm: str | None = None) -> list[str]:
 
 def host_procs(lab, i: int, run_id: str) -> list[str]:
     """Processes of the run on lab host i (its own PID namespace)."""
-    res = lab.exec(i, ["sh", "-c", f"grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null; true"])
+    res = lab.exec(i, ["sh", "-c", f"{sh.env_holders(RUN_VAR, run_id)}; true"])
     return res.stdout.split()
 
 
 def remote_ls(lab, i: int, pattern: str) -> list[str]:
     """Paths matching a shell glob on lab host i (empty if none)."""
-    res = lab.exec(i, ["sh", "-c", f"for f in {pattern}; do [ -e \"$f\" ] && echo \"$f\"; done; true"])
+    res = lab.exec(i, ["sh", "-c", sh.existing([pattern])])
     return res.stdout.split()
 
 

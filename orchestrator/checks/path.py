@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from .. import probes
+from .. import probes, sh
 from ..probes import Section
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
@@ -66,7 +66,7 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
         inner = ["echo \"JOBPATH=$PATH\""] + [
             f"printf 'job\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\""
             for label, _ in job]
-        lines.append(probes.with_env({k: v for k, v in env.items() if k == "PATH"}, "\n".join(inner)))
+        lines.append(sh.with_env({k: v for k, v in env.items() if k == "PATH"}, "\n".join(inner)))
     return [("path", "\n".join(lines))]
 
 

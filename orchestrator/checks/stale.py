@@ -3,15 +3,15 @@ their environment)."""
 
 from __future__ import annotations
 
-from .. import probes
+from .. import probes, sh
+from ..launchers import RUN_VAR
 from ..probes import Section
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section
 
 STALE = Probe("stale", lambda plan, host: [("stale", (
     "echo self=$$\n"
-    "grep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ | tr '\\0' '\\n'"
-    "\ntrue"))])
+    f"{sh.env_values(RUN_VAR)}\ntrue"))])
 
 
 def judge_stale(host: Host, sec: Section) -> list[CheckResult]:

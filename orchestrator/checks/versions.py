@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Mapping, Sequence
 
-from .. import probes
+from .. import probes, sh
 from ..probes import DIST_TOOLS, NCCL_DISTS, NOT_INSTALLED, ASCEND_TOOLKIT, ProbeError, Section
 from ..hostsets import fold
 from ..model import Host
@@ -59,7 +59,7 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
                                        "elif command -v nvidia-smi >/dev/null 2>&1; then $T nvidia-smi "
                                        "--query-gpu=driver_version --format=csv,noheader 2>&1\n"
                                        f"else echo {NOT_INSTALLED}; fi"))
-    return [(n, probes.with_env(env, b)) for n, b in out]
+    return [(n, sh.with_env(env, b)) for n, b in out]
 
 
 VERSIONS = Probe("versions", _shell)

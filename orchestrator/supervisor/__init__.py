@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .. import sh
 from ..launchers import AGENT, RUN_VAR, Launch, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
@@ -92,7 +93,7 @@ def start_script(cfg: Mapping) -> str:
     q = shlex.quote
     conf = json.dumps(cfg, separators=(",", ":"))
     return (_write_agent(rdir)
-            + f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
+            + f"{sh.assignments({RUN_VAR: cfg['run_id'], 'ORCH_AGENT': '1'})} exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
             f"<<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
 
 
@@ -217,9 +218,7 @@ def sweep_script(run_id: str, signal_name: str | None, grace: float = STOP_GRACE
     """Signal every process of this run on a host (found by ORCH_RUN_ID in its environment),
     supervisors included; with TERM, wait up to `grace` seconds, then KILL what is left.
     The last resort after asking the run's head to stop it. Prints what it did."""
-    needle = shlex.quote(f"{RUN_VAR}={run_id}")
-    find = (f"find_pids() {{ grep -lzxF -- {needle} /proc/[0-9]*/environ 2>/dev/null | "
-            "cut -d/ -f3 | grep -vx \"$$\"; }\n")
+    find = sh.pids_function(RUN_VAR, run_id)
     if signal_name is None:
         return find + "find_pids | tr '\\n' ' '\n"
     steps = int(grace / 0.2)

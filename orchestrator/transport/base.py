@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping, Sequence
 
+from .. import sh
 from ..errors import HostError, LocalWriteError, RemoteCommandError
 from ..model import Host
 
@@ -220,21 +221,11 @@ def quote_argv(argv: Iterable[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def env_exports(env: Mapping[str, str] | None) -> list[str]:
-    """`export NAME='value'` lines (every value quoted); a bad name is a bug, never quoted away."""
-    parts = []
-    for k, v in (env or {}).items():
-        if not k.replace("_", "a").isalnum() or k[0].isdigit() or not k.isascii():
-            raise ValueError(f"bad environment variable name {k!r}")
-        parts.append(f"export {k}={shlex.quote(str(v))}")
-    return parts
-
-
 def build_script(command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
                  cwd: str | None = None, exec_argv: bool = False) -> str:
     """env exports, cd, then the command: a sh snippet as is, an argv quoted (and with
     `exec_argv`, exec'd: the shell becomes the command instead of waiting for it)."""
-    parts = env_exports(env)
+    parts = sh.exports(env)
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} || exit 125")
     if isinstance(command, str):
@@ -264,17 +255,13 @@ def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, s
     `sh -c` (alive for the whole job, its command line visible in `ps`) inherits them instead
     of carrying them in its text."""
     # With an rc file, a wrapper shell waits for `inner` (exec'ing its argv, see build_script) to
-    # record its exit code. The wrapper's own stderr is /dev/null: its note about a child killed by
-    # a signal ("Killed", "Terminated") is not the process's output and must not land in its log.
-    body = inner if rc_file is None else (
-        f"exec 3>&2 2>/dev/null\n( exec 2>&3 3>&-\n{inner}\n)\nrc=$?\n"
-        f"echo $rc > {shlex.quote(rc_file + '.tmp')} && mv -f {shlex.quote(rc_file + '.tmp')} "
-        f"{shlex.quote(rc_file)}\nexit $rc")
+    # record its exit code (sh.record_exit).
+    body = inner if rc_file is None else sh.record_exit(inner, rc_file)
     ql = shlex.quote(log)
     mk = f"mkdir -p {shlex.quote(os.path.dirname(log) or '.')}"
     if rc_file:
         mk += f" {shlex.quote(os.path.dirname(rc_file) or '.')} && rm -f {shlex.quote(rc_file)}"
-    exports = env_exports({**(env or {}), **(dict([marker]) if marker is not None else {})})
+    exports = sh.exports({**(env or {}), **(dict([marker]) if marker is not None else {})})
     # In a non-interactive sh a background job is not a group leader, so setsid does not
     # fork: $! (the subshell, which execs setsid and then sh) is the new session's leader,
     # and its pid is the process group id.

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator import sh
+from orchestrator.launchers import RUN_VAR
 from tests.support import (leftovers, orch, remote_ls, run_ids, run_record, spawn_orch,
                            up_then_kill_controller, wait_until, write_fault_cluster)
 
@@ -164,7 +166,7 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
     run_id = orch("up", "--detach", "-q", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
 
     def run_cmdlines(i: int) -> list[str]:
-        return life.exec(i, ["sh", "-c", f"for p in $(grep -lzxF ORCH_RUN_ID={run_id} /proc/[0-9]*/environ); do "
+        return life.exec(i, ["sh", "-c", f"for p in $({sh.env_holders(RUN_VAR, run_id)}); do "
                                          "tr '\\0' ' ' < ${p%/environ}/cmdline; echo; done 2>/dev/null; true"]
                          ).stdout.splitlines()
 

@@ -276,7 +276,7 @@ def test_probe_quotes_hostile_values(tmp_path):
                 command=("python3", "x.py"))
     s = checks.make_check_plan(c).script(c.hosts[0])
     assert "W='/data/it'\"'\"'s; rm -rf /'" in s
-    assert "PATH='/opt/$(reboot)/bin'; export PATH" in s
+    assert "export PATH='/opt/$(reboot)/bin'" in s
     assert subprocess.run(["sh", "-n"], input=s, text=True).returncode == 0
 
 
@@ -284,7 +284,7 @@ def test_path_applies_job_env_path_and_mpirun_prefix(tmp_path):
     c = cluster(tmp_path, env={"PATH": "/opt/mpi/bin:/usr/bin"}, mpirun_args=("--prefix", "/opt/mpi"))
     assert checks.launch_tools(c) == [("mpirun", "job"), ("orted", "/opt/mpi/bin/orted"), ("python3", "job")]
     s = checks.make_check_plan(c).script(c.hosts[0])
-    assert "PATH=/opt/mpi/bin:/usr/bin; export PATH" in s and "[ -x /opt/mpi/bin/orted ]" in s
+    assert "export PATH=/opt/mpi/bin:/usr/bin" in s and "[ -x /opt/mpi/bin/orted ]" in s
 
 
 # --------------------------------------------------------------------------- judging one host (real output)

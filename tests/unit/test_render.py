@@ -19,9 +19,10 @@ from orchestrator.devices import parse_hccn_conf
 from orchestrator.plan import device_ips_for, make_plan, server_key
 from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (
-    REDACTED, hostfile, mpirun_argv, mpirun_env, msrun_argv, node_env, msrun_script,
+    hostfile, mpirun_argv, mpirun_env, msrun_argv, node_env, msrun_script,
     rank_env, rank_table, rank_table_filename, rank_table_legacy, rank_table_v1,
 )
+from orchestrator.sh import MASK
 from orchestrator.spec import Cluster, Host, Job
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -313,7 +314,7 @@ def test_launch_commands_ranktable_redacts_secrets():
     assert list(cmds) == ["10.0.0.1", "10.0.0.2"]
     rec = cmds["10.0.0.2"][1]
     assert rec["rank"] == 3 and rec["argv"] == ["python", "net.py"] and rec["cwd"] == "/data/job"
-    assert rec["env"]["API_KEY"] == REDACTED and rec["env"]["LR"] == "0.1" and rec["env"]["DEVICE_ID"] == "1"
+    assert rec["env"]["API_KEY"] == MASK and rec["env"]["LR"] == "0.1" and rec["env"]["DEVICE_ID"] == "1"
     assert rec["stdout"] == "/data/job/.orch/<run-id>/a1/1/rank.3/stdout"
     assert launch_commands(c, plan, root=False, redact=False)["10.0.0.2"][1]["env"]["API_KEY"] == "k"
 
