@@ -79,18 +79,47 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool) -> dict:
+    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}."""
+    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
+    return _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
+        pool[h].run(script).check("preparing the launch").out))
+
+
+class Early:
+    """A read-only round trip sent now, its replies taken later (`up` sends prepare's along with
+    the preflight checks'). A thread of its own, never waited for once the caller gives up."""
+
+    def __init__(self, fn: Callable, *args):
+        import threading
+
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="orch-early")
+        self._thread.start()
+
+    def _run(self, fn, *args):
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - given back to the caller by result()
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None) -> Prepared:
+            events: Events | None = None, replies: dict | None = None) -> Prepared:
     """One round trip per host before anything is written: who we are there (root or not),
     job.interface there, python3 for the supervisor, and no other live run in the workdir
     (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
-    was started."""
+    was started. `replies`: that round trip's, already made (ask_prepare)."""
     from . import probes
 
     events = events or Events()
-    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
-        pool[h].run(script).check("preparing the launch").out))
+    res = replies if replies is not None else ask_prepare(cluster, plan, pool)
     bad = [o.error for o in res.values() if not o.ok]
     if bad:
         raise PreflightFailed("cannot reach every host; nothing was started:\n" + "\n".join(f"  {e}" for e in bad))
