@@ -394,9 +394,10 @@ class Lifecycle:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
         hosts = [h for h in self.plan.hosts if h.name not in lost]
-        out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts)
         attempt = self.view.attempt if self.view and self.view.attempt else 1
-        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt)
+        out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
+        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt,  # the others'
+                                 hosts=[h.name for h in self.plan.hosts if out.get(h.name) != "ok"])
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
         for name, why in missing.items():
