@@ -152,7 +152,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
 
             events.step(f"checking {len(cluster.hosts)} host(s)")
             # prepare only reads: its round trip goes out with the checks', its replies are judged after them
-            early = lifecycle.Early(lifecycle.ask_prepare, cluster, rp, pool)
+            early = lifecycle.Early(lifecycle.ask_prepare, cluster, rp, pool, True)
             report = checks.run_checks(cluster, pool)
             if not report.ok:
                 exc = PreflightFailed("preflight failed: nothing was started",

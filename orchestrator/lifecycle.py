@@ -79,8 +79,15 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool) -> dict:
-    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}."""
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, head_first: bool = False) -> dict:
+    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}.
+    `head_first`: the launch host's connection first, alone (as the checks make it: its probe,
+    the mesh test, takes longest), then the others'."""
+    if head_first:
+        try:
+            pool[plan.launch_host].connect()
+        except OrchError:
+            pass  # said by its round trip below
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
     return _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
