@@ -339,7 +339,7 @@ class Lifecycle:
 
         while True:
             attempt = int(state.get("attempt") or 1)
-            args = ["watch"]
+            args = ["watch", "--to-end"]  # not only until the followed rank has ended: the run's end is pushed too
             if rank is not None:
                 pos.setdefault((rank, attempt), self._local_size(rank, attempt))
                 args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",

@@ -1,12 +1,12 @@
 """Launch overhead: `orch up` of a hello-world mpirun job against doing it by hand.
 
     python tests/benchmarks/bench_up.py [--repeat 3] [--keep] [--hosts 4 --slots 2]
-        [--tree-spawn default|off|both]
+        [--tree-spawn default|off|both] [--follow] [--before SRC]
 
 N lab hosts x S ranks (default 4 x 2, lab `pbup`; other sizes lab `pbupN`), job `echo hello`
 under mpirun.
 
-- orch:   `orch up FILE -q`: checks, render + distribute (hostfile), launch, follow, gather
+- orch:   `orch up FILE -q` (--follow: without -q, rank 0's output followed): checks, render + distribute (hostfile), launch, follow, gather
           every rank's log into .orch/runs/<id>/logs;
 - manual: what one types without orch: `ssh head mpirun --allow-run-as-root -H a:2,b:2,c:2,d:2
           -np 8 --output-filename DIR/log_output echo hello`, then `ssh host tar c log_output |
@@ -43,11 +43,11 @@ MANUAL_WORKDIR = "/data/benchup-manual"
 NO_TREE_SPAWN = ["-mca", "plm_rsh_no_tree_spawn", "1"]
 
 
-def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None):
+def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None, follow: bool = False):
     env = base_env()
     if src:  # another copy of the package (--before) in place of this tree's
         env["PYTHONPATH"] = ":".join([src] + env["PYTHONPATH"].split(":")[1:])
-    m = measure(ORCH + ["up", str(cluster), "-q"], env=env, cwd=cwd, timeout=600)
+    m = measure(ORCH + ["up", str(cluster)] + ([] if follow else ["-q"]), env=env, cwd=cwd, timeout=600)
     runs = sorted((cwd / ".orch" / "runs").glob("*/logs"), key=lambda p: p.stat().st_mtime)
     logs = runs[-1] if runs else None
     complete = logs is not None and all(
@@ -79,7 +79,7 @@ def run_manual(hosts, slots: int, dest: Path, out_name: str = "log_output", mca:
 
 
 def bench(repeat: int, keep: bool, lab_name: str = "pbup", n_hosts: int = N_HOSTS, slots: int = SLOTS,
-          tree_spawn: str = "default", before: str | None = None):
+          tree_spawn: str = "default", before: str | None = None, follow: bool = False):
     lab = lab_up(lab_name, n_hosts)
     hosts = lab_hosts([lab], n_hosts)
     variants = {"default": [""], "off": ["no-tree"], "both": ["", "no-tree"]}[tree_spawn]
@@ -100,7 +100,7 @@ def bench(repeat: int, keep: bool, lab_name: str = "pbup", n_hosts: int = N_HOST
                     counter = SshdCounter(hosts).start()
                     if tool.startswith(("orch", "before")):
                         m, complete = run_orch(clusters[v], work, n_hosts * slots,
-                                               before if tool.startswith("before") else None)
+                                               before if tool.startswith("before") else None, follow)
                     else:
                         n += 1
                         m, complete = run_manual(hosts, slots, work / f"manual{n}", f"log_output{n}",
@@ -169,11 +169,12 @@ def main(argv=None) -> None:
     ap.add_argument("--hosts", type=int, default=N_HOSTS)
     ap.add_argument("--slots", type=int, default=SLOTS)
     ap.add_argument("--tree-spawn", choices=("default", "off", "both"), default="default")
+    ap.add_argument("--follow", action="store_true", help="`orch up` as typed: rank 0's output followed (no -q)")
     ap.add_argument("--before", default=None, metavar="SRC",
                     help="also run `orch up` from this copy of the package (a before/after comparison)")
     a = ap.parse_args(argv)
     lab = "pbup" if a.hosts <= N_HOSTS else f"pbup{a.hosts}"
-    text, records = bench(a.repeat, a.keep, lab, a.hosts, a.slots, a.tree_spawn, a.before)
+    text, records = bench(a.repeat, a.keep, lab, a.hosts, a.slots, a.tree_spawn, a.before, a.follow)
     print(text)
     print("\n".join(verdicts(records)))
 
