@@ -95,8 +95,8 @@ def start_script(cfg: Mapping) -> str:
     q = shlex.quote
     conf = json.dumps(cfg, separators=(",", ":"))
     return (_write_agent(rdir)
-            + f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec {' '.join(PY)} {q(rdir + '/' + AGENT)} start {q(rdir)} "
-            f"<<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
+            + f"{RUN_VAR}={q(cfg['run_id'])} ORCH_AGENT=1 exec {' '.join(PY)} {q(rdir + '/' + AGENT)} "
+            f"start {q(rdir)} <<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
 
 
 def stage_script(cfg: Mapping) -> str:

@@ -6,8 +6,8 @@
 N lab hosts x S ranks (default 4 x 2, lab `pbup`; other sizes lab `pbupN`), job `echo hello`
 under mpirun.
 
-- orch:   `orch up FILE -q` (--follow: without -q, rank 0's output followed): checks, render + distribute (hostfile), launch, follow, gather
-          every rank's log into .orch/runs/<id>/logs;
+- orch:   `orch up FILE -q` (--follow: without -q, rank 0's output followed): checks, render +
+          distribute (hostfile), launch, follow, gather every rank's log into .orch/runs/<id>/logs;
 - manual: what one types without orch: `ssh head mpirun --allow-run-as-root -H a:2,b:2,c:2,d:2
           -np 8 --output-filename DIR/log_output echo hello`, then `ssh host tar c log_output |
           tar x` from every host at once. Its own workdir (orch's makes log_output a link to
