@@ -81,18 +81,54 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, head_first: bool = False) -> dict:
+    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}.
+    `head_first`: the launch host's connection first, alone (as the checks make it: its probe,
+    the mesh test, takes longest), then the others'."""
+    if head_first:
+        try:
+            pool[plan.launch_host].connect()
+        except OrchError:
+            pass  # said by its round trip below
+    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
+    return _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
+        pool[h].run(script).check("preparing the launch").out))
+
+
+class Early:
+    """A read-only round trip sent now, its replies taken later (`up` sends prepare's along with
+    the preflight checks'). A thread of its own, never waited for once the caller gives up."""
+
+    def __init__(self, fn: Callable, *args):
+        import threading
+
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="orch-early")
+        self._thread.start()
+
+    def _run(self, fn, *args):
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - given back to the caller by result()
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None) -> Prepared:
+            events: Events | None = None, replies: dict | None = None) -> Prepared:
     """One round trip per host before anything is written: who we are there (root or not),
     job.interface there, python3 for the supervisor, and no other live run in the workdir
     (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
-    was started."""
+    was started. `replies`: that round trip's, already made (ask_prepare)."""
     from . import probes
 
     events = events or Events()
-    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    res = _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
-        pool[h].run(script).check("preparing the launch").out))
+    res = replies if replies is not None else ask_prepare(cluster, plan, pool)
     res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
     problems = []
     for name, o in res.items():
@@ -294,7 +330,7 @@ class Lifecycle:
 
         while True:
             attempt = int(state.get("attempt") or 1)
-            args = ["watch"]
+            args = ["watch", "--to-end"]  # not only until the followed rank has ended: the run's end is pushed too
             if rank is not None:
                 pos.setdefault((rank, attempt), self._local_size(rank, attempt))
                 args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",
@@ -356,9 +392,10 @@ class Lifecycle:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
         hosts = [h for h in self.plan.hosts if h.name not in lost]
-        out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts)
         attempt = self.view.attempt if self.view and self.view.attempt else 1
-        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt)
+        out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
+        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt,  # the others'
+                                 hosts=[h.name for h in self.plan.hosts if out.get(h.name) != "ok"])
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
         for name, why in missing.items():

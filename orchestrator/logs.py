@@ -11,36 +11,18 @@ run never duplicate bytes. Reading streams blocks: memory stays bounded whatever
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import sh
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
 from .launchers import run_dir
 from .runs import Run
 
-_LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")
-_INT = re.compile(r"[0-9]{1,18}", re.ASCII)
-
-
-def listing_script(cluster, run_id: str) -> str:
-    d = run_dir(cluster, run_id)
-    return sh.sizes([sh.glob(d, "a*/1/rank.*/stdout"), sh.glob(d, "a*/worker_*.log")])
-
-
-def parse_listing(text: str) -> dict[tuple[int, int], tuple[int, str]]:
-    """The listing's output -> {(attempt, rank): (size, path)}. Lines it does not understand are ignored."""
-    out = {}
-    for line in text.splitlines():
-        kind, _, rest = line.partition(" ")
-        size, _, path = rest.partition(" ")
-        m = _LOG.search(path)
-        if kind == "log" and m and _INT.fullmatch(size):
-            out[(int(m.group(1)), int(m.group(2) or m.group(3)))] = (int(size), path)
-    return out
+_LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")  # (attempt, rank)
 
 
 @contextmanager
@@ -74,51 +56,271 @@ def append(run: Run, rank: int, attempt: int, offset: int, data: bytes) -> None:
                                   hint="free some space here, then `orch logs` fetches the rest") from None
 
 
-def fetch(run: Run, transport, rank: int, attempt: int, path: str, size: int) -> int:
-    """Bring the local copy of one rank's log up to date (only the new bytes move)."""
-    local = run.local_log(rank, attempt)
-    with _locked(local):
-        have = local.stat().st_size if local.exists() else 0
-        if size < have:  # rewritten remotely: start again
-            have = 0
-        if size == have:
-            return 0
-        return transport.get(path, local, offset=have)
+# Runs on a host (python3 -S, stdlib only): the new bytes of every log of the given ranks (every
+# attempt), as the listing finds them, and the launcher's own log, in one framed stream:
+#   R <attempt> <rank>\n                          a log rewritten there (shorter than here): again from 0
+#   D <attempt> <rank> <offset> <n>\n<n bytes>   a log's bytes from <offset>
+#   L <n>\n<n bytes>                             the launcher's log, whole, in pieces
+GATHER_PY = r'''
+import glob, json, os, re, sys
+req = json.loads(sys.argv[1])
+rd, mine, have = glob.escape(req["dir"]), set(req["ranks"]), req["have"]
+out = sys.stdout.buffer
+pat = re.compile(req["pattern"])
+found = {}
+for f in sorted(glob.glob(rd + "/a*/1/rank.*/stdout")) + sorted(glob.glob(rd + "/a*/worker_*.log")):
+    m = pat.search(f)
+    if m and os.path.isfile(f):
+        found[(int(m.group(1)), int(m.group(2) or m.group(3)))] = f
+
+def send(path, head, off, again=b""):
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        end = os.fstat(fh.fileno()).st_size
+        if end < off:
+            out.write(again)
+            off = 0
+        fh.seek(off)
+        while off < end:
+            data = fh.read(min(1 << 20, end - off))
+            if not data:
+                break
+            out.write(head(off, len(data)) + data)
+            off += len(data)
+
+for (a, r), f in sorted(found.items()):
+    if r in mine:
+        send(f, lambda off, n: b"D %d %d %d %d\n" % (a, r, off, n), have.get("%d:%d" % (a, r), 0),
+             b"R %d %d\n" % (a, r))
+if req.get("launcher"):
+    send(req["launcher"], lambda off, n: b"L %d\n" % n, 0)
+out.flush()
+'''
 
 
-def gather(run: Run, cluster, plan, pool, hosts=None) -> dict[str, str]:
-    """Fetch every rank's new log bytes (every attempt) from every given host. Never raises:
-    {host: "ok" or why not}."""
+def _cannot_write(path, exc: OSError) -> LocalWriteError:
+    return LocalWriteError(f"cannot write {path}: {exc.strerror or exc}",
+                           hint="free some space here, then `orch logs` fetches the rest")
+
+
+class _Gathered:
+    """The sink of a host's gather stream: each log's bytes into its local copy as `append` puts
+    them (under the copy's lock, held while its bytes come; never a byte twice, never a gap),
+    the launcher's log into a temporary file that replaces its copy once the stream is complete."""
+
+    def __init__(self, run: Run, launcher: Path | None):
+        self.run = run
+        self.buf = bytearray()
+        self.left = 0               # bytes of the current frame still to come
+        self.skip = 0               # of which to drop (already here)
+        self.out = None             # where the current frame's kept bytes go
+        self.key: tuple[int, int] | None = None
+        self.log = None             # (its lock, the file written, the copy it becomes or None) of log self.key
+        self.pos = 0                # the local copy's size
+        self.launcher = launcher
+        self.tmp: tuple[Path, object] | None = None
+
+    def write(self, data: bytes) -> int:
+        self.buf += data
+        while self.buf:
+            if self.left:
+                n = min(self.left, len(self.buf))
+                drop = min(self.skip, n)
+                if self.out is not None and n > drop:
+                    try:
+                        self.out.write(self.buf[drop:n])
+                    except OSError as exc:
+                        if self.out is not self.tmp_fh:  # named as the copy (a new one is a temporary file)
+                            raise _cannot_write(self.log[2] or self.out.name, exc) from None
+                        self.out, self.launcher = None, None  # left out, as fetch_launcher_logs does
+                    else:
+                        if self.out is not self.tmp_fh:
+                            self.pos += n - drop
+                del self.buf[:n]
+                self.left -= n
+                self.skip -= drop
+                continue
+            i = self.buf.find(b"\n")
+            if i < 0:
+                break
+            line = bytes(self.buf[:i]).split()
+            del self.buf[:i + 1]
+            nums = [int(x) for x in line[1:] if x.isdigit()]
+            if line[:1] == [b"D"] and len(line) == len(nums) + 1 == 5:
+                attempt, rank, off, self.left = nums
+                self._open(rank, attempt)
+                # as append(): the bytes [off, off + n) go at the copy's end; those below it are here already
+                self.out, self.skip = (self.log[1], self.pos - off) if off <= self.pos else (None, 0)
+            elif line[:1] == [b"R"] and len(line) == len(nums) + 1 == 3:
+                self._open(nums[1], nums[0])
+                self._truncate()
+            elif line[:1] == [b"L"] and len(line) == len(nums) + 1 == 2:
+                self._close_log(True)
+                self.out, self.skip, self.left = self._launcher_file(), 0, nums[0]
+            else:
+                raise OrchError(f"unreadable gather stream: {b' '.join(line)[:100]!r}")
+        return len(data)
+
+    @property
+    def tmp_fh(self):
+        return self.tmp[1] if self.tmp else None
+
+    def _open(self, rank: int, attempt: int) -> None:
+        if self.key == (rank, attempt):
+            return
+        self._close_log(True)
+        local = self.run.local_log(rank, attempt)
+        lock = _locked(local)
+        lock.__enter__()
+        try:
+            if local.exists():
+                fh, tmp = open(local, "r+b"), None
+                self.pos = fh.seek(0, os.SEEK_END)
+            else:  # a new copy appears whole or not at all (as Transport.get writes one)
+                fh, tmp = self._temp(local), local
+                self.pos = 0
+        except OSError as exc:
+            lock.__exit__(None, None, None)
+            raise _cannot_write(local, exc) from None
+        self.key, self.log = (rank, attempt), (lock, fh, tmp)
+
+    @staticmethod
+    def _temp(local: Path):
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
+        os.close(fd)
+        return open(tmp, "wb")  # named by its path (fh.name), as mkstemp made it (0600)
+
+    def _truncate(self) -> None:
+        """Rewritten there: the copy is fetched again from the start, into a new file."""
+        lock, fh, tmp = self.log
+        if tmp is None:
+            local = Path(fh.name)
+            fh.close()
+            try:
+                self.log = (lock, self._temp(local), local)
+            except OSError as exc:
+                raise _cannot_write(local, exc) from None
+        self.pos = 0
+
+    def _close_log(self, complete: bool) -> None:
+        """Done with the current log: a new copy into place if `complete`, else away."""
+        if self.log is not None:
+            lock, fh, local = self.log
+            self.log, self.key, self.out = None, None, None
+            try:
+                fh.close()
+                if local is not None and complete:
+                    os.replace(fh.name, local)
+            except OSError as exc:
+                raise _cannot_write(local or fh.name, exc) from None
+            finally:
+                if local is not None and os.path.exists(fh.name):
+                    os.unlink(fh.name)
+                lock.__exit__(None, None, None)
+
+    def _launcher_file(self):
+        if self.launcher is None:
+            return None
+        if self.tmp is None:
+            try:  # like fetch_launcher_logs: a launcher log that cannot be kept is left out, silently
+                self.launcher.parent.mkdir(parents=True, exist_ok=True)
+                fh = self._temp(self.launcher)
+            except OSError:
+                return None
+            self.tmp = (Path(fh.name), fh)
+        return self.tmp[1]
+
+    def close(self, ok: bool) -> None:
+        """The stream has ended (`ok`: completely): the launcher's log into place."""
+        try:
+            self._close_log(ok and not self.left)
+        finally:
+            if self.tmp is not None:
+                path, fh = self.tmp
+                try:
+                    fh.close()
+                    if ok and not self.left and self.launcher is not None:
+                        os.replace(path, self.launcher)
+                except OSError:
+                    pass
+                finally:
+                    if path.exists():
+                        path.unlink()
+
+    def flush(self) -> None:
+        pass
+
+
+def gather_script(run: Run, cluster, ranks, launcher_log: str | None = None) -> list[str]:
+    """The argv of one host's gather (GATHER_PY): its ranks' logs from the sizes here on."""
+    have = {}
+    for rank in ranks:
+        for attempt in range(1, _latest_local_attempt(run, [rank]) + 1):
+            p = run.local_log(rank, attempt)
+            if p.exists():
+                have[f"{attempt}:{rank}"] = p.stat().st_size
+    req = {"dir": run_dir(cluster, run.id), "ranks": sorted(ranks), "have": have, "launcher": launcher_log,
+           "pattern": _LOG.pattern}
+    from .supervisor import PY
+
+    return [*PY, "-c", GATHER_PY, json.dumps(req, separators=(",", ":"))]
+
+
+def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | None = None) -> dict[str, str]:
+    """Fetch every rank's new log bytes (every attempt) from every given host, in one round trip
+    per host; with `launcher_attempt`, the launcher's own log of that attempt too (as
+    fetch_launcher_logs). Never raises: {host: "ok" or why not}."""
+    launchers = launcher_hosts(cluster, plan) if launcher_attempt is not None else []
+
     def one(h):
-        t = pool[h]
-        found = parse_listing(t.run(listing_script(cluster, run.id)).check("listing logs").out)
-        mine = {r.rank for r in plan.by_host(h.name)}
-        n = 0
-        for (attempt, rank), (size, path) in sorted(found.items()):
-            if rank in mine:
-                n += fetch(run, t, rank, attempt, path, size)
-        return n
+        remote = local = None
+        if h.name in launchers:
+            remote, local = launcher_log(run, cluster, plan, h, launcher_attempt)
+        sink = _Gathered(run, local)
+        ok = False
+        try:
+            res = pool[h].run(gather_script(run, cluster, [r.rank for r in plan.by_host(h.name)], remote), sink=sink)
+            ok = res.ok
+        finally:
+            sink.close(ok)
+        res.check("gathering logs")
 
     hosts = plan.hosts if hosts is None else hosts
     res = fan_out(hosts, one, limit=cluster.ssh.fanout)
     return {n: ("ok" if o.ok else str(o.error)) for n, o in res.items()}
 
 
-def fetch_launcher_logs(run: Run, cluster, plan, pool, attempt: int) -> None:
-    """mpirun's / msrun's own output (what it said when it failed before any rank ran), into
-    launcher/a<K>-node<N>-<name> (N: the host's place in the plan; host names may hold anything)."""
+def launcher_hosts(cluster, plan) -> list[str]:
+    """The hosts where the launcher itself (mpirun, msrun, torchrun) writes a log of its own."""
+    if cluster.job.launcher not in ("mpirun", "msrun", "torchrun"):
+        return []
+    return [plan.launch_host.name] if cluster.job.launcher == "mpirun" else [h.name for h in plan.hosts]
+
+
+def launcher_log(run: Run, cluster, plan, h, attempt: int) -> tuple[str, Path]:
+    """(where the launcher's log of `attempt` is on host h, where its copy goes here)."""
     import posixpath
 
-    if cluster.job.launcher not in ("mpirun", "msrun", "torchrun"):
-        return
     name = f"{cluster.job.launcher}.log"
-    hosts = [plan.launch_host] if cluster.job.launcher == "mpirun" else list(plan.hosts)
-    for h in hosts:
-        try:
-            pool[h].get(posixpath.join(run_dir(cluster, run.id), f"a{attempt}", name),
-                        run.dir / "launcher" / f"a{attempt}-node{plan.node_rank(h.name)}-{name}")
-        except (OrchError, OSError):
-            pass
+    return (posixpath.join(run_dir(cluster, run.id), f"a{attempt}", name),
+            run.dir / "launcher" / f"a{attempt}-node{plan.node_rank(h.name)}-{name}")
+
+
+def fetch_launcher_logs(run: Run, cluster, plan, pool, attempt: int, hosts=None) -> None:
+    """mpirun's / msrun's own output (what it said when it failed before any rank ran), into
+    launcher/a<K>-node<N>-<name> (N: the host's place in the plan; host names may hold anything).
+    `hosts`: only these (names); gather(launcher_attempt=K) brings the others' along."""
+    for h in plan.hosts:
+        if h.name in launcher_hosts(cluster, plan) and (hosts is None or h.name in hosts):
+            try:
+                pool[h].get(*launcher_log(run, cluster, plan, h, attempt))
+            except (OrchError, OSError):
+                pass
 
 
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:

@@ -392,7 +392,7 @@ cmd_list() if sys.argv[1] == "list" else cmd_recv()
 
 
 def _receiver_argv(mode: str, workdir: str) -> list[str]:
-    return ["python3", "-c", RECEIVER, mode, workdir]
+    return ["python3", "-S", "-c", RECEIVER, mode, workdir]  # stdlib only: no site (supervisor.PY)
 
 
 # --------------------------------------------------------------------------- the controller's side

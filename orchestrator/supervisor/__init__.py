@@ -23,6 +23,9 @@ LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host c
 JOIN_TIMEOUT = 60.0
 START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's supervisor running
 MIN_PYTHON = (3, 8)  # agent.py runs on the hosts' python3 (the non-interactive ssh PATH's), stdlib only
+# orch's own python on the hosts (agent, receiver, probes of the launch) needs nothing but the standard
+# library: without `site` (-S), each start skips the site-packages' .pth files (a third of it, often more)
+PY = ("python3", "-S")
 # prints the major.minor of the python3 the supervisor would run, nothing if there is none
 PYTHON_VERSION_SH = ("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null")
 
@@ -93,8 +96,8 @@ def start_script(cfg: Mapping) -> str:
     q = shlex.quote
     conf = json.dumps(cfg, separators=(",", ":"))
     return (_write_agent(rdir)
-            + f"{sh.assignments({RUN_VAR: cfg['run_id'], 'ORCH_AGENT': '1'})} exec python3 {q(rdir + '/' + AGENT)} start {q(rdir)} "
-            f"<<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
+            + f"{sh.assignments({RUN_VAR: cfg['run_id'], 'ORCH_AGENT': '1'})} exec {' '.join(PY)} "
+            f"{q(rdir + '/' + AGENT)} start {q(rdir)} <<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
 
 
 def stage_script(cfg: Mapping) -> str:
@@ -149,7 +152,7 @@ def prepare_script(cluster: Cluster, launch_address: str = "") -> str:
     lock = f"{cluster.job.workdir.rstrip('/')}/.orch/lock"
     iface = interface_script(cluster.job.interface, launch_address) + "\n" if cluster.job.interface else ""
     return (f"echo uid $(id -u)\necho arch $(uname -m)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
-            f"python3 -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
+            f"{' '.join(PY)} -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
 
 
 def parse_prepare(text: str) -> dict:
@@ -189,7 +192,7 @@ def python_problem(version: str | None) -> str | None:
 
 def agent_argv(cluster: Cluster, run_id: str, *args: str) -> list[str]:
     rdir = run_dir(cluster, run_id)
-    return ["python3", f"{rdir}/{AGENT}", args[0], rdir, *args[1:]]
+    return [*PY, f"{rdir}/{AGENT}", args[0], rdir, *args[1:]]
 
 
 def status_script(cluster: Cluster, run_id: str | None) -> str:
@@ -200,7 +203,7 @@ def status_script(cluster: Cluster, run_id: str | None) -> str:
         return shlex.join(agent_argv(cluster, run_id, "status")) + " 2>/dev/null || echo '{}'"
     return (f"d=$(ls -1d {shlex.quote(base)}/*/state.json 2>/dev/null | sort | tail -n 1)\n"
             "[ -n \"$d\" ] || { echo '{}'; exit 0; }\nd=${d%/state.json}\n"
-            "python3 \"$d/agent.py\" status \"$d\" 2>/dev/null || echo '{}'")
+            f"{' '.join(PY)} \"$d/agent.py\" status \"$d\" 2>/dev/null || echo '{{}}'")
 
 
 def parse_json_line(text: str) -> dict:

@@ -12,9 +12,10 @@ the probe script) and run with the host's python3 (3.8 or newer, standard librar
                                    and waits for both: the batch script of the allocation
     agent.py rank -- CMD...        wraps one rank started by mpirun or msrun: records its
                                    pid, and its exit code or signal, for the host's agent
-    agent.py watch RUNDIR [--rank N ...] [--offset N=BYTES ...]
+    agent.py watch RUNDIR [--rank N ...] [--offset N=BYTES ...] [--to-end]
                                    streams the run's state (from the head) and the named
-                                   ranks' output (from this host) to stdout, until the end
+                                   ranks' output (from this host) to stdout, until they have
+                                   ended (--to-end: until the run has, restarts included)
     agent.py stop RUNDIR REASON    asks the run's head agent to stop the run (from any host)
     agent.py status RUNDIR         this host's view of the run, one JSON document
 
@@ -1255,8 +1256,8 @@ class Tail:
         self.rank, self.offset, self.attempt = rank, offset, attempt
 
 
-def cmd_watch(rundir, ranks, offsets, first_attempt=1):
-    """Stream to stdout, until the run ends (or every named rank has ended):
+def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
+    """Stream to stdout, until the run ends (or every named rank has ended, unless `to_end`):
          E <json>\\n           the head's state (on every change)
          O <rank> <attempt> <n>\\n<n bytes>   new output of a named rank on this host
          H\\n                  at least once a second (the reader's sign of life)"""
@@ -1324,7 +1325,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1):
             out.write(b"X end\n")
             out.flush()
             return 0
-        if state and ranks:
+        if state and ranks and not to_end:
             mine = [r for r in state.get("ranks", []) if r["rank"] in tails]
             if mine and all(r.get("end") is not None for r in mine) and state.get("state") != "starting":
                 pump(attempt, final=True)
@@ -1365,17 +1366,19 @@ def main(argv):
     if cmd == "status":
         return cmd_status(argv[2])
     if cmd == "watch":
-        ranks, offsets, first = [], {}, 1
+        ranks, offsets, first, to_end = [], {}, 1, False
         it = iter(argv[3:])
         for a in it:
-            if a == "--attempt":
+            if a == "--to-end":
+                to_end = True
+            elif a == "--attempt":
                 first = int(next(it))
             elif a == "--rank":
                 ranks.append(int(next(it)))
             elif a == "--offset":
                 r, _, n = next(it).partition("=")
                 offsets[int(r)] = int(n)
-        return cmd_watch(argv[2], ranks, offsets, first)
+        return cmd_watch(argv[2], ranks, offsets, first, to_end)
     sys.stderr.write("agent.py: unknown command %r\n" % cmd)
     return 2
 

@@ -33,6 +33,7 @@ from orchestrator.lab import Lab  # noqa: E402
 VENV = Path(os.environ.get("ORCH_BENCH_VENV", "/opt/orch-bench-venv"))
 ORCH = [sys.executable, "-m", "orchestrator.cli"]  # the real interpreter: no pyenv shim in the numbers
 _ACCEPTED = re.compile(r"Accepted publickey for \S+ from (\S+) port")
+_SESSION = re.compile(r"Starting session: \S+ for \S+ from (\S+) port")  # one per command (round trip)
 
 
 # --------------------------------------------------------------------------- running and measuring
@@ -177,20 +178,25 @@ class SshdCounter:
             self.offsets[h.name] = p.stat().st_size if p.exists() else 0
         return self
 
-    def counts(self) -> dict[str, Counter]:
-        """{host name: Counter(source address -> accepted connections)}."""
+    def counts(self, pattern: re.Pattern = _ACCEPTED) -> dict[str, Counter]:
+        """{host name: Counter(source address -> accepted connections)} (or other lines: `pattern`)."""
         out = {}
         for h in self.hosts:
             p = h.lab.sshd_log(h.index)
             with open(p, "rb") as fh:
                 fh.seek(self.offsets.get(h.name, 0))
                 text = fh.read().decode("utf-8", "replace")
-            out[h.name] = Counter(_ACCEPTED.findall(text))
+            out[h.name] = Counter(pattern.findall(text))
         return out
 
     def from_controller(self) -> list[int]:
         """Connections each host accepted from this machine (its lab bridge address)."""
         got = self.counts()
+        return [got[h.name][h.controller] for h in self.hosts]
+
+    def sessions_from_controller(self) -> list[int]:
+        """Commands (SSH sessions: round trips) each host ran for this machine since `start()`."""
+        got = self.counts(_SESSION)
         return [got[h.name][h.controller] for h in self.hosts]
 
 
