@@ -32,6 +32,10 @@ RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # as in agent.py (which the hosts run alon
 RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # as in agent.py: `agent.py rank` keeps the rank's output
 ATTEMPT_DIR = "@ORCH_ATTEMPT_DIR@"
 AGENT = "agent.py"
+# orch's own python on the hosts (the supervisor, each rank's `agent.py rank` wrapper, the sync
+# receiver, gather, prepare's probe) needs nothing but the standard library: without `site` (-S),
+# each start skips the site-packages' .pth files (a third of it, often more)
+PY = ("python3", "-S")
 
 
 def run_dir(cluster: Cluster, run_id: str) -> str:
@@ -66,7 +70,7 @@ class Launch:
 
 def _wrapped(rdir: str, command) -> list[str]:
     """A rank's command under `agent.py rank` (mpirun and msrun start ranks, not the supervisor)."""
-    return ["python3", posixpath.join(rdir, AGENT), "rank", "--", *command]
+    return [*PY, posixpath.join(rdir, AGENT), "rank", "--", *command]
 
 
 AUTO_INTERFACE = "<auto>"  # what `orch plan` shows for job.interface: auto (each host says at launch)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
-from .launchers import run_dir
+from .launchers import PY, run_dir
 from .runs import Run
 
 _LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")  # (attempt, rank)
@@ -266,7 +266,6 @@ def gather_script(run: Run, cluster, ranks, launcher_log: str | None = None) -> 
                 have[f"{attempt}:{rank}"] = p.stat().st_size
     req = {"dir": run_dir(cluster, run.id), "ranks": sorted(ranks), "have": have, "launcher": launcher_log,
            "pattern": _LOG.pattern}
-    from .supervisor import PY
 
     return [*PY, "-c", GATHER_PY, json.dumps(req, separators=(",", ":"))]
 

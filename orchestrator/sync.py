@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import HostError, Location, OrchError, SpecError
+from .launchers import PY
 from .transport import Transport
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".orch/")
@@ -392,7 +393,7 @@ cmd_list() if sys.argv[1] == "list" else cmd_recv()
 
 
 def _receiver_argv(mode: str, workdir: str) -> list[str]:
-    return ["python3", "-S", "-c", RECEIVER, mode, workdir]  # stdlib only: no site (supervisor.PY)
+    return [*PY, "-c", RECEIVER, mode, workdir]  # stdlib only: no site
 
 
 # --------------------------------------------------------------------------- the controller's side

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import sh
-from ..launchers import AGENT, RUN_VAR, Launch, run_dir
+from ..launchers import AGENT, PY, RUN_VAR, Launch, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
 
@@ -23,9 +23,6 @@ LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host c
 JOIN_TIMEOUT = 60.0
 START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's supervisor running
 MIN_PYTHON = (3, 8)  # agent.py runs on the hosts' python3 (the non-interactive ssh PATH's), stdlib only
-# orch's own python on the hosts (agent, receiver, probes of the launch) needs nothing but the standard
-# library: without `site` (-S), each start skips the site-packages' .pth files (a third of it, often more)
-PY = ("python3", "-S")
 # prints the major.minor of the python3 the supervisor would run, nothing if there is none
 PYTHON_VERSION_SH = ("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null")
 

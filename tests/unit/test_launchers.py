@@ -57,7 +57,7 @@ def test_mpirun_one_process_on_the_launch_host_ranks_wrapped_run_vars_passed():
     assert argv[argv.index("--output-filename") + 1] == launchers.ATTEMPT_DIR
     for var in (launchers.RUN_VAR, launchers.DIR_VAR, launchers.ATTEMPT_VAR):
         assert argv[argv.index(var) - 1] == "-x"
-    assert argv[-6:] == ["python3", "/data/job/.orch/RUN1/agent.py", "rank", "--", "python3", "x.py"]
+    assert argv[-7:] == ["python3", "-S", "/data/job/.orch/RUN1/agent.py", "rank", "--", "python3", "x.py"]
     assert launch.files["h1"]["hostfile"].startswith(b"# orch")
 
 
@@ -119,7 +119,7 @@ def test_torchrun_one_per_host_static_rendezvous_wrapped_workers():
     [p1], [p2] = launch.procs["h1"], launch.procs["h2"]
     assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=10.0.0.1",
                        "--master-port=29500", "--max-restarts=0", "--no-python",
-                       "python3", "/data/job/.orch/RID/agent.py", "rank", "--", "python", "train.py", "--lr", "1")
+                       "python3", "-S", "/data/job/.orch/RID/agent.py", "rank", "--", "python", "train.py", "--lr", "1")
     assert p1.key == "torchrun.h1" and p1.log == "torchrun.log" and p1.env["ORCH_RANK_OUTPUT"] == "1"
 
 

@@ -328,7 +328,7 @@ def test_launch_commands_msrun_and_mpirun_shapes_are_what_up_runs():
     cmds = launch_commands(c, make_plan(c), root=True)
     argv = cmds["10.0.0.1"][0]["argv"]
     assert cmds["10.0.0.2"] == [] and "--allow-run-as-root" in argv
-    assert argv[-6:-2] == ["python3", "/data/job/.orch/<run-id>/agent.py", "rank", "--"]  # the rank wrapper
+    assert argv[-7:-2] == ["python3", "-S", "/data/job/.orch/<run-id>/agent.py", "rank", "--"]  # the rank wrapper
 
 
 def test_plan_files_per_launcher():
