@@ -155,6 +155,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             early = lifecycle.Early(lifecycle.ask_prepare, cluster, rp, pool, True)
             report = checks.run_checks(cluster, pool, rp)
             if not report.ok:
+                early.wait()  # it uses the pool's connections: let it end before they close
                 exc = PreflightFailed("preflight failed: nothing was started",
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
                 exc.report = report
@@ -216,7 +217,9 @@ def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster:
             from . import slurm
 
             cluster = slurm.latest(cluster)
-        rid, view = cluster_status(cluster, plan(cluster))
+        from .plan import make_plan  # the job's own nodes (api.plan would show placeholders)
+
+        rid, view = cluster_status(cluster, make_plan(cluster))
         view.run_id = rid
         return view
     run = load_run(run_id, cwd=Path(root).absolute())

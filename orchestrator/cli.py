@@ -474,8 +474,14 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                         # finish stopping and gathering whatever signals come
                         on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
     except PreflightFailed as exc:
-        if getattr(exc, "report", None) is not None:
-            _print_check(cluster, exc.report)
+        report = getattr(exc, "report", None)
+        if as_json:
+            import json as _json
+
+            click.echo(_json.dumps({"run": None, "state": "preflight_failed", "exit_code": exc.exit_code,
+                                    "message": exc.message, "check": report.to_dict() if report else None}))
+        elif report is not None:
+            _print_check(cluster, report)
         raise
     finally:
         _signal.signal(_signal.SIGTERM, old)

@@ -22,7 +22,7 @@ devices; `-m` maps each physical id to its (NPU ID, Chip ID). When `-m` prints n
 column, orch assumes the usual numbering: device d is die d % 2 of NPU d // 2
 (`a3_card_chip`).
 
-Everything here is pure except `read_spod`, which runs the two commands through a
+Everything here is pure except `read_hccn` and `read_spod`, which run their commands through a
 transport. `super_devices_for` merges inventory and probed values into the plan's hosts and
 refuses, naming host and device, anything HCCL's RanktableCheck would refuse: a missing or
 empty super_device_id, one id twice in a SuperPoD, a host whose dies disagree on the

@@ -97,7 +97,7 @@ def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, head_first: bool =
 
 class Early:
     """A read-only round trip sent now, its replies taken later (`up` sends prepare's along with
-    the preflight checks'). A thread of its own, never waited for once the caller gives up."""
+    the preflight checks'). A thread of its own; `wait` before its pool closes."""
 
     def __init__(self, fn: Callable, *args):
         import threading
@@ -117,6 +117,11 @@ class Early:
         if self._error is not None:
             raise self._error
         return self._value
+
+    def wait(self) -> None:
+        """Let it end, its outcome unused (its connections are the caller's pool's: before the
+        pool closes). Bounded: a fan-out's hosts each have their timeout."""
+        self._thread.join()
 
 
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
@@ -344,7 +349,8 @@ class Lifecycle:
             except OrchError as exc:
                 err = exc
             if stream.last_state and stream.last_state.get("state") in runstate.FINAL:
-                return RunEnd.of(self._slurm_word(runstate.from_head(stream.last_state)))
+                self.view = self._slurm_word(runstate.from_head(stream.last_state))  # gather reads it
+                return RunEnd.of(self.view)
             view = self.status()
             if view.final:
                 return RunEnd.of(view)
@@ -395,7 +401,7 @@ class Lifecycle:
         attempt = self.view.attempt if self.view and self.view.attempt else 1
         out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
         logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt,  # the others'
-                                 hosts=[h.name for h in self.plan.hosts if out.get(h.name) != "ok"])
+                                 hosts=[h.name for h in hosts if out.get(h.name) != "ok"])
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
         for name, why in missing.items():

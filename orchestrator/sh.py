@@ -1,5 +1,6 @@
-"""Pure: the shell text orch sends to hosts for environments, exit codes, a run's processes
-and log listings, and the Secret values that text may carry.
+"""Pure: the shell text orch sends to hosts for environments, exit codes and a run's processes,
+and the Secret values that text may carry. (Log listings and gathering are one python program,
+logs.GATHER_PY.)
 
 Every function returns a POSIX sh snippet with every value `shlex.quote`d; nothing here runs
 anything. (supervisor/agent.py runs alone on the hosts, stdlib only: it keeps its own Python
@@ -140,28 +141,3 @@ def env_values(name: str) -> str:
     """Prints `/proc/PID/environ:NAME=VALUE` for every process that has NAME (any value)."""
     return (f"grep -a -s -z -H -o {shlex.quote('^' + check_name(name) + '=.*')} {PROC_ENVIRON} "
             "| tr '\\0' '\\n'")
-
-
-# --------------------------------------------------------------------------- listings
-
-
-_GLOB_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-/*?")
-
-
-def glob(base: str, pattern: str) -> str:
-    """`base` (quoted) joined with a glob `pattern` (left for the shell to expand: orch's own
-    constant, never a value)."""
-    if not pattern or not set(pattern) <= _GLOB_CHARS:
-        raise ValueError(f"not a plain glob: {pattern!r}")
-    return f"{shlex.quote(base)}/{pattern}"
-
-
-def sizes(globs: Iterable[str], tag: str = "log") -> str:
-    """Prints `TAG SIZE PATH` for every regular file the globs (see `glob`) match; exits 0."""
-    return (f"for f in {' '.join(globs)}; do [ -f \"$f\" ] && "
-            f"echo \"{check_name(tag)} $(stat -c %s \"$f\") $f\"; done; exit 0")
-
-
-def existing(globs: Iterable[str]) -> str:
-    """Prints the path of everything (files, directories) the globs match; exits 0."""
-    return f"for f in {' '.join(globs)}; do [ -e \"$f\" ] && echo \"$f\"; done; exit 0"

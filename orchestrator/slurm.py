@@ -33,6 +33,7 @@ from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
 from .errors import OrchError, UsageError
 from .hostsets import _NO_GROUPS
+from .launchers import PY
 from .model import Cluster, Host, Slurm
 from .supervisor.agent import step_argv
 
@@ -85,7 +86,7 @@ def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
         f"i=0\nwhile [ ! -s \"$go\" ]; do\n  i=$((i + 1))\n  [ $i -le {wait * 10} ] || "
         "{ echo 'orch: no go from orch in time; giving the nodes back' >&2; exit 1; }\n  sleep 0.1\ndone\n"
         "read -r rundir < \"$go\"\n"
-        "exec python3 \"$rundir/agent.py\" batch \"$go\"\n"
+        f"exec {' '.join(PY)} \"$rundir/agent.py\" batch \"$go\"\n"
     )
 
 
@@ -214,9 +215,9 @@ def plan_commands(cluster: Cluster) -> dict:
 
     nodes = [f"node{i}" for i in range(1, n + 1)]
     cmds = {"allocate": sbatch_argv(cluster.slurm, job_name(cluster.name), cluster.job.workdir),
-            "head step": step_argv(nodes[:1], "python3", rdir)}
+            "head step": step_argv(nodes[:1], PY, rdir)}
     if n > 1:
-        cmds["members step"] = step_argv(nodes[1:], "python3", rdir, "--head-port", "<port>")
+        cmds["members step"] = step_argv(nodes[1:], PY, rdir, "--head-port", "<port>")
     return {"batch_script": batch_script(cluster.job.workdir), "commands": cmds}
 
 

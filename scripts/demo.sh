@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 orch_venv ""
 "$ORCH_VENV/bin/orch" up playbooks/local-demo.yaml "$@"
 echo
-echo "orch is installed in $ORCH_VENV: run \`. $ORCH_VENV/bin/activate\`, then e.g. \`orch logs --rank 3\`," \
-     "\`orch status\` (from this directory)"
+echo "orch is installed in $ORCH_VENV: run \`. $ORCH_VENV/bin/activate\`, then, from $PWD (where the run is" \
+     "recorded), e.g. \`orch logs --rank 3\` or \`orch status\`"

@@ -19,23 +19,29 @@ orch_venv() {  # orch_venv EXTRAS: "" or "[test]"; sets ORCH_PY to the venv's py
     echo "$py is $("$py" -V 2>&1); orch needs Python >= 3.10 (set PYTHON=/path/to/python3.X)" >&2
     return 1
   fi
-  if [ ! -x "$ORCH_VENV/bin/python" ] || ! "$ORCH_VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-    rm -rf "$ORCH_VENV"
-    if ! "$py" -m venv "$ORCH_VENV" >/dev/null 2>&1; then
-      rm -rf "$ORCH_VENV"
+  if [ -x "$ORCH_VENV/bin/python" ] && ! "$ORCH_VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    # a venv without pip (uv venv, --without-pip): give it pip rather than remove it
+    "$ORCH_VENV/bin/python" -m ensurepip -q >/dev/null 2>&1 || {
+      echo "$ORCH_VENV has no pip and ensurepip cannot add one: remove it or set ORCH_VENV to another directory" >&2
+      return 1
+    }
+  fi
+  if [ ! -x "$ORCH_VENV/bin/python" ]; then
+    if ! "$py" -c 'import ensurepip' >/dev/null 2>&1; then  # Debian/Ubuntu: venv's pip is a package of its own
       local pkg
-      pkg="python3-venv $("$py" -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')"
+      pkg="$("$py" -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')"
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing $pkg (python3 -m venv needs it) ..." >&2
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq --no-install-recommends $pkg >/dev/null 2>&1 \
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null 2>&1 \
           || apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-        "$py" -m venv "$ORCH_VENV" || return 1
       else
-        echo "$py -m venv failed: install the venv module first (Debian/Ubuntu: sudo apt-get install python3-venv)" >&2
+        echo "$py cannot make a venv with pip: install the venv module first (Debian/Ubuntu: sudo apt-get install $pkg)" >&2
         return 1
       fi
     fi
+    "$py" -m venv "$ORCH_VENV" || { echo "$py -m venv $ORCH_VENV failed (above: why)" >&2; return 1; }
   fi
   ORCH_PY=$ORCH_VENV/bin/python
   "$ORCH_PY" -m pip install -q --disable-pip-version-check --no-input -e ".$extras"

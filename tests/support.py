@@ -144,7 +144,7 @@ def host_procs(lab, i: int, run_id: str) -> list[str]:
 
 def remote_ls(lab, i: int, pattern: str) -> list[str]:
     """Paths matching a shell glob on lab host i (empty if none)."""
-    res = lab.exec(i, ["sh", "-c", sh.existing([pattern])])
+    res = lab.exec(i, ["sh", "-c", f"for f in {pattern}; do [ -e \"$f\" ] && echo \"$f\"; done; exit 0"])
     return res.stdout.split()
 
 

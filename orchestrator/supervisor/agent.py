@@ -1055,9 +1055,10 @@ CONFIG = "config.{node}.json"  # in the run directory: a Slurm job step's superv
 
 def step_argv(nodes, python, rundir, *extra):
     """One Slurm job step starting this run's supervisor once on each of `nodes` (what `orch plan`
-    shows and `batch` runs)."""
+    shows and `batch` runs). `python`: its argv (a list), or one word."""
+    python = [python] if isinstance(python, str) else list(python)
     return ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes), "--ntasks-per-node=1",
-            "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0", python, os.path.join(rundir, "agent.py"),
+            "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0"] + python + [os.path.join(rundir, "agent.py"),
             "start", rundir, "--foreground", "--config", os.path.join(rundir, CONFIG)] + list(extra)
 
 

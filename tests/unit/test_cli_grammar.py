@@ -80,3 +80,13 @@ def test_interface_is_one_flag_for_plan_check_and_up(tmp_path):
     probe = orch("check", "--interface", "eth9", "--print-probe", LONG, cwd=tmp_path, rc=0).stdout
     assert "eth9" in probe and "eth9" not in orch("check", "--print-probe", LONG, cwd=tmp_path, rc=0).stdout
     assert "--interface" in orch("up", "--help", cwd=tmp_path, rc=0).stdout
+
+
+def test_up_json_when_the_preflight_fails_is_still_one_object(tmp_path):
+    """Nothing started: stdout holds the check's results as one object, exit 3."""
+    path = cluster(tmp_path, "true")
+    path.write_text(path.read_text().replace("launcher: ranktable", "launcher: ranktable\n  sync: [missing.py]"))
+    res = orch("up", "--json", cwd=tmp_path, rc=3)
+    doc = json.loads(res.stdout)
+    assert doc["state"] == "preflight_failed" and doc["exit_code"] == 3 and doc["run"] is None
+    assert not doc["check"]["ok"] and any(r["status"] == "fail" for r in doc["check"]["results"])

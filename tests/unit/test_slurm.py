@@ -63,7 +63,7 @@ def test_the_batch_script_waits_for_orch_then_hands_over_to_the_supervisor():
     assert text.startswith("#!/bin/sh\n")
     assert "go='/data/my dir/.orch/'\"slurm-$SLURM_JOB_ID.go\"" in text
     assert "-le 20 ]" in text  # 2 s at 10 checks a second, then the nodes go back
-    assert text.rstrip().endswith('exec python3 "$rundir/agent.py" batch "$go"')
+    assert text.rstrip().endswith('exec python3 -S "$rundir/agent.py" batch "$go"')
 
 
 def test_parsers_of_slurms_output():
