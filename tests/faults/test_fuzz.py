@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import devices, launchers, logs, plan, probes, render, runs, supervisor, sync
+from orchestrator import devices, launchers, logs, plan, probes, render, runs, sh, supervisor, sync
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.hostsets import fold
 from orchestrator.spec import load_cluster
@@ -200,7 +200,7 @@ def test_fuzz_secret_masking(values, plain, style):
     back, before = yaml.safe_load(masked), yaml.safe_load(text)  # (PyYAML does not round-trip everything)
     for k, v in values.items():
         assert back["job"]["env"][k] == runs.MASK
-        if len(str(v)) >= runs.MIN_MASKED:
+        if len(str(v)) >= sh.MIN_MASKED:
             assert str(v) not in masked
     assert back["inventory"]["hosts"][0]["env"]["MY_CRED"] == runs.MASK
     for k, v in plain.items():
