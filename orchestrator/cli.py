@@ -75,7 +75,7 @@ def cli() -> None:
 
 
 def cluster_file_argument(f):
-    return click.argument("file", required=False, default="cluster.yaml",
+    return click.argument("file", required=False, default="cluster.yaml", metavar="[FILE, default ./cluster.yaml]",
                           type=click.Path(dir_okay=False))(f)
 
 
@@ -547,7 +547,8 @@ def _run_option(f):
 
 
 @cli.command("status")
-@click.argument("file", required=False, default=None, type=click.Path(dir_okay=False))
+@click.argument("file", required=False, default=None, type=click.Path(dir_okay=False),
+                metavar="[FILE, default: the latest run recorded here, else ./cluster.yaml]")
 @inventory_option
 @_run_option
 @click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")

@@ -90,3 +90,9 @@ def test_up_json_when_the_preflight_fails_is_still_one_object(tmp_path):
     doc = json.loads(res.stdout)
     assert doc["state"] == "preflight_failed" and doc["exit_code"] == 3 and doc["run"] is None
     assert not doc["check"]["ok"] and any(r["status"] == "fail" for r in doc["check"]["results"])
+
+
+def test_help_shows_the_default_file(tmp_path):
+    for cmd in ("check", "plan", "up"):
+        assert "[FILE, default ./cluster.yaml]" in orch(cmd, "--help", cwd=tmp_path, rc=0).stdout.splitlines()[0]
+    assert "else ./cluster.yaml]" in " ".join(orch("status", "--help", cwd=tmp_path, rc=0).stdout.split())
