@@ -53,6 +53,10 @@ def main() -> None:
     for p in model.module.parameters():
         digest.update(p.detach().numpy().tobytes())
     print(f"rank {rank}/{world} on {socket.gethostname()}: weights checksum {digest.hexdigest()[:16]}", flush=True)
+    # every rank reaches the teardown together: a rank that closes its gloo connections while
+    # another is still in a collective can make that one abort at exit ("terminate called
+    # without an active exception", SIGABRT), after its work is done
+    dist.barrier()
     dist.destroy_process_group()
 
 
