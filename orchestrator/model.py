@@ -7,7 +7,6 @@ from a record (`orch status`, `orch logs`, `orch down`) never import the validat
 
 from __future__ import annotations
 
-import getpass
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -286,10 +285,3 @@ class Cluster:
             raise UsageError(f"--hosts {pattern!r}: no host or group named {', '.join(unknown)}",
                              hint=f"hosts are: {fold(h.name for h in self.hosts)}")
         return replace(self, hosts=chosen)
-
-
-def local_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        return "root"

@@ -23,7 +23,7 @@ from .checks.names import KNOWN_CHECKS  # the names only: no check is imported
 from .errors import Location, SpecError
 from .hostsets import expand, expand_names
 # the model's types, for callers that load a cluster file and build on it (tests, mostly)
-from .model import Checks, Cluster, Host, Job, Slurm, SshSettings, local_user
+from .model import Checks, Cluster, Host, Job, Slurm, SshSettings
 from .yamlsrc import Source, load_yaml
 
 if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a config is read, not before
@@ -540,7 +540,7 @@ def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int
     """Jump hosts as Hosts, each looked up in ssh_config like `ssh -J` does (its alias, user,
     port, key, and its own ProxyJump in front of it). Without a key of its own, a hop uses the
     target host's identity_file and known_hosts (the cluster's key usually opens its bastion)."""
-    from .transport.sshconfig import MAX_HOPS, SshConfigError, parse_hops, resolve
+    from .transport.sshconfig import MAX_HOPS, SshConfigError, local_user, parse_hops, resolve
 
     out: list[Host] = []
     for hop in hops:
@@ -697,6 +697,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
 def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices: bool,
                problems: _Problems) -> dict:
     """A host's keys (defaults merged) resolved and checked: Host(**keys) with its name and address."""
+    from .transport.sshconfig import local_user
+
     slots = merged.get("slots", 1)
     devices = merged.get("devices")
     if devices is None:

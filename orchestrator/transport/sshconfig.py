@@ -15,6 +15,7 @@ Reading the file is the only I/O; `SshConfig.from_text` and everything after it 
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
 import re
@@ -66,10 +67,16 @@ class Hop:
         return (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
 
 
+def local_user() -> str:
+    """The user ssh would log in as when none is given: this one's login name."""
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        return "root"
+
+
 def expand(value: str, *, alias: str, hostname: str, port: int, user: str) -> str:
     """OpenSSH's tokens in `value`, with the values the connection really uses."""
-    from ..model import local_user
-
     table = {"h": hostname, "p": str(port), "r": user, "n": alias, "u": local_user(),
              "d": os.path.expanduser("~"), "%": "%"}
     out = re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), value)
