@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LocalWriteError, UsageError
-from .sh import MASK, mask_values, shown
+from .sh import MASK, mark, mask_values, shown, shown_env
 from .model import Cluster, Host, Job
 
 RUNS_DIR = Path(".orch") / "runs"
@@ -52,10 +52,6 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def mask_env(job: Job, env: dict[str, str]) -> dict[str, str]:
-    return {k: (MASK if job.is_secret(k) else v) for k, v in env.items()}
 
 
 def secret_values(cluster: Cluster) -> list[str]:
@@ -225,8 +221,8 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
     sl = model["slurm"] or {}
     for h in (*model["hosts"], sl.get("template"), sl.get("login_host")):
         if h:
-            h["env"] = mask_env(job, h["env"])
-    model["job"].update(env=mask_env(job, dict(job.env)), command=[shown(a) for a in job.command])
+            h["env"] = shown_env(mark(h["env"], job.is_secret))
+    model["job"].update(env=shown_env(mark(job.env, job.is_secret)), command=[shown(a) for a in job.command])
     try:  # the user's YAML: its secret values masked by key, then any other mention by search
         cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secret_values(cluster))
     except (OSError, UnicodeDecodeError):
