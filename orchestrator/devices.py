@@ -178,7 +178,7 @@ def parse_npu_mapping(text: str) -> dict[int, tuple[int, int]]:
 
 
 _A3_TABLE = re.compile(r"^\|\s*Chip\s+Phy-ID\s*\|", re.M)
-_NPU_ROW = re.compile(r"^\|\s*(\d+)\s+\S.*?\|\s*([A-Za-z][A-Za-z ]*?)\s*\|")   # | NPU  Name | Health |
+NPU_ROW = re.compile(r"^\|\s*(\d+)\s+\S.*?\|\s*([A-Za-z][A-Za-z ]*?)\s*\|")   # | NPU  Name | Health |
 _CHIP_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|")                               # | Chip  Phy-ID | Bus-Id |
 
 
@@ -199,7 +199,7 @@ def parse_npu_smi_dies(text: str) -> dict[int, str] | None:
             out[int(m.group(2))] = health
             health = None
             continue
-        m = _NPU_ROW.match(line)
+        m = NPU_ROW.match(line)
         if m:
             health = m.group(2)
     return out

@@ -39,7 +39,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .devices import HCCN_CONF, parse_npu_smi_dies
+from .devices import HCCN_CONF
 from .probes import NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
 from .model import Cluster, Host
 
@@ -414,8 +414,7 @@ def judge_ascend(cluster: Cluster, host: Host, sections: Mapping[str, Section]) 
         findings.append(("error", "the probe printed no finished `npu-smi info` section"))
     else:
         try:
-            # Atlas A3: one row pair per die, the job's devices are the dies (devices.py)
-            npus = parse_npu_smi_dies(npu.body) or parse_npu_smi(npu.body)
+            npus = parse_npu_smi(npu.body)
         except ProbeError as exc:
             npus = None
             findings.append(("error", f"npu-smi info: {exc}"))

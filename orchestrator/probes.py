@@ -441,16 +441,19 @@ def parse_nvidia_smi_l(text: str) -> dict[int, str] | None:
 
 
 def parse_npu_smi(text: str) -> dict[int, str] | None:
-    """`npu-smi info` -> {NPU id: health ('OK', 'Warning'...)}; None if npu-smi is missing."""
+    """`npu-smi info` -> {device id: health ('OK', 'Warning'...)}; None if npu-smi is missing.
+    A device is an NPU's id, or on Atlas A3 a die's Chip Phy-ID (devices.parse_npu_smi_dies)."""
     if _not_installed(text):
         return None
-    npus: dict[int, str] = {}
-    for line in text.splitlines():
-        if "Process id" in line or "Process name" in line:
-            break
-        m = re.match(r"^\|\s*(\d+)\s+\S.*?\|\s*([A-Za-z][A-Za-z ]*?)\s*\|", line)
-        if m:
-            npus[int(m.group(1))] = m.group(2)
+    npus = devices.parse_npu_smi_dies(text)
+    if not npus:
+        npus = {}
+        for line in text.splitlines():
+            if "Process id" in line or "Process name" in line:
+                break
+            m = devices.NPU_ROW.match(line)
+            if m:
+                npus[int(m.group(1))] = m.group(2)
     if not npus:
         raise ProbeError(f"npu-smi info listed no NPU: {quote_output(text)}")
     return npus

@@ -8,7 +8,7 @@ import ipaddress
 from typing import Mapping
 
 from .. import probes
-from ..devices import HCCN_CONF, HccnDevice, parse_npu_smi_dies
+from ..devices import HCCN_CONF, HccnDevice
 from ..plan import order_hosts
 from ..probes import NOT_INSTALLED, ProbeError, Section
 from ..model import Cluster, Host
@@ -46,8 +46,7 @@ def judge_devices(cluster: Cluster, host: Host, sections: Mapping[str, Section])
     npu_note = ""
     if npu_sec is not None and npu_sec.finished:
         try:
-            # Atlas A3: one row pair per die, devices are the dies' physical ids (devices.py)
-            npus = parse_npu_smi_dies(npu_sec.body) or probes.parse_npu_smi(npu_sec.body)
+            npus = probes.parse_npu_smi(npu_sec.body)
         except ProbeError as exc:
             npu_note = f"; npu-smi info not understood ({exc})"
     problems, warnings = [], []

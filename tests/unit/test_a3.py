@@ -343,6 +343,9 @@ def test_npu_smi_info_a3_is_read_per_die():
     dies = parse_npu_smi_dies(fx("info-a3.txt"))
     assert sorted(dies) == list(range(16)) and dies[13] == "Warning" and dies[12] == "OK"
     assert parse_npu_smi_dies((ROOT / "fixtures" / "checks" / "npu-smi-info-910b.txt").read_text()) is None
+    from orchestrator.probes import parse_npu_smi
+
+    assert parse_npu_smi(fx("info-a3.txt")) == dies  # the one reader checks and health use
 
 
 def test_devices_check_sees_16_dies():
