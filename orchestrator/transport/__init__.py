@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 from ..model import Cluster, Host, SshSettings
-from .base import Result, Spawned, SpawnSpec, Transport, build_script, quote_argv
+from .base import Result, Transport, build_script, quote_argv
 
-__all__ = ["Pool", "Result", "Spawned", "SpawnSpec", "Transport", "build_script", "make_transport", "quote_argv"]
+__all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quote_argv"]
 
 
 def make_transport(host: Host, ssh: SshSettings, gateways=None) -> Transport:

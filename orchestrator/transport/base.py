@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping, Sequence
 
 from .. import sh
-from ..errors import HostError, LocalWriteError, RemoteCommandError
+from ..errors import LocalWriteError, RemoteCommandError
 from ..model import Host
 
 CHUNK = 1 << 16
@@ -65,24 +65,6 @@ class Result:
                 self.host, f"{what or 'command'} failed with exit code {self.exit_code}"
                 + (f": {tail}" if tail else ""), result=self)
         return self
-
-
-@dataclass(frozen=True)
-class SpawnSpec:
-    command: str | Sequence[str]
-    log: str
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
-    rc_file: str | None = None
-    marker: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class Spawned:
-    host: str
-    pid: int  # also the process group id and session id (setsid)
-    log: str
-    rc_file: str | None
 
 
 class Transport(ABC):
@@ -165,24 +147,6 @@ class Transport(ABC):
         res.check(f"reading {remote}")
         return n
 
-    def spawn(self, command: str | Sequence[str], *, log: str, env: Mapping[str, str] | None = None,
-              cwd: str | None = None, rc_file: str | None = None, marker: tuple[str, str] | None = None,
-              timeout: float | None = None) -> Spawned:
-        """Start a detached process (own session and process group, survives the
-        connection closing). stdout+stderr go to `log`; its exit code to `rc_file`.
-        `marker` (NAME, VALUE) is set in the group leader's environment (tells it from a reused pid)."""
-        return self.spawn_many([SpawnSpec(command, log, env, cwd, rc_file, marker)], timeout=timeout)[0]
-
-    def spawn_many(self, specs: Sequence["SpawnSpec"], *, timeout: float | None = None) -> list[Spawned]:
-        """Start several detached processes in ONE round trip (e.g. every rank of a host)."""
-        script = "\n".join(spawn_script(build_script(s.command, cwd=s.cwd, exec_argv=True), s.log, s.rc_file,
-                                         s.marker, env=s.env) for s in specs)
-        res = self.run(script, timeout=timeout).check("starting processes")
-        pids = res.out.split()
-        if len(pids) != len(specs) or not all(p.isascii() and p.isdigit() for p in pids):
-            raise HostError(self.host.name, f"could not start processes: unexpected reply {res.out!r}")
-        return [Spawned(self.host.name, int(p), s.log, s.rc_file) for p, s in zip(pids, specs)]
-
 
 # --------------------------------------------------------------------------- pure script builders
 
@@ -245,26 +209,3 @@ def put_script(remote: str, mode: int) -> str:
 
 def get_script(remote: str, offset: int) -> str:
     return f"exec tail -c +{int(offset) + 1} {shlex.quote(remote)}"
-
-
-def spawn_script(inner: str, log: str, rc_file: str | None, marker: tuple[str, str] | None = None,
-                 env: Mapping[str, str] | None = None) -> str:
-    """Start `inner` detached: its own session (setsid), output to `log`, exit code to `rc_file`.
-
-    `env` and `marker` are exported by a subshell that then execs setsid, so the detached
-    `sh -c` (alive for the whole job, its command line visible in `ps`) inherits them instead
-    of carrying them in its text."""
-    # With an rc file, a wrapper shell waits for `inner` (exec'ing its argv, see build_script) to
-    # record its exit code (sh.record_exit).
-    body = inner if rc_file is None else sh.record_exit(inner, rc_file)
-    ql = shlex.quote(log)
-    mk = f"mkdir -p {shlex.quote(os.path.dirname(log) or '.')}"
-    if rc_file:
-        mk += f" {shlex.quote(os.path.dirname(rc_file) or '.')} && rm -f {shlex.quote(rc_file)}"
-    exports = sh.exports({**(env or {}), **(dict([marker]) if marker is not None else {})})
-    # In a non-interactive sh a background job is not a group leader, so setsid does not
-    # fork: $! (the subshell, which execs setsid and then sh) is the new session's leader,
-    # and its pid is the process group id.
-    pre = "".join(e + "\n" for e in exports)
-    return (f"{mk} || exit 1\n(\n{pre}exec setsid sh -c {shlex.quote(body)} > {ql} 2>&1 < /dev/null\n) &\n"
-            "echo $!")

@@ -161,7 +161,7 @@ class _Policy(paramiko.MissingHostKeyPolicy):
                 hint=f"check the fingerprint with the host's admin, then either run "
                      f"`ssh-keyscan -p {self.host.port} {self.host.ssh_address} >> {self.host.known_hosts}` "
                      + ("(from a machine that reaches it, e.g. the jump host) " if self.host.jump else "") +
-                     f"or set ssh.host_key_policy: accept-new")
+                     "or set ssh.host_key_policy: accept-new")
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _known_hosts_lock:
             path = Path(self.host.known_hosts)

@@ -101,28 +101,3 @@ def test_get_missing_file_fails_and_leaves_nothing(transport, tmp_path):
     with pytest.raises(Exception, match="reading"):
         transport.get(transport.base + "/nope", tmp_path / "x")
     assert not (tmp_path / "x").exists()
-
-
-def test_spawn_survives_disconnect_records_exit_code_and_marks_its_group(transport):
-    log, rc = transport.base + "/sp/log", transport.base + "/sp/rc"
-    sp = transport.spawn("echo started; sleep 1; echo done; exit 4", log=log, rc_file=rc)
-    transport.close()  # the connection goes away; the process must not
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not transport.run(["test", "-f", rc]).ok:
-        time.sleep(0.2)
-    assert transport.run(["cat", rc]).out.strip() == "4"
-    assert transport.run(["cat", log]).out == "started\ndone\n"
-
-    marker = ("ORCH_TEST_MARK", uuid.uuid4().hex)
-    sp = transport.spawn(["sleep", "60"], log=transport.base + "/sp2/log", marker=marker)
-    pgid = transport.run(["ps", "-o", "pgid=", "-p", str(sp.pid)]).out.strip()
-    assert pgid == str(sp.pid)  # its own process group: one signal stops all of it
-    assert "=".join(marker) in transport.run(["cat", f"/proc/{sp.pid}/environ"]).out.split("\0")
-    assert transport.run(["kill", "-TERM", f"-{sp.pid}"]).ok
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        st = transport.run(["sh", "-c", f"ps -o stat= -g {sp.pid} | grep -v Z"]).out.strip()
-        if not st:
-            break
-        time.sleep(0.1)
-    assert not st, f"process group still alive: {st}"
