@@ -237,13 +237,34 @@ def down(run_id: str | None = None, root: str | os.PathLike = "."):
     return run_down(load_run(run_id, cwd=Path(root).absolute()))
 
 
+class LogStream:
+    """`api.logs`'s blocks: iterate it. Once it ends, `ok` is False when, following (`follow`),
+    a selected rank failed (as `orch logs --follow` then exits 1)."""
+
+    def __init__(self, blocks: Iterator[bytes], follower=None):
+        self._blocks, self._follower = blocks, follower
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._blocks
+
+    @property
+    def ok(self) -> bool:
+        return self._follower is None or self._follower.exit_ok()
+
+
 def logs(run_id: str | None = None, rank: int | None = 0, root: str | os.PathLike = ".", *,
-         follow: bool = False, tail: int | None = None, attempt: int | None = None) -> Iterator[bytes]:
+         host: str | None = None, follow: bool = False, tail: int | None = None,
+         attempt: int | None = None) -> LogStream:
     """Rank `rank`'s output, in blocks, exactly as `orch logs --rank N` writes it (fetched from
-    its host when not here yet); rank None: every rank's, each line prefixed with its rank."""
+    its host when not here yet); rank None: every rank's, each line prefixed with its rank;
+    `host`: only the ranks on those hosts (a name or address, or names and ranges)."""
     from . import logs as _logs
     from .runs import load_run
 
     run = load_run(run_id, cwd=Path(root).absolute())
-    ranks = _logs.select_ranks(run, rank, None)
-    yield from _logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt)
+    ranks = _logs.select_ranks(run, rank, host)
+    if attempt is not None and attempt < 1:
+        raise UsageError(f"--attempt {attempt}: attempts are numbered from 1")
+    follower = _logs.Follow(run, ranks, attempt or 1) if follow else None
+    return LogStream(_logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt,
+                                     follower=follower), follower)

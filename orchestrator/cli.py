@@ -304,8 +304,6 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
 
     Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage,
     3 Slurm refused the allocation."""
-    from .errors import UsageError
-
     cluster = load(file, hosts)
     if slurm_job is not None and cluster.slurm is None:
         raise UsageError("--slurm-job: this inventory lists its hosts; it does not use Slurm")
@@ -333,7 +331,6 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
 
 def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, deep: bool = False) -> None:
     from . import checks
-    from .errors import UsageError
     from .transport import Pool
 
     if print_probe is not None:
@@ -662,21 +659,14 @@ def logs_command(run_id: str | None, rank: int | None, host: str | None, host_al
                  attempt: int | None, follow: bool,
                  tail: int | None) -> None:
     """A rank's output (or every rank's, each line prefixed with its rank)."""
-    from . import logs
-    from .runs import load_run
+    from . import api
 
-    run = load_run(run_id)
-    ranks = logs.select_ranks(run, rank, host or host_alias)
-    if attempt is not None and attempt < 1:
-        raise UsageError(f"--attempt {attempt}: attempts are numbered from 1")
+    stream = api.logs(run_id, rank, host=host or host_alias, follow=follow, tail=tail, attempt=attempt)
     out = sys.stdout.buffer
-    follower = logs.Follow(run, ranks, attempt or 1) if follow else None
-    # one rank: its exact bytes; several: every line prefixed with its rank
-    for data in logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt,
-                               follower=follower):
+    for data in stream:  # one rank: its exact bytes; several: every line prefixed with its rank
         out.write(data)
         out.flush()
-    if follower is not None and not follower.exit_ok():
+    if not stream.ok:
         click.get_current_context().exit(1)
 
 

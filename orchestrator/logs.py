@@ -514,6 +514,8 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
     if run.finished and run.data.get("logs_incomplete"):
         still = _complete(run)
     if run.finished:
+        if follower is not None:  # nothing left to follow: the ranks' states are the recorded ones
+            follower.final = {"ranks": run.data.get("ranks") or []}
         yield from first_pass(attempt or run.attempt)
         yield from flush_pending()
         hosts = {run.data["plan"]["ranks"][r]["host"] for r in ranks}

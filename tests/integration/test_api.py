@@ -58,6 +58,12 @@ def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
         orch.up(cluster, follow_rank=2, show_output=False)
     assert (result.state, result.exit_code) == ("failed", 1)
     assert result.outcome.first_failure["rank"] == 1 and result.outcome.first_failure["exit_code"] == 4
+    followed = api.logs(result.run.id, rank=1, follow=True)  # as `orch logs --follow` exits 1
+    assert b"".join(followed) == b"" and not followed.ok
+    followed = api.logs(result.run.id, rank=0, host="127.0.0.1", follow=True)  # stopped by fail-fast: not failed
+    assert b"".join(followed) == b"" and followed.ok
+    with pytest.raises(UsageError, match="numbered from 1"):
+        api.logs(result.run.id, attempt=0)
     (tmp_path / "bad.yaml").write_text("inventory: {hosts: [{address: x}]}\njob: {workdir: rel, command: x}\n")
     with pytest.raises(SpecError, match="must be an absolute path"):
         orch.load(tmp_path / "bad.yaml")
