@@ -222,11 +222,19 @@ class Cluster:
         names and every host's env: whatever prints or records them (sh.shown) masks them by type.
         A word of job.command holding a secret value (the user's own text) is found by search."""
         job = self.job
-        hosts = tuple(h if all(isinstance(v, sh.Secret) or not job.is_secret(k) for k, v in h.env.items())
-                      else replace(h, env=sh.mark(h.env, job.is_secret)) for h in self.hosts)
+
+        def marked(h: Host | None) -> Host | None:
+            if h is None or all(isinstance(v, sh.Secret) or not job.is_secret(k) for k, v in h.env.items()):
+                return h
+            return replace(h, env=sh.mark(h.env, job.is_secret))
+
+        hosts = tuple(marked(h) for h in self.hosts)
         secrets = [v for env in (job.env, *(h.env for h in hosts)) for v in env.values() if isinstance(v, sh.Secret)]
         command = sh.mark_words(job.command, secrets) if secrets else job.command
         object.__setattr__(self, "hosts", hosts)
+        sl = self.slurm  # the template's env reaches every allocated node; the login host's, sbatch
+        if sl is not None and (marked(sl.template) is not sl.template or marked(sl.login_host) is not sl.login_host):
+            object.__setattr__(self, "slurm", replace(sl, template=marked(sl.template), login_host=marked(sl.login_host)))
         if any(a is not b for a, b in zip(command, job.command)):
             object.__setattr__(self, "job", replace(job, command=command))
 

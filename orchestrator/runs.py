@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LocalWriteError, UsageError
-from .sh import MASK, mark, mask_values, shown, shown_env
+from .sh import MASK, mask_values, secrets_in, shown_tree
 from .model import Cluster, Host, Job
 
 RUNS_DIR = Path(".orch") / "runs"
@@ -55,9 +55,8 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
 
 
 def secret_values(cluster: Cluster) -> list[str]:
-    """The value of every secret variable of the job and of every host."""
-    job = cluster.job
-    return [v for env in (job.env, *(h.env for h in cluster.hosts)) for k, v in env.items() if job.is_secret(k)]
+    """The value of every secret variable of the job and of every host (Slurm's included)."""
+    return secrets_in(cluster.to_dict())
 
 
 YAML_BREAKS = ("\r", "\n", "\x85", "\u2028", "\u2029")  # every character YAML reads as a line break
@@ -141,8 +140,9 @@ class Run:
         return bool(self.data.get("has_secrets"))
 
     def save(self) -> None:
-        # Not world-readable when it holds (masked) secret-bearing commands or env.
-        write_atomic(self.dir / "run.json", json.dumps(self.data, indent=2, sort_keys=False) + "\n",
+        # Any Secret put in the record (a Slurm allocation's login host, say) is masked here; the
+        # file is not world-readable when it holds (masked) secret-bearing commands or env.
+        write_atomic(self.dir / "run.json", json.dumps(shown_tree(self.data), indent=2, sort_keys=False) + "\n",
                      0o600 if self.secret else 0o644)
 
     def write_file(self, name: str, text: str) -> Path:
@@ -215,22 +215,16 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         except FileExistsError:
             continue
     job = cluster.job
-    secret = any(job.is_secret(k) for k in job.env) or any(
-        job.is_secret(k) for h in cluster.hosts for k in h.env)
-    model = cluster.to_dict()
-    sl = model["slurm"] or {}
-    for h in (*model["hosts"], sl.get("template"), sl.get("login_host")):
-        if h:
-            h["env"] = shown_env(mark(h["env"], job.is_secret))
-    model["job"].update(env=shown_env(mark(job.env, job.is_secret)), command=[shown(a) for a in job.command])
+    secrets = secret_values(cluster)
+    model = shown_tree(cluster.to_dict())  # model.Cluster made every secret value a Secret
     try:  # the user's YAML: its secret values masked by key, then any other mention by search
-        cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secret_values(cluster))
+        cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
     except (OSError, UnicodeDecodeError):
         cluster_text = None
     data = {
         "id": run_id, "name": cluster.name, "cluster_file": str(cluster.path),
         "cluster_text": cluster_text,
-        "has_secrets": secret, "state": "starting", "started": time.time(), "ended": None,
+        "has_secrets": bool(secrets), "state": "starting", "started": time.time(), "ended": None,
         # the cluster as started (model.Cluster.to_dict, secret values masked): Run.cluster() reads it back
         "job": model["job"], "ssh": model["ssh"], "hosts": model["hosts"], "checks": model["checks"],
         "groups": model["groups"], "inventory_slurm": model["slurm"], "plan": plan_doc,

@@ -51,6 +51,25 @@ def shown_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: shown(v) for k, v in env.items()}
 
 
+def shown_tree(value):
+    """A JSON-ready structure (dicts, lists, tuples) with every Secret in it masked: what a record
+    written to disk holds, whatever put a Secret where."""
+    if isinstance(value, Mapping):
+        return {k: shown_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown_tree(v) for v in value]
+    return shown(value)
+
+
+def secrets_in(value) -> list[str]:
+    """Every Secret value in a JSON-ready structure (dicts, lists, tuples)."""
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in secrets_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in secrets_in(v)]
+    return [value] if isinstance(value, Secret) else []
+
+
 def shown_join(argv: Iterable[str]) -> str:
     """An argv as a printed/recorded command line: shlex.join, Secret words masked."""
     return shlex.join(shown(a) for a in argv)

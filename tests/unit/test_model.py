@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
+from orchestrator import sh
 from orchestrator.model import Checks, Cluster, Host, Job, Slurm, SshSettings
 from orchestrator.runs import MASK, create_run, load_run
 
@@ -72,6 +73,24 @@ def test_run_record_keeps_the_cluster_with_secrets_masked(tmp_path):
     slurm = Slurm.from_dict({**back.slurm.to_dict(), "login_host": c.slurm.login_host.to_dict()})
     assert Cluster.from_dict({**restored.to_dict(), "hosts": [h.to_dict() for h in hosts],
                               "slurm": slurm.to_dict()}) == c
+
+
+def test_no_secret_reaches_run_json_whatever_holds_it(tmp_path):
+    """Only a Slurm template's or login host's env holds a secret: it is masked in the cluster
+    record, in the allocation's record (put in run.data later, as `up` does) and in the file
+    mode; a Secret anywhere in run.data is masked when saved."""
+    c = full_cluster(tmp_path)
+    plain = replace(c, job=replace(c.job, env={"X": "1"}, secret_env=()),
+                    hosts=tuple(replace(h, env={"A": "1"}) for h in c.hosts),
+                    slurm=replace(c.slurm, template=replace(c.slurm.template, env={"HF_TOKEN": "tmpl-s3cret"}),
+                                  login_host=replace(c.slurm.login_host, env={"MY_TOKEN": "login-s3cret"})))
+    run = create_run(plain, {}, cwd=tmp_path)
+    run.data["slurm"] = {"job_id": "7", "login_host": plain.slurm.login_host.to_dict()}  # Allocation.record()
+    run.data["extra"] = [{"deep": sh.Secret("deep-s3cret")}]
+    run.save()
+    text = (run.dir / "run.json").read_text()
+    assert not [s for s in ("tmpl-s3cret", "login-s3cret", "deep-s3cret") if s in text]
+    assert text.count(MASK) == 4 and (run.dir / "run.json").stat().st_mode & 0o077 == 0
 
 
 def test_commands_that_read_a_record_do_not_import_pydantic():
