@@ -400,8 +400,6 @@ class Lifecycle:
         hosts = [h for h in self.plan.hosts if h.name not in lost]
         attempt = self.view.attempt if self.view and self.view.attempt else 1
         out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
-        logs.fetch_launcher_logs(self.run, self.cluster, self.plan, self.pool, attempt,  # the others'
-                                 hosts=[h.name for h in hosts if out.get(h.name) != "ok"])
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
         for name, why in missing.items():

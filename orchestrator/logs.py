@@ -135,7 +135,7 @@ class _Gathered:
                     except OSError as exc:
                         if self.out is not self.tmp_fh:  # named as the copy (a new one is a temporary file)
                             raise _cannot_write(self.log[2] or self.out.name, exc) from None
-                        self.out, self.launcher = None, None  # left out, as fetch_launcher_logs does
+                        self.out, self.launcher = None, None  # left out, as gather does when it cannot be kept
                     else:
                         if self.out is not self.tmp_fh:
                             self.pos += n - drop
@@ -227,7 +227,7 @@ class _Gathered:
         if self.launcher is None:
             return None
         if self.tmp is None:
-            try:  # like fetch_launcher_logs: a launcher log that cannot be kept is left out, silently
+            try:  # a launcher log that cannot be kept is left out, silently
                 self.launcher.parent.mkdir(parents=True, exist_ok=True)
                 fh = self._temp(self.launcher)
             except OSError:
@@ -272,8 +272,11 @@ def gather_script(run: Run, cluster, ranks, launcher_log: str | None = None) -> 
 
 def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | None = None) -> dict[str, str]:
     """Fetch every rank's new log bytes (every attempt) from every given host, in one round trip
-    per host; with `launcher_attempt`, the launcher's own log of that attempt too (as
-    fetch_launcher_logs). Never raises: {host: "ok" or why not}."""
+    per host; with `launcher_attempt`, the launcher's own log of that attempt too (mpirun's /
+    msrun's own words when it failed before any rank ran), into launcher/a<K>-node<N>-<name> (N: the
+    host's place in the plan; host names may hold anything).
+    A host that answered but whose gather failed still gets its launcher log read alone; one that
+    cannot be reached is not asked again. Never raises: {host: "ok" or why not}."""
     launchers = launcher_hosts(cluster, plan) if launcher_attempt is not None else []
 
     def one(h):
@@ -287,6 +290,11 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
             ok = res.ok
         finally:
             sink.close(ok)
+        if not ok and remote is not None:
+            try:  # it answered (an unreachable host raised above and is not asked again)
+                pool[h].get(remote, local)
+            except (OrchError, OSError):
+                pass  # left out, silently: the ranks' logs say what matters
         res.check("gathering logs")
 
     hosts = plan.hosts if hosts is None else hosts
@@ -308,18 +316,6 @@ def launcher_log(run: Run, cluster, plan, h, attempt: int) -> tuple[str, Path]:
     name = f"{cluster.job.launcher}.log"
     return (posixpath.join(run_dir(cluster, run.id), f"a{attempt}", name),
             run.dir / "launcher" / f"a{attempt}-node{plan.node_rank(h.name)}-{name}")
-
-
-def fetch_launcher_logs(run: Run, cluster, plan, pool, attempt: int, hosts=None) -> None:
-    """mpirun's / msrun's own output (what it said when it failed before any rank ran), into
-    launcher/a<K>-node<N>-<name> (N: the host's place in the plan; host names may hold anything).
-    `hosts`: only these (names); gather(launcher_attempt=K) brings the others' along."""
-    for h in plan.hosts:
-        if h.name in launcher_hosts(cluster, plan) and (hosts is None or h.name in hosts):
-            try:
-                pool[h].get(*launcher_log(run, cluster, plan, h, attempt))
-            except (OrchError, OSError):
-                pass
 
 
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:

@@ -117,3 +117,36 @@ def test_a_new_copy_appears_whole_or_not_at_all(setup):
     sink.close(False)
     assert not s.run.local_log(0).exists()
     assert list(s.run.local_log(0).parent.iterdir()) == []
+
+
+def test_a_host_that_cannot_be_reached_is_asked_once_one_that_answered_gets_its_launcher_log(tmp_path):
+    """gather with the launcher's log (msrun: every host writes one): a host whose gather failed
+    but that answered has its launcher log read alone; an unreachable one is not asked again
+    (each new try would cost it a connect timeout, host after host)."""
+    from orchestrator.errors import ConnectError
+    from orchestrator.transport.base import Result
+
+    calls: dict[str, list[str]] = {}
+
+    class Conn:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, argv, sink=None):
+            calls.setdefault(self.name, []).append("run")
+            if self.name == "down":
+                raise ConnectError(self.name, "connection refused")
+            return Result(self.name, "gather", 0 if self.name == "fine" else 1, b"", b"no python", 0.0)
+
+        def get(self, remote, local):
+            calls[self.name].append("get")
+            return 0
+
+    hosts = [SimpleNamespace(name=n) for n in ("down", "broken", "fine")]
+    plan = SimpleNamespace(hosts=hosts, launch_host=hosts[0], by_host=lambda name: (),
+                           node_rank=lambda name: [h.name for h in hosts].index(name))
+    cluster = SimpleNamespace(job=SimpleNamespace(workdir="/w", launcher="msrun"), ssh=SimpleNamespace(fanout=4))
+    pool = type("Pool", (), {"__getitem__": lambda self, h: Conn(h.name)})()
+    out = logs.gather(FakeRun(tmp_path), cluster, plan, pool, launcher_attempt=1)
+    assert calls == {"down": ["run"], "broken": ["run", "get"], "fine": ["run"]}
+    assert out["fine"] == "ok" and "refused" in out["down"] and "no python" in out["broken"]
