@@ -164,9 +164,16 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
 
     device_ips, missing_ips = None, None
     if cluster.job.launcher == "ranktable":
-        probed = _plan_probe_hccn(cluster, rp) if probe else {}
         try:
-            device_ips = planning.device_ips_for(rp, probed)
+            if probe:  # /etc/hccn.conf of the hosts whose inventory lacks some, as `orch up` reads it
+                from .lifecycle import read_device_ips
+                from .transport import Pool
+
+                with Pool(cluster) as pool:
+                    device_ips = read_device_ips(rp, pool, what="--probe: ",
+                                                 timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
+            else:
+                device_ips = planning.device_ips_for(rp, {})
         except PlanError as exc:
             if probe:
                 raise
@@ -207,19 +214,6 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
                     f"{HCCN_CONF} on the hosts"
                     + (" (and npu-smi's spod-info, for rank table 1.2)" if cluster.job.rank_table_version == "1.2"
                        else ""), fg="yellow", err=True)
-
-
-def _plan_probe_hccn(cluster, rp) -> dict:
-    """{host name: {device id: IP}} read from /etc/hccn.conf on the hosts whose inventory lacks some."""
-    from .devices import hccn_ips, read_hccn
-    from .transport import Pool
-
-    need = [h for h in rp.hosts if any(d not in h.device_ips for d in h.devices)]
-    if not need:
-        return {}
-    with Pool(cluster) as pool:
-        confs = read_hccn(pool, need, "--probe: ", timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
-    return {name: hccn_ips(conf) for name, conf in confs.items()}
 
 
 def _plan_super_devices(cluster, rp, probe: bool):

@@ -311,7 +311,7 @@ class Lifecycle:
         host = self.plan.ranks[rank].host if rank is not None else self.plan.launch_host.name
         window = supervisor.lost_after(self.cluster)
         last_ok = time.monotonic()
-        pos: dict[tuple[int, int], int] = {}
+        copies = logs.Copies(self.run)
         state: dict = {}
 
         def on_state(doc: dict) -> None:
@@ -323,23 +323,20 @@ class Lifecycle:
             self.events.progress(running, ended, self.plan.size, time.monotonic() - self.t0)
 
         def on_output(r: int, attempt: int, data: bytes) -> None:
-            at = pos.setdefault((r, attempt), self._local_size(r, attempt))
             try:
-                logs.append(self.run, r, attempt, at, data)
+                copies.add(r, attempt, data)
             except LocalWriteError as exc:  # shown, not kept: the gather at the end says what is missing
                 if not self.write_error:
                     self.events.warning(f"{exc.message}; the run goes on, its logs stay on the hosts")
                 self.write_error = exc.message
-            pos[(r, attempt)] = at + len(data)
             self.events.output(r, data)
 
         while True:
             attempt = int(state.get("attempt") or 1)
             args = ["watch", "--to-end"]  # not only until the followed rank has ended: the run's end is pushed too
             if rank is not None:
-                pos.setdefault((rank, attempt), self._local_size(rank, attempt))
                 args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",
-                         f"{rank}={pos[(rank, attempt)]}"]
+                         f"{rank}={copies.offset(rank, attempt)}"]
             stream = supervisor.EventStream(on_state, on_output)
             err: OrchError | None = None
             try:
@@ -362,10 +359,6 @@ class Lifecycle:
                               "The supervisors on the other hosts stop their ranks when the launch host's is gone; "
                               f"once it is reachable, run `orch down --run {self.run.id}`")
             time.sleep(1.0)
-
-    def _local_size(self, rank: int, attempt: int) -> int:
-        p = self.run.local_log(rank, attempt)
-        return p.stat().st_size if p.exists() else 0
 
     # ---- the cluster's word
     def status(self) -> RunView:
@@ -451,17 +444,18 @@ def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
 # --------------------------------------------------------------------------- device IPs
 
 
-def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int, HccnDevice]] | None = None
-                    ) -> dict[str, dict[int, str]]:
+def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int, HccnDevice]] | None = None,
+                    *, what: str = "", timeout: float | None = None) -> dict[str, dict[int, str]]:
     """Device IPs for the rank table: the inventory's `device_ips`, else each host's
     /etc/hccn.conf: as `known` has it (what `orch check`'s probe read there), else read now
-    (only from hosts that need it, over the open connections)."""
+    (only from hosts that need it, over the pool's connections). PlanError for what is missing
+    (`what` goes before a read error's message: `--probe: `)."""
     from .devices import hccn_ips, read_hccn
     from .plan import device_ips_for
 
     known = dict(known or {})
     need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
-    confs = {**known, **read_hccn(pool, need)}
+    confs = {**known, **(read_hccn(pool, need, what, timeout=timeout) if need else {})}
     return device_ips_for(plan, {n: hccn_ips(c) for n, c in confs.items()})
 
 

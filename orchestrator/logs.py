@@ -16,6 +16,7 @@ import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Mapping
 
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
@@ -38,6 +39,26 @@ def _locked(path: Path):
         yield
     finally:
         os.close(fd)
+
+
+class Copies:
+    """The local copies of streamed logs: each (rank, attempt)'s bytes go where the last ended
+    (its copy's size when first seen)."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.pos: dict[tuple[int, int], int] = {}
+
+    def offset(self, rank: int, attempt: int) -> int:
+        return self.pos.setdefault((rank, attempt), self.run.local_size(rank, attempt))
+
+    def add(self, rank: int, attempt: int, data: bytes) -> None:
+        """LocalWriteError when this machine cannot keep them (the position moves on all the same)."""
+        at = self.offset(rank, attempt)
+        try:
+            append(self.run, rank, attempt, at, data)
+        finally:
+            self.pos[(rank, attempt)] = at + len(data)
 
 
 def append(run: Run, rank: int, attempt: int, offset: int, data: bytes) -> None:
@@ -420,6 +441,7 @@ class Follow:
         self.ranks = ranks
         self.attempt = attempt
         self.final: dict | None = None
+        self.errors: dict[str, str] = {}  # hosts whose stream broke off: why
 
     def stream(self, cluster, plan, pool):
         import queue
@@ -434,12 +456,10 @@ class Follow:
         window = supervisor.lost_after(cluster)
 
         def one(host: str, ranks: list[int]) -> None:
-            pos: dict[tuple[int, int], int] = {}
+            copies = Copies(self.run)
 
             def on_output(r: int, attempt: int, data: bytes) -> None:
-                at = pos.setdefault((r, attempt), _size(self.run.local_log(r, attempt)))
-                append(self.run, r, attempt, at, data)
-                pos[(r, attempt)] = at + len(data)
+                copies.add(r, attempt, data)
                 q.put(("out", r, data))
 
             def on_state(doc: dict) -> None:
@@ -447,7 +467,7 @@ class Follow:
 
             args = ["watch", "--attempt", str(self.attempt)]
             for r in ranks:
-                args += ["--rank", str(r), "--offset", f"{r}={_size(self.run.local_log(r, self.attempt))}"]
+                args += ["--rank", str(r), "--offset", f"{r}={self.run.local_size(r, self.attempt)}"]
             try:
                 pool[host].run(supervisor.agent_argv(cluster, self.run.id, *args),
                                env={"ORCH_LOST_AFTER": str(int(window))},
@@ -467,16 +487,14 @@ class Follow:
                 left -= 1
             elif kind == "out":
                 yield who, data
+            else:  # "error": that host's ranks were not followed to their end
+                self.errors[who] = str(data)
 
     def exit_ok(self) -> bool:
         """No selected rank failed (exited non-zero or died of a signal of its own), as far as the
         run's last state says. A rank stopped by orch (fail-fast elsewhere, `orch down`) did not."""
         states = {r["rank"]: r.get("state") for r in (self.final or {}).get("ranks") or []}
         return not any(states.get(r) == "failed" for r in self.ranks)
-
-
-def _size(p: Path) -> int:
-    return p.stat().st_size if p.exists() else 0
 
 
 def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | None = None,
@@ -515,16 +533,14 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
         yield from first_pass(attempt or run.attempt)
         yield from flush_pending()
         hosts = {run.data["plan"]["ranks"][r]["host"] for r in ranks}
-        short = {h: why.splitlines()[0] for h, why in still.items() if h in hosts}
-        if short:
-            raise LogsIncomplete("incomplete: the logs of " + "; ".join(f"{h} ({why})" for h, why in sorted(
-                short.items())) + " could not be brought here", hint="fix that, then run the same command again: "
-                                                                     "only what is missing moves")
+        _raise_incomplete({h: why for h, why in still.items() if h in hosts})
         return
     cluster = run.cluster()
     plan = plan_from_run(run)
-    with Pool(cluster) as pool:
-        gather(run, cluster, plan, pool)
+    hosts = {plan.ranks[r].host for r in ranks}
+    with Pool(cluster) as pool:  # only the selected ranks' hosts are asked
+        got = gather(run, cluster, plan, pool, [h for h in plan.hosts if h.name in hosts])
+        short = {h: why for h, why in got.items() if why != "ok"}
         k = attempt or _latest_local_attempt(run, ranks)
         yield from first_pass(k)
         if follow:
@@ -532,7 +548,17 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             f.attempt = k
             for r, data in f.stream(cluster, plan, pool):
                 yield from emit(r, data)
+            short.update(f.errors)
     yield from flush_pending()
+    _raise_incomplete(short)
+
+
+def _raise_incomplete(short: Mapping[str, str]) -> None:
+    """LogsIncomplete naming the hosts whose logs could not be brought here, and why."""
+    if short:
+        raise LogsIncomplete("incomplete: the logs of " + "; ".join(
+            f"{h} ({why.splitlines()[0] if why else 'no reason given'})" for h, why in sorted(short.items()))
+            + " could not be brought here", hint="fix that, then run the same command again: only what is missing moves")
 
 
 def _complete(run: Run) -> dict[str, str]:

@@ -130,6 +130,11 @@ class Run:
         base = self.logs_dir if attempt <= 1 else self.logs_dir / f"attempt-{attempt}"
         return base / f"rank.{rank}" / "stdout"
 
+    def local_size(self, rank: int, attempt: int = 1) -> int:
+        """How many bytes of the rank's log are here (0: none yet)."""
+        p = self.local_log(rank, attempt)
+        return p.stat().st_size if p.exists() else 0
+
     @property
     def attempt(self) -> int:
         """The run's latest attempt (1 unless it was restarted)."""

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import (budget, host_procs, leftovers, orch, run_record, running, spawn_orch, timed, wait_until,
-                           write_fault_cluster)
+from tests.support import (budget, host_procs, leftovers, orch, run_record, running, spawn_orch, sshd_lines, timed,
+                           wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -178,4 +178,29 @@ def test_sshd_listener_stopped_mid_job_does_not_harm_the_job(net, tmp_path):
     logs = tmp_path / ".orch" / "runs" / run_id / "logs"
     for r in range(6):
         assert (logs / f"rank.{r}" / "stdout").read_bytes() == f"start {r}\nend {r}\n".encode()
+    assert leftovers(run_id) == []
+
+
+def test_logs_of_a_running_run_asks_only_the_ranks_hosts_and_names_one_it_cannot_reach(net, tmp_path):
+    """`orch logs --rank N` of a running run connects to rank N's host only; when that host
+    cannot be reached, what is here is printed and the command exits 5 naming the host (it
+    used to ask every host and say nothing of one that failed, exit 0)."""
+    proc, run_id = _start(net, tmp_path, "/data/fx-logsel")
+
+    def accepted(i: int) -> int:
+        return sum("Accepted publickey" in line for line in sshd_lines(net, i))
+
+    try:
+        before = [accepted(i) for i in (1, 2, 3)]
+        assert orch("logs", "--rank", "0", cwd=tmp_path, check_rc=0).stdout == b"start 0\n"
+        assert [accepted(i) - b for i, b in zip((1, 2, 3), before)] == [1, 0, 0]
+        assert orch("logs", "--rank", "5", cwd=tmp_path, check_rc=0).stdout == b"start 5\n"
+        net.sshd(3, False)  # rank 5's host: no new connection
+        res = orch("logs", "--rank", "5", cwd=tmp_path, check_rc=5, timeout=60)
+        assert res.stdout == b"start 5\n"  # what is here
+        assert net.host(3).name in res.stderr.decode() and "incomplete" in res.stderr.decode(), res.stderr
+    finally:
+        net.sshd(3, True)
+        orch("down", "--run", run_id, cwd=tmp_path, timeout=120)
+        proc.kill()
     assert leftovers(run_id) == []
