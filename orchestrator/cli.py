@@ -23,6 +23,20 @@ def _save_traceback() -> str:
     return path
 
 
+JSON_META = "orch.json"  # ctx.meta: "wanted" once a command's --json is given, "printed" once its object is out
+
+
+def _json_wanted(ctx: click.Context, param, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_META] = "wanted"
+    return value
+
+
+def json_option(help: str):
+    """--json: one JSON object on stdout; an error (OrchGroup.invoke) is one too."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_json_wanted, help=help)
+
+
 class OrchGroup(click.Group):
     """Maps OrchError subclasses to exit codes; an unexpected crash saves its traceback.
     `lab` (orchestrator/cli_lab.py, over orchestrator/lab/) is imported only when used: it is big
@@ -45,6 +59,11 @@ class OrchGroup(click.Group):
         try:
             return super().invoke(ctx)
         except OrchError as exc:
+            if ctx.meta.get(JSON_META) == "wanted":  # stdout still holds one object, for a script
+                import json as _json
+
+                click.echo(_json.dumps({"state": "error", "exit_code": exc.exit_code, "message": exc.message,
+                                        "hint": exc.hint}))
             click.echo(f"orch: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -134,7 +153,7 @@ PLAN_TABLE_MAX_RANKS = 64
 @hosts_option
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="write plan.json, commands.json and the launcher's files (hostfile / rank_table.json) here")
-@click.option("--json", "as_json", is_flag=True, help="print plan.json on stdout instead of a table")
+@json_option(help="print plan.json on stdout instead of a table")
 @click.option("--probe", is_flag=True,
               help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
                    "(ranktable launcher); the only option that touches hosts")
@@ -279,8 +298,7 @@ _CELL = {"pass": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "
 @cli.command("check")
 @cluster_file_argument
 @hosts_option
-@click.option("--json", "as_json", is_flag=True,
-              help='print one JSON object on stdout: {"ok": bool, "results": [{check, host, status, message}]}')
+@json_option(help='print one JSON object on stdout: {"ok": bool, "results": [{check, host, status, message}]}')
 @click.option("--full-mesh", is_flag=True,
               help="test ssh between every ordered pair of hosts (default: launch host -> each other host)")
 @click.option("--slurm-job", "slurm_job", default=None, metavar="ID",
@@ -436,8 +454,7 @@ class _CliEvents:
 @click.option("--force", is_flag=True, help="stop a run still live in the same workdir on these hosts first")
 @click.option("--follow-rank", type=int, default=0, show_default=True, help="stream this rank's output")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no rank output, only the verdict")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the outcome as one JSON object on stdout (no rank output there; progress stays on stderr)")
+@json_option(help="print the outcome as one JSON object on stdout (no rank output there; progress stays on stderr)")
 def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, force: bool, follow_rank: int,
                quiet: bool, as_json: bool) -> None:
     """Check, render, distribute, launch, follow and gather a job.
@@ -471,6 +488,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
 
             click.echo(_json.dumps({"run": None, "state": "preflight_failed", "exit_code": exc.exit_code,
                                     "message": exc.message, "check": report.to_dict() if report else None}))
+            click.get_current_context().meta[JSON_META] = "printed"
         elif report is not None:
             _print_check(cluster, report)
         raise
@@ -542,7 +560,7 @@ def _run_option(f):
                 metavar="[FILE, default: the latest run recorded here, else ./cluster.yaml]")
 @inventory_option
 @_run_option
-@click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
+@json_option(help="print the status as one JSON object")
 def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     """Each rank of a run: host, device, pid, state, exit code; and the run's state, read from
     the cluster. With FILE (and no run recorded here), the latest run on FILE's hosts.
@@ -607,7 +625,7 @@ def _has_runs() -> bool:
 
 @cli.command("down")
 @_run_option
-@click.option("--json", "as_json", is_flag=True, help="print what was stopped as one JSON object")
+@json_option(help="print what was stopped as one JSON object")
 def down_command(run_id: str | None, as_json: bool) -> None:
     """Stop every process of a run on every host (its supervisor stops the ranks: TERM, then
     KILL after a grace period; then anything left is swept), and gather its logs. Only that

@@ -92,6 +92,18 @@ def test_up_json_when_the_preflight_fails_is_still_one_object(tmp_path):
     assert not doc["check"]["ok"] and any(r["status"] == "fail" for r in doc["check"]["results"])
 
 
+def test_json_errors_are_one_object_too(tmp_path):
+    """With --json, an error before anything is known (a bad file, no such run) is still one object
+    on stdout, with the exit code and the message stderr shows."""
+    (tmp_path / "cluster.yaml").write_text("inventory: {hosts: [{address: x}]}\njob: {workdir: rel, command: x}\n")
+    for argv, rc in ((["up", "--json"], 2), (["check", "--json"], 2), (["plan", "--json"], 2),
+                     (["status", "--json", "--run", "nope"], 2), (["down", "--json"], 2)):
+        res = orch(*argv, cwd=tmp_path, rc=rc)
+        doc = json.loads(res.stdout)
+        assert doc["state"] == "error" and doc["exit_code"] == rc and doc["message"] in res.stderr, argv
+    assert orch("up", cwd=tmp_path, rc=2).stdout == ""  # without --json: nothing on stdout
+
+
 def test_help_shows_the_default_file(tmp_path):
     for cmd in ("check", "plan", "up"):
         assert "[FILE, default ./cluster.yaml]" in orch(cmd, "--help", cwd=tmp_path, rc=0).stdout.splitlines()[0]
