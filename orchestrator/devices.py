@@ -97,11 +97,6 @@ def hccn_ips(conf: Mapping[int, HccnDevice]) -> dict[int, str]:
     return out
 
 
-def parse_hccn_conf(text: str) -> dict[int, str]:
-    """/etc/hccn.conf text -> {device id: device NIC IP} (parse_hccn, then hccn_ips)."""
-    return hccn_ips(parse_hccn(text))
-
-
 def read_hccn(pool, hosts: Sequence[Host], what: str = "", timeout: float | None = None
               ) -> dict[str, dict[int, HccnDevice]]:
     """Each host's /etc/hccn.conf, over the pool's connections (at once, up to ssh.fanout):

@@ -59,10 +59,6 @@ class SpecError(OrchError):
         body = head if len(lines) == 1 else head + ":\n" + "\n".join(f"  {ln}" for ln in lines)
         super().__init__(body, hint=hint)
 
-    @property
-    def locations(self) -> list[Location]:
-        return [loc for loc, _ in self.problems]
-
 
 class PlanError(OrchError):
     """The job cannot be laid out on these hosts (a device rule, too many ranks...)."""

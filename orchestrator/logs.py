@@ -340,22 +340,14 @@ def launcher_log(run: Run, cluster, plan, h, attempt: int) -> tuple[str, Path]:
 
 
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
-    """The run's ranks, narrowed to `rank` and to the hosts `host` names (as --hosts does: a name
-    or address, or names and ranges, comma-separated)."""
+    """The run's ranks, narrowed to `rank` and to the hosts `host` names (as --hosts does
+    everywhere: names, addresses, ranges or groups, comma-separated; model.Cluster.select)."""
     from .errors import UsageError
 
     ranks = run.data["plan"]["ranks"]
     if host is not None:
-        from ClusterShell.NodeSet import NodeSetParseError
-
-        from .hostsets import expand
-
-        wanted = {host}
-        try:
-            wanted.update(expand(host))
-        except NodeSetParseError:
-            pass  # an exact name holding anything: taken as it is
-        ranks = [r for r in ranks if r["host"] in wanted or r["address"] in wanted]
+        wanted = {h.name for h in run.cluster().select(host).hosts}
+        ranks = [r for r in ranks if r["host"] in wanted]
         if not ranks:
             raise UsageError(f"run {run.id} has no rank on host {host!r}")
     if rank is not None:

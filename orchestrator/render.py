@@ -62,11 +62,6 @@ def log_dir_path(cluster: Cluster) -> str:
     return posixpath.join(cluster.job.workdir, cluster.job.log_dir)
 
 
-def rank_log_path(cluster: Cluster, rank: int) -> str:
-    """Where rank N's output lands on its host (mpirun's --output-filename layout)."""
-    return posixpath.join(log_dir_path(cluster), "1", f"rank.{rank}", "stdout")
-
-
 # --------------------------------------------------------------------------- files
 
 

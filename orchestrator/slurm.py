@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+from ClusterShell.NodeSet import NodeSetParseError
 
 from .errors import OrchError, UsageError
-from .hostsets import _NO_GROUPS
+from .hostsets import expand
 from .launchers import PY
 from .model import Cluster, Host, Slurm
 from .supervisor.agent import step_argv
@@ -159,7 +159,7 @@ def expand_nodes(nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist in ("(null)", "None"):
         return ()
     try:
-        return tuple(NodeSet(nodelist, resolver=_NO_GROUPS))
+        return tuple(expand(nodelist))
     except NodeSetParseError as exc:
         raise SlurmError(f"cannot read Slurm's node list {nodelist!r}: {exc}") from None
 

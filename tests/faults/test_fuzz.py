@@ -278,7 +278,7 @@ def test_fuzz_probe_parsers(text):
 @given(text=host_output())
 def test_fuzz_hccn_conf(text):
     """/etc/hccn.conf of any content -> {device id: IP address}, only valid ones kept."""
-    out = devices.parse_hccn_conf(text)
+    out = devices.hccn_ips(devices.parse_hccn(text))
     for dev, ip in out.items():
         assert isinstance(dev, int) and dev >= 0
         ipaddress.ip_address(ip)

@@ -220,11 +220,12 @@ def test_logs_into_a_closed_pipe_end_quietly(tmp_path):
 
 def test_logs_hosts_pattern_and_the_old_host_flag(lab, tmp_path):
     """`orch logs --hosts PATTERN` (the flag every other command has); `--host` still works."""
-    write_cluster(lab, tmp_path, workdir="/data/up-logs-hosts", hosts=2, launcher="ranktable",
-                  command=["sh", "-c", "echo r$RANK_ID"])
-    orch("up", "-q", cwd=tmp_path, check_rc=0)
     h1, h2 = lab.host(1).name, lab.host(2).name
+    write_cluster(lab, tmp_path, workdir="/data/up-logs-hosts", hosts=2, launcher="ranktable",
+                  inventory={"groups": {"second": [h2]}}, command=["sh", "-c", "echo r$RANK_ID"])
+    orch("up", "-q", cwd=tmp_path, check_rc=0)
+    assert orch("logs", "--hosts", "second", cwd=tmp_path, check_rc=0).stdout == b"[rank 2] r2\n[rank 3] r3\n"
     assert orch("logs", "--hosts", h2, cwd=tmp_path, check_rc=0).stdout == b"[rank 2] r2\n[rank 3] r3\n"
     assert orch("logs", "--hosts", f"{h1},{h2}", "--rank", "1", cwd=tmp_path, check_rc=0).stdout == b"r1\n"
     assert orch("logs", "--host", h1, cwd=tmp_path, check_rc=0).stdout == b"[rank 0] r0\n[rank 1] r1\n"
-    assert b"no rank on host" in orch("logs", "--hosts", "nosuch9", cwd=tmp_path, check_rc=2).stderr
+    assert b"no host or group named nosuch9" in orch("logs", "--hosts", "nosuch9", cwd=tmp_path, check_rc=2).stderr

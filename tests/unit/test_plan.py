@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.devices import parse_hccn_conf
+from orchestrator.devices import hccn_ips, parse_hccn
 from orchestrator.errors import PlanError
 from orchestrator.plan import (
     RULE_A3_MULTI, RULE_A3_NPU, RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan,
@@ -182,16 +182,20 @@ def test_ranktable_server_ids_unique():
 # --------------------------------------------------------------------------- hccn.conf and device IPs
 
 
+def hccn_ips_of(text: str) -> dict[int, str]:
+    return hccn_ips(parse_hccn(text))
+
+
 def test_parse_hccn_conf_fixture():
-    assert parse_hccn_conf((GOLDEN / "hccn.conf").read_text()) == SEED000_IPS
+    assert hccn_ips_of((GOLDEN / "hccn.conf").read_text()) == SEED000_IPS
 
 
 def test_parse_hccn_conf_tolerates_mess():
     text = ("# device NICs\r\n\r\naddress_0 = 192.168.100.101\r\nnetmask_0=255.255.255.0\r\n"
             "address_1=10.1.1.1\naddress_1=192.168.101.101   # fixed\n  address_2=not-an-ip\n"
             "garbage line\naddress_x=1.2.3.4\nmyaddress_3=1.1.1.1\naddress_3=\naddress_4=fd00::4\n")
-    assert parse_hccn_conf(text) == {0: "192.168.100.101", 1: "192.168.101.101", 4: "fd00::4"}
-    assert parse_hccn_conf("") == {}
+    assert hccn_ips_of(text) == {0: "192.168.100.101", 1: "192.168.101.101", 4: "fd00::4"}
+    assert hccn_ips_of("") == {}
 
 
 def test_device_ips_inventory_first_then_probed():
@@ -536,11 +540,11 @@ printf '\\t%-30s : %u\\n' SDID $((113246208 + d)) 'Super Pod Size' 48 'Super Pod
 
 def test_hccn_conf_has_one_parser_for_check_and_rank_table():
     """orch check (probes.parse_hccn: addresses and netmasks as written) and the rank table
-    (parse_hccn_conf: the IP addresses) read hccn.conf with the one parser of devices.py."""
+    (hccn_ips of parse_hccn: the IP addresses) read hccn.conf with the one parser of devices.py."""
     from orchestrator import devices, probes
 
     text = (GOLDEN / "hccn.conf").read_text() + "address_9=not-an-ip\nnetmask_9=255.255.255.0\n"
     conf = probes.parse_hccn(text)
     assert conf == devices.parse_hccn(text) and conf[9] == devices.HccnDevice("not-an-ip", "255.255.255.0")
-    assert parse_hccn_conf(text) == devices.hccn_ips(conf) == SEED000_IPS
+    assert hccn_ips_of(text) == devices.hccn_ips(conf) == SEED000_IPS
     assert probes.parse_hccn(probes.NOT_INSTALLED) is None
