@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError
-from orchestrator.devices import parse_hccn_conf
+from orchestrator.devices import hccn_ips, parse_hccn
 from orchestrator.plan import device_ips_for, make_plan, server_key
 from orchestrator.launchers import launch_commands, plan_files
 from orchestrator.render import (
@@ -62,7 +62,7 @@ def test_seed000_eight_devices_exactly():
     h = host("127.0.0.1")
     c = cluster(h, launcher="ranktable", platform="ascend")
     plan = make_plan(c)
-    ips = device_ips_for(plan, {"127.0.0.1": parse_hccn_conf(seed("hccn.conf"))})
+    ips = device_ips_for(plan, {"127.0.0.1": hccn_ips(parse_hccn(seed("hccn.conf")))})
     text = rank_table_v1(plan, ips)
     expected = seed("seed000_hccl_8p_01234567_127.0.0.1.json")
     assert json.loads(text) == json.loads(expected)
