@@ -11,6 +11,7 @@ Each test picks its hosts with --hosts. Skips only where no lab can be made (nev
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import _require_lab
-from tests.support import REPO, budget, orch
+from tests.support import REPO, budget, orch, sshd_lines
 
 pytestmark = pytest.mark.lab
 
@@ -107,7 +108,14 @@ def test_version_mismatch_names_versions_and_hosts(lab, tmp_path):
 def test_refused_key_fails_fast_and_the_others_pass(lab, tmp_path):
     f = write(lab, tmp_path, ssh={"connect_timeout": 5, "retries": 3})
     _, healthy = orch_check(f, "--hosts", h(lab, 1, 2), "--json", "--full-mesh")
+    controller = str(ipaddress.ip_network(lab.subnet).network_address + 1)  # where the lab sees this machine
+
+    def tries() -> int:  # connections to h5 from here: one, however many retries ssh.retries allows
+        return sum(f"Connection from {controller} port " in line for line in sshd_lines(lab, 5))
+
+    before = tries()
     res, took = orch_check(f, "--hosts", h(lab, 1, 2, 5), "--json", "--full-mesh")
+    assert tries() - before == 1, "an auth failure is not retried"
     doc = results(res)
     h1, h2, h5 = (lab.host_name(i) for i in (1, 2, 5))
     assert res.returncode == 1

@@ -469,7 +469,7 @@ def test_only_the_bastion_is_reachable_and_its_log_shows_each_connection(behind)
 
 
 def test_user_is_an_ordinary_account_owning_data(behind):
-    h1, h2 = behind.host(1), behind.host(2)
+    h1 = behind.host(1)
     marker = f"u{uuid.uuid4().hex[:8]}"
     res = cfg_ssh(behind, h1.name, f"id -u; id -g; id -un; echo $HOME; stat -c '%u %a' ~/.ssh ~/.ssh/id_ed25519; "
                                    f"stat -c %U /data; mkdir /data/{marker} && stat -c %U /data/{marker}; "

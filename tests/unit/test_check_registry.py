@@ -188,4 +188,4 @@ def test_up_reads_hccn_conf_once_per_host():
     assert ips[rp.hosts[0].name] == {d: dev.address for d, dev in known[rp.hosts[0].name].items()}
     assert ips[rp.hosts[1].name][3] == "192.168.3.2"
     lifecycle.read_device_ips(rp, Pool(c, ts))  # nothing known (--skip-checks): every host is read
-    assert len(ts[rp.hosts[0].name].runs) == 1
+    assert len(ts[rp.hosts[0].name].runs) == 1 and len(ts[rp.hosts[1].name].runs) == 2
