@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..errors import LabError
 from .model import DEFAULT_ROOT, NETNS_DIR
-from .system import listdir, run
+from .system import listdir, run, write
 
 REGISTRY = "mountpoints.json"
 
@@ -98,9 +98,7 @@ def claim(root: Path, extra_dirs: Sequence[str] = ()) -> list[str]:
         run(["mount", "--make-shared", NETNS_DIR], what="mount --make-shared /run/netns")
         reg["mounts"].append(NETNS_DIR)
         created.append(f"mount:{NETNS_DIR}")
-    tmp = reg_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(reg, indent=1) + "\n")
-    os.replace(tmp, reg_path)
+    write(reg_path, json.dumps(reg, indent=1) + "\n")
     return created
 
 

@@ -5,11 +5,11 @@ a LabHost with host_from."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import LabError
+from .system import write
 from .model import BASTION_INDEX, HOST_PREFIX, STATE_VERSION, SUBNET_PREFIX, LabHost
 from .versions import host_versions
 
@@ -35,9 +35,7 @@ def read_or_empty(path: Path) -> dict:
 
 
 def save(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
 def host_from(rec: dict) -> LabHost:

@@ -148,8 +148,20 @@ def parallel(fn, items: Sequence, workers: int = 16) -> list:
 
 
 def write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.write_text(text)
-    os.chmod(path, mode)
+    """`text` into `path` atomically: a new file (mkstemp: 0600, a random name) given `mode`, then
+    renamed over the old one, so a private key is never readable by others, even for a moment."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def listdir(path: str) -> list[str]:

@@ -290,3 +290,30 @@ def test_hosts_run_a_python_they_can_see(tmp_path, monkeypatch):
     with pytest.raises(LabError) as e:
         system.host_python()
     assert "lab hosts cannot run this python" in e.value.message and "/tmp" in e.value.message
+
+
+def test_lab_files_are_written_atomically_at_their_mode(tmp_path, monkeypatch):
+    """A lab's private key is never, even for a moment, at the umask's mode under its name: it
+    is written to a random 0600 temporary file, given its mode, then renamed."""
+    import os
+
+    from orchestrator.lab.system import write
+
+    seen: list[tuple[str, int]] = []  # every file there, and its mode, whenever a mode is set
+    chmod = os.chmod
+
+    def spy(path, mode, *a, **kw):
+        seen.extend((p.name, p.stat().st_mode & 0o777) for p in tmp_path.iterdir())
+        return chmod(path, mode, *a, **kw)
+
+    monkeypatch.setattr(os, "chmod", spy)
+    old = os.umask(0)
+    try:
+        key = tmp_path / "id_ed25519"
+        write(key, "secret\n", 0o600)
+        write(key, "secret again\n", 0o600)
+    finally:
+        os.umask(old)
+    assert key.read_text() == "secret again\n" and key.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["id_ed25519"]
+    assert seen and all(mode == 0o600 for _, mode in seen), seen
