@@ -99,3 +99,20 @@ def test_commands_that_read_a_record_do_not_import_pydantic():
             "print('pydantic' in sys.modules, 'orchestrator.spec' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"], out
+
+
+def test_the_file_shape_and_the_model_name_the_same_fields():
+    """spec.Raw* (the YAML's shape, pydantic) and model.* (frozen types) are kept apart on
+    purpose; a key added to one must be added to the other, or listed here with the reason."""
+    from orchestrator import model, spec
+
+    derived = {  # model fields that no YAML key of the same name gives
+        model.Slurm: {"template", "login_host"},  # the inventory's defaults; `login` as SSH reaches it
+        model.Job: {"rank_table_version", "hccl_connect_timeout", "hccl_exec_timeout"},  # rank_table:, hccl:
+        model.Host: {"connect_timeout", "keepalive", "hostname", "proxy_command"},  # ssh: and ~/.ssh/config
+    }
+    nested = {spec.RawJob: {"rank_table", "hccl"}}  # YAML mappings flattened into model fields
+    for raw, typ in ((spec.RawSlurm, model.Slurm), (spec.RawSsh, model.SshSettings), (spec.RawChecks, model.Checks),
+                     (spec.RawJob, model.Job), (spec.RawHost, model.Host)):
+        assert set(raw.model_fields) - nested.get(raw, set()) == \
+            {f.name for f in fields(typ)} - derived.get(typ, set()), typ.__name__
