@@ -112,6 +112,12 @@ class LocalWriteError(OrchError):
     record or logs are incomplete; the hosts still have the logs."""
     exit_code = 5
 
+    @classmethod
+    def of_log(cls, path, exc: OSError) -> "LocalWriteError":
+        """A log's copy here that cannot be written (the hosts keep the log)."""
+        return cls(f"cannot write {path}: {exc.strerror or exc}",
+                   hint="free some space here, then `orch logs` fetches the rest")
+
 
 class LogsIncomplete(OrchError):
     """Some of a run's logs could not be brought here (yet)."""

@@ -32,8 +32,7 @@ def _locked(path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path.parent, os.O_RDONLY)
     except OSError as exc:  # this machine's disk: never taken for a lost connection
-        raise LocalWriteError(f"cannot write {path.parent}: {exc.strerror or exc}",
-                              hint="free some space here, then `orch logs` fetches the rest") from None
+        raise LocalWriteError.of_log(path.parent, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -73,8 +72,7 @@ def append(run: Run, rank: int, attempt: int, offset: int, data: bytes) -> None:
             with open(local, "ab") as fh:
                 fh.write(data[have - offset:])
         except OSError as exc:
-            raise LocalWriteError(f"cannot write {local}: {exc.strerror or exc}",
-                                  hint="free some space here, then `orch logs` fetches the rest") from None
+            raise LocalWriteError.of_log(local, exc) from None
 
 
 # Runs on a host (python3 -S, stdlib only): the new bytes of every log of the given ranks (every
@@ -122,11 +120,6 @@ out.flush()
 '''
 
 
-def _cannot_write(path, exc: OSError) -> LocalWriteError:
-    return LocalWriteError(f"cannot write {path}: {exc.strerror or exc}",
-                           hint="free some space here, then `orch logs` fetches the rest")
-
-
 class _Gathered:
     """The sink of a host's gather stream: each log's bytes into its local copy as `append` puts
     them (under the copy's lock, held while its bytes come; never a byte twice, never a gap),
@@ -155,7 +148,7 @@ class _Gathered:
                         self.out.write(self.buf[drop:n])
                     except OSError as exc:
                         if self.out is not self.tmp_fh:  # named as the copy (a new one is a temporary file)
-                            raise _cannot_write(self.log[2] or self.out.name, exc) from None
+                            raise LocalWriteError.of_log(self.log[2] or self.out.name, exc) from None
                         self.out, self.launcher = None, None  # left out, as gather does when it cannot be kept
                     else:
                         if self.out is not self.tmp_fh:
@@ -205,7 +198,7 @@ class _Gathered:
                 self.pos = 0
         except OSError as exc:
             lock.__exit__(None, None, None)
-            raise _cannot_write(local, exc) from None
+            raise LocalWriteError.of_log(local, exc) from None
         self.key, self.log = (rank, attempt), (lock, fh, tmp)
 
     @staticmethod
@@ -225,7 +218,7 @@ class _Gathered:
             try:
                 self.log = (lock, self._temp(local), local)
             except OSError as exc:
-                raise _cannot_write(local, exc) from None
+                raise LocalWriteError.of_log(local, exc) from None
         self.pos = 0
 
     def _close_log(self, complete: bool) -> None:
@@ -238,7 +231,7 @@ class _Gathered:
                 if local is not None and complete:
                     os.replace(fh.name, local)
             except OSError as exc:
-                raise _cannot_write(local or fh.name, exc) from None
+                raise LocalWriteError.of_log(local or fh.name, exc) from None
             finally:
                 if local is not None and os.path.exists(fh.name):
                     os.unlink(fh.name)

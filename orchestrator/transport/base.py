@@ -142,8 +142,7 @@ class Transport(ABC):
                     if os.path.exists(tmp):
                         os.unlink(tmp)
         except OSError as exc:  # this machine's side (a full disk): never mistaken for the network
-            raise LocalWriteError(f"cannot write {local}: {exc.strerror or exc}",
-                                  hint="free some space here, then `orch logs` fetches the rest") from None
+            raise LocalWriteError.of_log(local, exc) from None
         res.check(f"reading {remote}")
         return n
 
@@ -162,8 +161,7 @@ class _LocalSink:
         try:
             return self._fh.write(data)
         except OSError as exc:
-            raise LocalWriteError(f"cannot write {self._path}: {exc.strerror or exc}",
-                                  hint="free some space here, then `orch logs` fetches the rest") from None
+            raise LocalWriteError.of_log(self._path, exc) from None
 
     def flush(self) -> None:
         try:
