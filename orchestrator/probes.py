@@ -158,13 +158,16 @@ def parse_interface(text: str) -> IfAddr | None:
 def _background_start(body: str) -> str:
     """Start a section in the background, right away: the slowest one (mesh: a connection to
     every other host) then runs while the other sections do. Its output waits in a temporary
-    file (removed when the probe's shell exits) for the section's turn."""
-    return ("_mo=$(mktemp 2>/dev/null) || _mo=/tmp/.orch-mesh.$$\ntrap 'rm -f \"$_mo\"' EXIT\n"
-            f"(\n{body}\n) > \"$_mo\" 2>&1 &\n_mp=$!")
+    file (mktemp's: no name another user could plant; removed when the probe's shell exits) for
+    the section's turn. Without one (mktemp failed: /tmp full or read-only), the section says so."""
+    return ("if _mo=$(mktemp 2>/dev/null); then\ntrap 'rm -f \"$_mo\"' EXIT\n"
+            f"(\n{body}\n) > \"$_mo\" 2>&1 &\n_mp=$!\nfi")
 
 
 def _background_section(name: str) -> str:
-    return f"_b {name}\nwait \"$_mp\"; _mr=$?; cat \"$_mo\"; rm -f \"$_mo\"\n_e {name} $_mr"
+    return (f"_b {name}\nif [ -n \"$_mo\" ]; then wait \"$_mp\"; _mr=$?; cat \"$_mo\"; rm -f \"$_mo\"\n"
+            f"else echo 'orch: not run: mktemp could not create a temporary file on this host'; _mr=125; fi\n"
+            f"_e {name} $_mr")
 
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],

@@ -694,3 +694,18 @@ def test_hccl_connect_timeout_warning(tmp_path):
     big = _replace(asc, job=_replace(asc.job, hccl_connect_timeout=600))
     assert checks.judge_hccl_timeout(big, [0.0, 70.0], [100.0, 170.0]) == []
     assert checks.judge_hccl_timeout(c, [0.0, 700.0], [0.0, 700.0]) == []
+
+
+@pytest.mark.parametrize("tmpdir, want", [(None, ("hi from the background", 0)),
+                                          ("/nonexistent-orch-tmp", ("mktemp could not create", 125))])
+def test_the_background_section_needs_a_private_temp_file(tmp_path, tmpdir, want):
+    """The probe's background section (mesh) keeps its output in a file mktemp made; when mktemp
+    fails the section says so (exit 125) instead of writing to a name another user could plant."""
+    import os
+
+    script = probes.assemble("h", [], [("mesh", "echo hi from the background")], [("x", "echo x")], [])
+    assert "/tmp/.orch" not in script
+    env = {**os.environ, **({"TMPDIR": tmpdir} if tmpdir else {})}
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=30, cwd=tmp_path).stdout
+    mesh = probes.split_sections(out)["mesh"]
+    assert want[0] in mesh.body and mesh.rc == want[1], out
