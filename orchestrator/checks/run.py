@@ -139,8 +139,9 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     # The mesh sources' probes (ssh to every other host) take longest: they connect first, alone, so
     # that their handshakes do not queue behind every other host's (the others wait at most
     # HEAD_START seconds for them). At 64 hosts that took ~0.6 s off the launch host's probe,
-    # which is the whole check's wall time.
-    waiting = {h.name for h in plan.hosts if h.name in plan.mesh_from}
+    # which is the whole check's wall time. With check mesh skipped nobody waits: no probe is longer.
+    first = plan.mesh_from if "mesh" in plan.checks else frozenset()
+    waiting = {h.name for h in plan.hosts if h.name in first}
     heads_up = threading.Event()
     if not waiting or len(waiting) == len(plan.hosts):
         heads_up.set()
@@ -153,7 +154,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
                 heads_up.set()
 
     def probe(h: Host) -> ProbeRun:
-        if h.name in plan.mesh_from:
+        if h.name in first:
             return probe_host(plan, pool, h, on_connected=lambda: connected(h.name))
         heads_up.wait(HEAD_START)
         return probe_host(plan, pool, h)
@@ -162,7 +163,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     budget = ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + ssh.command_timeout + 5 + HEAD_START
     if procs > 1 and not any(h.jump for h in plan.hosts):  # jump hosts: one connection to each, in one process
         fan_out_procs(plan.hosts, probe, procs=procs, encode=encode_run, decode=decode_run, limit=ssh.fanout,
-                      timeout=budget, on_done=done, keep=set(plan.mesh_from), gate=heads_up, gate_timeout=HEAD_START,
+                      timeout=budget, on_done=done, keep=set(first), gate=heads_up, gate_timeout=HEAD_START,
                       child_fn=lambda h: probe_host(plan, pool, h))
     else:
         fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
