@@ -12,7 +12,8 @@ order of the hosts, and its on_done is called in this thread only, as with fan_o
 - `limit` stays the total: each process gets its share of it.
 - `keep`: hosts that stay in this process (they are the ones `gate` waits for); the children
   start their hosts once `gate` is set, or after `gate_timeout` seconds, and call `child_fn`
-  (default fn) on them.
+  (default fn) on them, then `child_exit` (closing their connections) once every host's
+  outcome is sent.
 - A child that dies, or goes past its deadline (its hosts' timeouts, one round per `limit`
   share, plus one), does not lose its hosts: each one it had not reported is an error naming
   the worker process.
@@ -90,7 +91,8 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
                   encode: Callable[[T], Any], decode: Callable[[Host, Any], T], limit: int = 64,
                   timeout: float | None = None, on_done: Callable[[Outcome[T]], None] | None = None,
                   keep: set[str] = frozenset(), gate: threading.Event | None = None, gate_timeout: float = 0.0,
-                  child_fn: Callable[[Host], T] | None = None) -> Results[T]:
+                  child_fn: Callable[[Host], T] | None = None,
+                  child_exit: Callable[[], None] | None = None) -> Results[T]:
     hosts = list(hosts)
     split = _split(hosts, max(1, procs), set(keep))
     shares = split[:1] + [s for s in split[1:] if s]
@@ -98,7 +100,7 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
         return fan_out(hosts, fn, limit=limit, timeout=timeout, on_done=on_done)
     limits = [max(1, limit * len(s) // len(hosts)) for s in shares]
     by_name = {h.name: h for h in hosts}
-    children = [_fork(share, child_fn or fn, encode, lim, timeout, gate_timeout)
+    children = [_fork(share, child_fn or fn, encode, lim, timeout, gate_timeout, child_exit)
                 for share, lim in zip(shares[1:], limits[1:])]
     done: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, Outcome[T]] = {}
@@ -135,7 +137,7 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
     return Results((h.name, results[h.name]) for h in hosts)
 
 
-def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: float) -> dict:
+def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: float, child_exit) -> dict:
     out_r, out_w = os.pipe()
     gate_r, gate_w = os.pipe()
     pid = os.fork()
@@ -157,8 +159,10 @@ def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: floa
                 wfile.write(json.dumps(rec) + "\n")
 
             fan_out(share, fn, limit=limit, timeout=timeout, on_done=send)
-            wfile.flush()
+            wfile.close()  # every host answered: the parent need not wait for what follows
             code = 0
+            if child_exit is not None:
+                child_exit()
         except BaseException:  # noqa: BLE001 - the parent reports the hosts this child did not
             pass
         os._exit(code)

@@ -164,7 +164,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     if procs > 1 and not any(h.jump for h in plan.hosts):  # jump hosts: one connection to each, in one process
         fan_out_procs(plan.hosts, probe, procs=procs, encode=encode_run, decode=decode_run, limit=ssh.fanout,
                       timeout=budget, on_done=done, keep=set(first), gate=heads_up, gate_timeout=HEAD_START,
-                      child_fn=lambda h: probe_host(plan, pool, h))
+                      child_fn=lambda h: probe_host(plan, pool, h), child_exit=getattr(pool, "close", None))
     else:
         fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
     ordered = [runs[h.name] for h in plan.hosts]

@@ -152,3 +152,18 @@ def test_timeouts_in_a_fork_stay_remote_timeouts():
     res = fan_out_procs(hosts(2), lambda h: time.sleep(2 if os.getpid() != me else 0), procs=2,
                         encode=lambda v: v, decode=lambda h, v: v, limit=2, timeout=0.3)
     assert isinstance(res["h1"].error, RemoteTimeout)
+
+
+def test_child_exit_runs_in_each_fork_after_its_hosts(tmp_path):
+    me = os.getpid()
+
+    def bye():
+        (tmp_path / f"closed-{os.getpid()}").write_text("")
+
+    res = within(30, lambda: fan_out_procs(hosts(6), lambda h: os.getpid(), procs=3, encode=lambda v: v,
+                                           decode=lambda h, v: v, limit=6, timeout=20, child_exit=bye))
+    forks = {v for v in res.succeeded.values() if v != me}
+    deadline = time.monotonic() + 10
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(forks) == 2 and {p.name for p in tmp_path.iterdir()} == {f"closed-{pid}" for pid in forks}
