@@ -343,6 +343,7 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
 
 def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, deep: bool = False) -> None:
     from . import checks
+    from .shards import procs_for
     from .transport import Pool
 
     if print_probe is not None:
@@ -361,8 +362,9 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
         status = Console(stderr=True).status(f"checking {len(cluster.hosts)} host(s)...")
         status.start()
     try:
-        with Pool(cluster) as pool:
-            report = checks.run_checks(cluster, pool, checks.try_plan(cluster), full_mesh=full_mesh, deep=deep)
+        with Pool(cluster) as pool:  # past ~128 hosts the probes fan out from several processes
+            report = checks.run_checks(cluster, pool, checks.try_plan(cluster), full_mesh=full_mesh, deep=deep,
+                                       procs=procs_for(len(cluster.hosts)))
     finally:
         if status is not None:
             status.stop()

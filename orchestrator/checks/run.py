@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Sequence
 from .. import probes
 from ..errors import HostError, OrchError, PlanError
 from ..fanout import fan_out
+from ..shards import decode_error, encode_error, fan_out_procs
 from ..plan import RankPlan
 from ..probes import ProbeError
 from ..model import Cluster, Host
@@ -107,10 +108,14 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
 
 
 def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
-               deep: bool = False, on_result: Callable[[CheckResult], None] | None = None) -> Report:
+               deep: bool = False, on_result: Callable[[CheckResult], None] | None = None,
+               procs: int = 1) -> Report:
     """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
     deep: also the device health probes (check `health`). `rank_plan`: the plan the caller made
-    (or the PlanError making it gave: check device-rules reports it); None: planned here."""
+    (or the PlanError making it gave: check device-rules reports it); None: planned here.
+    procs > 1: the probes fan out from that many processes (shards.fan_out_procs), for a caller
+    whose pool is still empty and serves only the checks (`orch check`: the connections the
+    other processes make are theirs, closed as they exit); the judging stays here."""
     from .devices import hccn_confs
 
     t0 = time.monotonic()
@@ -134,8 +139,9 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     # The mesh sources' probes (ssh to every other host) take longest: they connect first, alone, so
     # that their handshakes do not queue behind every other host's (the others wait at most
     # HEAD_START seconds for them). At 64 hosts that took ~0.6 s off the launch host's probe,
-    # which is the whole check's wall time.
-    waiting = {h.name for h in plan.hosts if h.name in plan.mesh_from}
+    # which is the whole check's wall time. With check mesh skipped nobody waits: no probe is longer.
+    first = plan.mesh_from if "mesh" in plan.checks else frozenset()
+    waiting = {h.name for h in plan.hosts if h.name in first}
     heads_up = threading.Event()
     if not waiting or len(waiting) == len(plan.hosts):
         heads_up.set()
@@ -148,14 +154,19 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
                 heads_up.set()
 
     def probe(h: Host) -> ProbeRun:
-        if h.name in plan.mesh_from:
+        if h.name in first:
             return probe_host(plan, pool, h, on_connected=lambda: connected(h.name))
         heads_up.wait(HEAD_START)
         return probe_host(plan, pool, h)
 
     ssh = cluster.ssh
     budget = ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + ssh.command_timeout + 5 + HEAD_START
-    fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
+    if procs > 1 and not any(h.jump for h in plan.hosts):  # jump hosts: one connection to each, in one process
+        fan_out_procs(plan.hosts, probe, procs=procs, encode=encode_run, decode=decode_run, limit=ssh.fanout,
+                      timeout=budget, on_done=done, keep=set(first), gate=heads_up, gate_timeout=HEAD_START,
+                      child_fn=lambda h: probe_host(plan, pool, h), child_exit=getattr(pool, "close", None))
+    else:
+        fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
     ordered = [runs[h.name] for h in plan.hosts]
     emit(judge_across(plan, ordered))
     order = {c: i for i, c in enumerate(KNOWN_CHECKS)}
@@ -163,6 +174,22 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     results.sort(key=lambda r: (order.get(r.check, 99), hidx.get(r.host, len(hidx)) if r.host else len(hidx)))
     hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
     return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn)
+
+
+def encode_run(run: ProbeRun) -> dict:
+    """A ProbeRun as JSON (from a fan-out process; decode_run makes it again)."""
+    return {"sections": None if run.sections is None else [[x.name, x.body, x.rc] for x in run.sections.values()],
+            "error": None if run.error is None else encode_error(run.error), "stage": run.stage,
+            "t_send": run.t_send, "t_recv": run.t_recv, "connect_time": run.connect_time,
+            "addresses": None if run.addresses is None else sorted(run.addresses)}
+
+
+def decode_run(host: Host, rec: dict) -> ProbeRun:
+    secs = rec["sections"]
+    return ProbeRun(host, None if secs is None else {n: probes.Section(n, body, rc) for n, body, rc in secs},
+                    None if rec["error"] is None else decode_error(rec["error"]), rec["stage"], rec["t_send"],
+                    rec["t_recv"], rec["connect_time"],
+                    None if rec["addresses"] is None else frozenset(rec["addresses"]))
 
 
 def resolve_address(address: str) -> frozenset[str] | None:

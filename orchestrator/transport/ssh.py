@@ -51,29 +51,63 @@ def _stamp(path: str) -> tuple:
 
 def _known_entries(path: str) -> list[HostKeyEntry]:
     """Every key line of a known_hosts file, parsed as paramiko's HostKeys.load does (lines it
-    cannot use are skipped; a key that is not base64 raises InvalidHostKey)."""
+    cannot use are skipped; a key that is not base64 raises InvalidHostKey). Parsed by one
+    thread while the others (64 hosts connecting at once) wait for its list."""
     stamp = _stamp(path)
     with _known_hosts_lock:
         hit = _known_hosts_cache.get(path)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-    entries = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line or line[0] == "#":
-                continue
-            try:
-                entry = HostKeyEntry.from_line(line, lineno)
-            except Exception as exc:  # noqa: BLE001 - InvalidHostKey (bad base64) and kin: OpenSSH skips the line
-                _warn_once((path, lineno), f"{path}:{lineno}: skipped a known_hosts line that is not a valid "
-                                           f"host key ({type(exc).__name__}); OpenSSH skips it too")
-                continue
-            if entry is not None:
-                entries.append(entry)
+        parsing = _parsing.setdefault(path, threading.Lock())
+    with parsing:
+        with _known_hosts_lock:
+            hit = _known_hosts_cache.get(path)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
+        entries = []
+        with open(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line or line[0] == "#":
+                    continue
+                try:
+                    entry = HostKeyEntry.from_line(line, lineno)
+                except Exception as exc:  # noqa: BLE001 - InvalidHostKey (bad base64) and kin: OpenSSH skips the line
+                    _warn_once((path, lineno), f"{path}:{lineno}: skipped a known_hosts line that is not a valid "
+                                               f"host key ({type(exc).__name__}); OpenSSH skips it too")
+                    continue
+                if entry is not None:
+                    entries.append(entry)
+        with _known_hosts_lock:
+            _known_hosts_cache[path] = (stamp, entries)
+        return entries
+
+
+_parsing: dict[str, threading.Lock] = {}
+# {path: (the entries list it was made from, {plain host name: [entry index]}, [indexes of hashed
+# entries])}: a host's keys without a scan of every line (at 1,000 hosts, 1,000 x 1,000 matches)
+_known_index: dict[str, tuple[list, dict[str, list[int]], list[int]]] = {}
+
+
+def _entries_for(path: str, host_id: str) -> list[HostKeyEntry]:
+    """The known_hosts entries that name host_id (plainly or hashed), in file order."""
+    entries = _known_entries(path)
     with _known_hosts_lock:
-        _known_hosts_cache[path] = (stamp, entries)
-    return entries
+        idx = _known_index.get(path)
+        if idx is None or idx[0] is not entries:
+            plain: dict[str, list[int]] = {}
+            hashed: list[int] = []
+            for i, entry in enumerate(entries):
+                for n in dict.fromkeys(entry.hostnames):
+                    if n.startswith("|1|"):
+                        if not hashed or hashed[-1] != i:
+                            hashed.append(i)
+                    else:
+                        plain.setdefault(n, []).append(i)
+            idx = _known_index[path] = (entries, plain, hashed)
+    _, plain, hashed = idx
+    return [entries[i] for i in sorted(set(plain.get(host_id, ())).union(hashed))
+            if any(_name_matches(host_id, n) for n in entries[i].hostnames)]
 
 
 _identities: dict[str, tuple[tuple, paramiko.PKey]] = {}
@@ -127,12 +161,11 @@ def _load_host_keys(client: paramiko.SSHClient, path: str, host_id: str) -> None
     wins, as with paramiko's own lookup."""
     keys = client.get_host_keys()
     seen: set[str] = set()
-    for entry in _known_entries(path):
-        if any(_name_matches(host_id, n) for n in entry.hostnames):
-            kind = entry.key.get_name()
-            if kind not in seen:
-                seen.add(kind)
-                keys.add(host_id, kind, entry.key)
+    for entry in _entries_for(path, host_id):
+        kind = entry.key.get_name()
+        if kind not in seen:
+            seen.add(kind)
+            keys.add(host_id, kind, entry.key)
 
 
 def _host_id(host: Host) -> str:

@@ -1,6 +1,6 @@
 """Preflight at scale: `orch check` against pdsh and Ansible running the SAME probe script.
 
-    python tests/benchmarks/bench_check.py [--sizes 8,32,64] [--repeat 3] [--keep]
+    python tests/benchmarks/bench_check.py [--sizes 8,32,64] [--repeat 3] [--keep] [--tools orch,pdsh-c25519]
 
 On 8, 32 and 64 lab hosts (one lab, `pbchk`), each repetition runs, in rotating order:
 
@@ -17,18 +17,30 @@ On 8, 32 and 64 lab hosts (one lab, `pbchk`), each repetition runs, in rotating 
            ssh arguments, except ControlPersist off so that every run starts cold like the
            others.
 
+A size above one lab's 240 hosts (`--sizes 64,128,256`) takes two labs, `pbchk` and `pbchk2`,
+half the hosts each, interleaved; the lab bridges are not routed to each other, so the launch
+host's ssh test to every other host (check `mesh`) is skipped at EVERY size of such a run, for
+every tool (the table says so), and pdsh runs once per lab (each lab has its own key).
+
+- orch-1proc (only with --tools): orch with ORCH_FANOUT_PROCS=1, the fan-out in one process
+           whatever the host count (orch itself uses one process per 128 hosts, up to one per core).
+
 Probes come from `orch check FILE --print-probe HOST`. Reported: median wall time,
-controller CPU (user+sys of the command and its children) per host, SSH connections
+controller CPU (user+sys of the command and its children) per host, for orch also its main
+process's own CPU per host (the busiest core's share when it fans out from several), SSH connections
 each host accepted from the controller (sshd logs) and whether every host's probe
 output came back complete.
 Targets: orch wall <= pdsh wall at 32 and 64 hosts; controller CPU <= 30 ms per host;
-exactly 1 controller connection per host.
+exactly 1 controller connection per host; from 64 hosts: orch wall <= 0.8x pdsh-c25519's,
+and at 256 hosts controller CPU <= 8 ms per host. Last, a 1,000-host projection from the
+per-host figures of the largest two sizes (its assumption printed with it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import tempfile
@@ -40,8 +52,12 @@ from benchlib import (  # noqa: E402
     ORCH, SshdCounter, ansible_bin, base_env, conn_summary, fmt, lab_hosts, lab_up, measure, median, pdsh_available,
     pdsh_env, remote_sh, table, write_cluster,
 )
+from orchestrator.lab.model import MAX_HOSTS  # noqa: E402
+from orchestrator.shards import HOSTS_PER_PROC  # noqa: E402
 
 END = b"@@orch:end clock1 "
+TOOLS = ("orch", "pdsh", "pdsh-c25519", "ansible", "orch-1proc")  # the last: only when asked for (--tools)
+PROJECT_TO = 1000
 
 
 def probes(cluster: Path, names: list[str]) -> dict[str, str]:
@@ -52,8 +68,9 @@ def probes(cluster: Path, names: list[str]) -> dict[str, str]:
     return out
 
 
-def run_orch(cluster: Path, n: int):
-    m = measure(ORCH + ["check", str(cluster), "--json"], env=base_env(), timeout=300)
+def run_orch(cluster: Path, n: int, procs: str | None = None):
+    env = base_env(**({"ORCH_FANOUT_PROCS": procs} if procs else {}))
+    m = measure(ORCH + ["check", str(cluster), "--json"], env=env, timeout=300)
     try:
         report = json.loads(m.stdout)
         ssh_ok = sum(1 for r in report["results"] if r["check"] == "ssh" and r["status"] == "pass")
@@ -64,16 +81,18 @@ def run_orch(cluster: Path, n: int):
 
 
 def run_pdsh(hosts, launch_probe: str, other_probe: str, kex: str | None = None):
-    lab = hosts[0].lab
-    env = pdsh_env(lab)
-    if kex:
-        env["PDSH_SSH_ARGS_APPEND"] += f" -o KexAlgorithms={kex}"
+    def pdsh(group, fanout: int, probe: str) -> str:
+        args = pdsh_env(group[0].lab)["PDSH_SSH_ARGS_APPEND"] + (f" -o KexAlgorithms={kex}" if kex else "")
+        return (f"PDSH_SSH_ARGS_APPEND={shlex.quote(args)} pdsh -R ssh -f {fanout} "
+                f"-w {','.join(h.address for h in group)} {shlex.quote(remote_sh(probe))}")
+
     first, rest = hosts[0], hosts[1:]
-    cmds = [f"pdsh -R ssh -f 1 -w {first.address} {shlex.quote(remote_sh(launch_probe))}"]
-    if rest:
-        cmds.append(f"pdsh -R ssh -f 64 -w {','.join(h.address for h in rest)} {shlex.quote(remote_sh(other_probe))}")
+    cmds = [pdsh([first], 1, launch_probe)]
+    for lab in dict.fromkeys(h.lab for h in rest):  # one pdsh per lab (each has its own key), 64 at once in all
+        mine = [h for h in rest if h.lab is lab]
+        cmds.append(pdsh(mine, max(1, 64 * len(mine) // len(rest)), other_probe))
     script = " & ".join(cmds) + "; wait"
-    m = measure(["sh", "-c", script], env=env, timeout=300)
+    m = measure(["sh", "-c", script], env=pdsh_env(first.lab), timeout=600)
     return m, m.stdout.count(END) == len(hosts)
 
 
@@ -100,16 +119,35 @@ def run_ansible(hosts, launch_probe: str, other_probe: str, work: Path):
     return m, m.stdout.count(END) == len(hosts)
 
 
-def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk") -> tuple[str, list[dict]]:
-    lab = lab_up(lab_name, max(sizes))
+def bench_labs(need: int, lab_name: str = "pbchk") -> list:
+    """One lab for up to MAX_HOSTS hosts, else two (`NAME`, `NAME2`) of half the hosts each."""
+    if need <= MAX_HOSTS:
+        return [lab_up(lab_name, need)]
+    half = (need + 1) // 2
+    return [lab_up(lab_name, half), lab_up(lab_name + "2", need - half)]
+
+
+def bench_hosts(labs: list, n: int) -> list:
+    """The first n hosts, taken from the labs in turn (the controller works every bridge)."""
+    if len(labs) == 1:
+        return lab_hosts(labs, n)
+    each = [lab_hosts([lab], len(lab.hosts)) for lab in labs]
+    return [h for group in zip(*each) for h in group][:n]
+
+
+def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk",
+          only: list[str] | None = None) -> tuple[str, list[dict]]:
+    labs = bench_labs(max(sizes), lab_name)
+    mesh = len(labs) == 1  # the labs' bridges do not route to each other: no ssh from one lab's host to another's
     tools = ["orch"] + (["pdsh", "pdsh-c25519"] if pdsh_available() else []) + (["ansible"] if ansible_bin() else [])
+    tools = [t for t in tools + ["orch-1proc"] if (only is None and t != "orch-1proc") or (only and t in only)]
     rows, records = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-check-") as tmp:
             work = Path(tmp)
             for n in sizes:
-                hosts = lab_hosts([lab], n)
-                cluster = write_cluster(work / f"check{n}.yaml", hosts)
+                hosts = bench_hosts(labs, n)
+                cluster = write_cluster(work / f"check{n}.yaml", hosts, checks=None if mesh else {"skip": ["mesh"]})
                 pr = probes(cluster, [hosts[0].name, hosts[-1].name])
                 launch_probe, other_probe = pr[hosts[0].name], pr[hosts[-1].name]
                 samples: dict[str, list] = {t: [] for t in tools}
@@ -117,8 +155,8 @@ def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk") ->
                     order = tools[rep % len(tools):] + tools[:rep % len(tools)]
                     for tool in order:
                         counter = SshdCounter(hosts).start()
-                        if tool == "orch":
-                            m, complete = run_orch(cluster, n)
+                        if tool in ("orch", "orch-1proc"):
+                            m, complete = run_orch(cluster, n, "1" if tool == "orch-1proc" else None)
                         elif tool == "pdsh":
                             m, complete = run_pdsh(hosts, launch_probe, other_probe)
                         elif tool == "pdsh-c25519":
@@ -128,27 +166,63 @@ def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk") ->
                         conns = counter.from_controller()
                         samples[tool].append((m, complete, conns))
                         print(f"  check n={n} {tool:8s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:6.2f}s "
+                              f"(main process {m.own_cpu:5.2f}s) "
                               f"rss {m.maxrss_kb // 1024} MiB conns/host {conn_summary(conns)} "
                               f"complete={complete}", file=sys.stderr, flush=True)
                 for tool in tools:
                     s = samples[tool]
                     wall = median([m.wall for m, _, _ in s])
                     cpu = median([m.cpu for m, _, _ in s])
-                    rec = {"bench": "check", "hosts": n, "tool": tool, "wall_s": wall, "cpu_s": cpu,
+                    rec = {"bench": "check", "hosts": n, "tool": tool, "wall_s": wall, "cpu_s": cpu, "mesh": mesh,
                            "cpu_ms_per_host": 1000 * cpu / n,
+                           "main_cpu_ms_per_host": 1000 * median([m.own_cpu for m, _, _ in s]) / n,
                            "maxrss_mib": median([m.maxrss_kb for m, _, _ in s]) / 1024,
                            "conns_per_host": conn_summary([c for _, _, cs in s for c in cs]),
                            "complete": all(c for _, c, _ in s), "walls": [round(m.wall, 2) for m, _, _ in s]}
                     records.append(rec)
-                    rows.append([str(n), tool, fmt(wall, " s"), fmt(rec["cpu_ms_per_host"], " ms", 1),
-                                 fmt(cpu, " s"), rec["conns_per_host"], "yes" if rec["complete"] else "NO",
+                for rec in records[-len(tools):]:
+                    ref = next((r for r in records[-len(tools):] if r["tool"] == "pdsh-c25519"), None)
+                    ratio = rec["wall_s"] / ref["wall_s"] if ref and ref["wall_s"] else None
+                    rows.append([str(n), rec["tool"], fmt(rec["wall_s"], " s"), fmt(ratio, "x"),
+                                 fmt(rec["cpu_ms_per_host"], " ms", 1),
+                                 fmt(rec["main_cpu_ms_per_host"], " ms", 1) if rec["tool"].startswith("orch") else "-",
+                                 fmt(rec["cpu_s"], " s"),
+                                 rec["conns_per_host"], "yes" if rec["complete"] else "NO",
                                  " ".join(f"{w:.2f}" for w in rec["walls"])])
     finally:
         if not keep:
-            lab.down()
-    text = table(["hosts", "tool", "wall (median)", "CPU/host", "CPU total", "conns/host", "complete",
-                  "walls"], rows)
+            for lab in labs:
+                lab.down()
+    text = table(["hosts", "tool", "wall (median)", "vs pdsh-c25519", "CPU/host", "main process CPU/host",
+                  "CPU total", "conns/host", "complete", "walls"], rows)
+    if not mesh:
+        text += ("\n(two labs: check `mesh`, the launch host's ssh to every other host, skipped at every size "
+                 "and by every tool)")
     return text, records
+
+
+def projection(records: list[dict], to: int = PROJECT_TO) -> str:
+    """orch at `to` hosts, from the per-host figures of the two largest sizes measured."""
+    orch = sorted((r for r in records if r["tool"] == "orch"), key=lambda r: r["hosts"])
+    if len(orch) < 2:
+        return ""
+    a, b = orch[-2], orch[-1]
+    span = b["hosts"] - a["hosts"]
+    cpu_step, wall_step = (b["cpu_s"] - a["cpu_s"]) / span, (b["wall_s"] - a["wall_s"]) / span
+    cpu_fixed = a["cpu_s"] - cpu_step * a["hosts"]
+    cpu, wall = cpu_fixed + cpu_step * to, b["wall_s"] + wall_step * (to - b["hosts"])
+    procs = math.ceil(to / HOSTS_PER_PROC)
+    return (f"Projection to {to} hosts (orch): controller CPU {cpu:.1f} s ({1000 * cpu / to:.1f} ms/host: "
+            f"{1000 * cpu_step:.1f} ms per host + {cpu_fixed:.2f} s once); wall {wall:.0f} s ({b['wall_s']:.1f} s at "
+            f"{b['hosts']} hosts + {1000 * wall_step:.0f} ms per further host).\n"
+            f"Assumption: the cost of a host (its connection, key exchange, probe, judging) is the same for every "
+            f"host, so controller CPU and wall time grow on the straight line through the {a['hosts']}- and "
+            f"{b['hosts']}-host medians (CPU: per-host slope + a fixed start-up share). Every lab host's sshd and "
+            f"probe runs on this machine, so the wall slope is mostly THEIR CPU on the shared cores: with real "
+            f"hosts the controller's own floor is its CPU over the cores it uses, plus the slowest host's probe. "
+            f"orch fans out from one process per {HOSTS_PER_PROC} hosts, at most one per core: with {procs} cores, "
+            f"{procs} processes, the busiest (the main one: it also starts up and judges every host) would use "
+            f"about {cpu_fixed + cpu_step * to / procs:.1f} s of CPU: the controller's own floor on wall time.")
 
 
 def verdicts(records: list[dict]) -> list[str]:
@@ -160,6 +234,16 @@ def verdicts(records: list[dict]) -> list[str]:
             ok = o["wall_s"] <= p["wall_s"]
             out.append(f"{'MET ' if ok else 'MISS'} orch wall <= pdsh wall at {n} hosts: "
                        f"{o['wall_s']:.2f} s vs {p['wall_s']:.2f} s")
+        c = by.get((n, "pdsh-c25519"))
+        if o and c and n >= 64:
+            ok = o["wall_s"] <= 0.8 * c["wall_s"]
+            out.append(f"{'MET ' if ok else 'MISS'} orch wall <= 0.8x pdsh-c25519 wall at {n} hosts: "
+                       f"{o['wall_s']:.2f} s vs {c['wall_s']:.2f} s ({o['wall_s'] / c['wall_s']:.2f}x)")
+        if o and n >= 256:
+            ok = o["cpu_ms_per_host"] <= 8
+            out.append(f"{'MET ' if ok else 'MISS'} orch controller CPU <= 8 ms/host at {n} hosts: "
+                       f"{o['cpu_ms_per_host']:.1f} ms in all its processes "
+                       f"({o['main_cpu_ms_per_host']:.1f} ms in the main one)")
         if o:
             ok = o["cpu_ms_per_host"] <= 30
             out.append(f"{'MET ' if ok else 'MISS'} orch controller CPU <= 30 ms/host at {n} hosts: "
@@ -174,10 +258,18 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="8,32,64")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    ap.add_argument("--tools", default=",".join(TOOLS), help="which of them to run (those installed)")
     a = ap.parse_args(argv)
-    text, records = bench([int(x) for x in a.sizes.split(",")], a.repeat, a.keep)
+    only = [t.strip() for t in a.tools.split(",") if t.strip()]
+    unknown = sorted(set(only) - set(TOOLS))
+    if unknown:
+        ap.error(f"unknown tool(s) {', '.join(unknown)}: choose from {', '.join(TOOLS)}")
+    text, records = bench([int(x) for x in a.sizes.split(",")], a.repeat, a.keep, only=only)
     print(text)
     print("\n".join(verdicts(records)))
+    proj = projection(records)
+    if proj:
+        print(proj)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class Measured:
     maxrss_kb: int      # peak resident set of the process itself (VmHWM; its children not included)
     stdout: bytes
     stderr: bytes
+    own_cpu: float = 0.0  # user + sys of the process alone (its last /proc sample, up to 5 ms before its end)
 
     def check(self, what: str) -> "Measured":
         if self.rc != 0:
@@ -63,10 +64,11 @@ def measure(argv: list[str], *, env: dict | None = None, cwd: str | os.PathLike 
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         deadline = t0 + timeout
-        hwm = 0
+        hwm, own = 0, 0.0
         while True:
             # ru_maxrss is no use here: a vforked child starts with its parent's high-water mark
             hwm = max(hwm, _vm_hwm_kb(proc.pid))
+            own = max(own, _own_cpu(proc.pid))
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -79,7 +81,21 @@ def measure(argv: list[str], *, env: dict | None = None, cwd: str | os.PathLike 
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Measured(list(argv), proc.returncode, wall, ru.ru_utime + ru.ru_stime, hwm, out.read(), err.read())
+        return Measured(list(argv), proc.returncode, wall, ru.ru_utime + ru.ru_stime, hwm, out.read(), err.read(),
+                        own)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu(pid: int) -> float:
+    """utime + stime of the process alone (not its children), seconds; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            f = fh.read().rsplit(b")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _vm_hwm_kb(pid: int) -> int:

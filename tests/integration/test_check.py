@@ -60,9 +60,10 @@ def write(lab, tmp_path: Path, ssh: dict | None = None, **job) -> Path:
     return f
 
 
-def orch_check(f: Path, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+def orch_check(f: Path, *args: str, timeout: float = 60, env: dict | None = None
+               ) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    res = orch("check", f, *args, cwd=f.parent, timeout=timeout, text=True, env={"PYTHONPATH": str(REPO)})
+    res = orch("check", f, *args, cwd=f.parent, timeout=timeout, text=True, env={"PYTHONPATH": str(REPO), **(env or {})})
     return res, time.monotonic() - t0
 
 
@@ -169,6 +170,34 @@ def test_one_ssh_connection_per_host(lab, tmp_path):
     with Pool(c) as pool:
         checks.run_checks(c, pool)
         assert [pool[x].connections_opened for x in c.hosts] == [1, 1, 1]
+
+
+def test_several_fanout_processes_give_the_same_report(lab, tmp_path):
+    """Past ~128 hosts `orch check` fans out from several processes (shards.py); forced here on 6
+    hosts (ORCH_FANOUT_PROCS=3): the same results (timings aside), exit code and table as one
+    process, still one connection per host, the launch host's mesh test included."""
+    import re
+
+    def same(text: str) -> str:
+        return re.sub(r"\d+(\.\d+)?(ms|s)\b", "T", text)
+
+    f = write(lab, tmp_path)
+    hosts = h(lab, 1, 2, 3, 4, 5, 6)
+    orch_check(f, "--hosts", hosts, "--json")  # the first check creates the workdir; the next two say it is there
+    time.sleep(0.2)
+    before = [_accepted(lab, i) for i in range(1, 7)]
+    runs = {n: orch_check(f, "--hosts", hosts, "--json", env={"ORCH_FANOUT_PROCS": n})[0] for n in ("1", "3")}
+    time.sleep(0.2)  # sshd logs asynchronously
+    after = [_accepted(lab, i) for i in range(1, 7)]
+    one, three = (results(runs[n]) for n in ("1", "3"))
+    assert runs["3"].returncode == runs["1"].returncode == 1
+    assert same(json.dumps(three)) == same(json.dumps(one))
+    assert {r["host"] for r in three["results"] if r["check"] == "ssh" and r["status"] == "pass"} == \
+        {lab.host_name(i) for i in (1, 2, 3, 4, 6)}
+    assert by(three, "mesh", lab.host_name(1))[0]["status"] == "fail"  # h5 refuses the key: mpirun's ssh too
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2, 2, 2, 0, 2]  # one per run
+    tables = [orch_check(f, "--hosts", hosts, env={"ORCH_FANOUT_PROCS": n})[0] for n in ("1", "3")]
+    assert [t.returncode for t in tables] == [1, 1] and same(tables[0].stdout) == same(tables[1].stdout)
 
 
 def test_stopped_sshd_reported_within_connect_budget(lab, tmp_path):

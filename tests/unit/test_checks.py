@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -629,6 +630,29 @@ def test_run_checks_one_probe_per_host_and_json_shape(tmp_path):
     assert problems[0].status == "fail"
     errs = [p for p in problems if p.status == "error"]
     assert len(errs) == 1 and errs[0].hosts == "chk-h3" and "user" in errs[0].check.split(",")
+
+
+class SlowConnect(FakeTransport):
+    """Takes `delay` to connect; notes when each connect started."""
+
+    def __init__(self, h: Host, started: dict, delay: float = 0.0):
+        super().__init__(h, fx("probe-mpi-h1.txt"))
+        self.started, self.delay = started, delay
+
+    def connect(self):
+        self.started[self.host.name] = time.monotonic()
+        time.sleep(self.delay)
+
+
+@pytest.mark.parametrize("skip, waits", [((), True), (("mesh",), False)])
+def test_the_others_wait_for_the_launch_host_only_when_it_tests_the_mesh(tmp_path, skip, waits):
+    hs = [Host(name=f"hs-h{i}", address=f"198.18.15.{10 + i}", user="root") for i in (1, 2, 3)]
+    c = cluster(tmp_path, hosts=hs, checks_=Checks(skip=skip))
+    started: dict[str, float] = {}
+    ts = [SlowConnect(hs[0], started, delay=0.4)] + [SlowConnect(h, started) for h in hs[1:]]
+    checks.run_checks(c, FakePool(ts))
+    lag = min(started["hs-h2"], started["hs-h3"]) - started["hs-h1"]
+    assert (lag >= 0.35) if waits else (lag < 0.3), lag
 
 
 def test_report_folding():
