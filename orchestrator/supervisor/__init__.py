@@ -75,14 +75,26 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
     return out
 
 
+# agent.py on the hosts is this stub; the code is imported from orch_agent.py beside it, so that
+# python caches its bytecode (__pycache__ in the run directory) after the first start: a script run
+# as `python3 agent.py` is compiled on every start (~30 ms of CPU for each rank's wrapper, each
+# status, watch and sweep). The stub puts its own directory first on sys.path (PYTHONSAFEPATH
+# would leave it out).
+AGENT_MODULE = "orch_agent"
+AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
+              f"from {AGENT_MODULE} import main\nsys.exit(main(sys.argv))\n")
+
+
 def _write_agent(rdir: str) -> str:
-    """Shell: make the run directory (never through a planted link) and write agent.py into it."""
+    """Shell: make the run directory (never through a planted link) and write the supervisor
+    (agent.py and its code, orch_agent.py) into it."""
     q = shlex.quote
     src = agent_source()
     assert "\nORCH_AGENT_EOF\n" not in src
     return (f"umask 022\nmkdir -p {q(rdir.rsplit('/', 1)[0])} || exit 1\n"
             f"mkdir {q(rdir)} 2>/dev/null || [ -d {q(rdir)} ] && [ ! -L {q(rdir)} ] || exit 1\n"
-            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n")
+            f"cat > {q(rdir + '/' + AGENT_MODULE + '.py')} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n"
+            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{AGENT_STUB}ORCH_AGENT_EOF\n")
 
 
 def start_script(cfg: Mapping) -> str:

@@ -175,3 +175,25 @@ def test_wrapper_keeps_a_torchrun_ranks_output_and_enters_its_rank_dir(tmp_path)
     assert (work / "rank_3" / "out.txt").read_text() == "mine\n" and not (work / "out.txt").exists()
     assert (work / "rank_3" / "data.txt").is_symlink()
     assert json.loads((tmp_path / "a1" / "rank.3.exit").read_text())["exit_code"] == 2
+
+
+@pytest.mark.parametrize("safe_path", [False, True])
+def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
+    """agent.py on a host is a stub importing orch_agent.py, so python caches the supervisor's
+    bytecode after its first start (a script run as itself is compiled on every start: each
+    rank's wrapper, status, watch); it works with PYTHONSAFEPATH set too."""
+    import os
+    import sys
+
+    from orchestrator import supervisor
+
+    rdir = tmp_path / "wd" / ".orch" / "RUN1"
+    subprocess.run(["sh", "-c", supervisor._write_agent(str(rdir))], check=True, timeout=30)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH")}
+    if safe_path:
+        env["PYTHONSAFEPATH"] = "1"
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "-S", str(rdir / "agent.py"), "status", str(rdir)], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0 and isinstance(json.loads(res.stdout), dict), res.stderr
+    assert [p.name.split(".")[0] for p in (rdir / "__pycache__").iterdir()] == ["orch_agent"]
