@@ -38,9 +38,18 @@ AGENT = "agent.py"
 PY = ("python3", "-S")
 
 
+def orch_dir(workdir: str) -> str:
+    """orch's directory in a workdir on the hosts: one directory per run, the workdir's lock
+    (LOCK, as agent.py names it) and Slurm's go files."""
+    return posixpath.join(workdir, ".orch")
+
+
+LOCK = "lock"  # orch_dir's file a run's supervisor holds locked for the run's life (agent.lock_workdir)
+
+
 def run_dir(cluster: Cluster, run_id: str) -> str:
     """Where a run keeps its supervisor, state and (per attempt) logs on each host."""
-    return posixpath.join(cluster.job.workdir, ".orch", run_id)
+    return posixpath.join(orch_dir(cluster.job.workdir), run_id)
 
 
 @dataclass(frozen=True)

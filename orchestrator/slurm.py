@@ -21,6 +21,7 @@ transport: this machine, or `slurm.login` over ssh.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import secrets
 import shlex
@@ -33,7 +34,7 @@ from ClusterShell.NodeSet import NodeSetParseError
 
 from .errors import OrchError, UsageError
 from .hostsets import expand
-from .launchers import PY
+from .launchers import PY, orch_dir
 from .model import Cluster, Host, Slurm
 from .supervisor.agent import step_argv
 
@@ -71,14 +72,14 @@ def job_name(cluster_name: str) -> str:
 
 
 def go_path(workdir: str, job_id: str) -> str:
-    return f"{workdir.rstrip('/')}/.orch/slurm-{job_id}.go"
+    return posixpath.join(orch_dir(workdir), f"slurm-{job_id}.go")
 
 
 def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
     """What sbatch runs on the first node (once, whatever --ntasks-per-node says): wait for orch's go file (which names the run's
     directory), then hand over to the run's supervisor (`agent.py batch`), which starts one
     supervisor per node as a job step. Without a go file in time, end (the nodes go back)."""
-    go = shlex.quote(f"{workdir.rstrip('/')}/.orch/") + '"slurm-$SLURM_JOB_ID.go"'
+    go = shlex.quote(orch_dir(workdir) + "/") + '"slurm-$SLURM_JOB_ID.go"'
     return (
         "#!/bin/sh\n"
         "# orch: holds this allocation for one run; its supervisors are started as job steps.\n"
@@ -211,7 +212,7 @@ def plan_commands(cluster: Cluster) -> dict:
     """What `orch up` will run through Slurm, for `orch plan` (agent.py batch runs the steps)."""
     assert cluster.slurm is not None
     n = cluster.slurm.nodes
-    rdir = f"{cluster.job.workdir.rstrip('/')}/.orch/<run-id>"
+    rdir = posixpath.join(orch_dir(cluster.job.workdir), "<run-id>")
 
     nodes = [f"node{i}" for i in range(1, n + 1)]
     cmds = {"allocate": sbatch_argv(cluster.slurm, job_name(cluster.name), cluster.job.workdir),

@@ -7,6 +7,7 @@ the parser of the event stream `agent.py watch` writes. The transport runs the s
 from __future__ import annotations
 
 import json
+import posixpath
 import secrets
 import shlex
 from functools import lru_cache
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import sh
-from ..launchers import AGENT, PY, RUN_VAR, Launch, run_dir
+from ..launchers import AGENT, LOCK, PY, RUN_VAR, Launch, orch_dir, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
 
@@ -158,7 +159,7 @@ def prepare_script(cluster: Cluster, launch_address: str = "") -> str:
     set), python3's version, and the run that holds the workdir now (if one does)."""
     from ..probes import interface_script
 
-    lock = f"{cluster.job.workdir.rstrip('/')}/.orch/lock"
+    lock = posixpath.join(orch_dir(cluster.job.workdir), LOCK)
     iface = interface_script(cluster.job.interface, launch_address) + "\n" if cluster.job.interface else ""
     return (f"echo uid $(id -u)\necho arch $(uname -m)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
             f"{' '.join(PY)} -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
@@ -207,7 +208,7 @@ def agent_argv(cluster: Cluster, run_id: str, *args: str) -> list[str]:
 def status_script(cluster: Cluster, run_id: str | None) -> str:
     """This host's view of a run (`agent.py status`); without a run id, the latest run in the
     workdir (run ids sort by start time)."""
-    base = f"{cluster.job.workdir.rstrip('/')}/.orch"
+    base = orch_dir(cluster.job.workdir)
     if run_id is not None:
         return shlex.join(agent_argv(cluster, run_id, "status")) + " 2>/dev/null || echo '{}'"
     return (f"d=$(ls -1d {shlex.quote(base)}/*/state.json 2>/dev/null | sort | tail -n 1)\n"

@@ -959,7 +959,7 @@ def rank_ranges(ranks):
 def lock_workdir(workdir, run_id):
     """One live run per (host, workdir): an exclusive lock, held by the agent for the run's life.
     Returns the lock's fd, or the id of the run holding it."""
-    d = os.path.join(workdir, ".orch")
+    d = os.path.join(workdir, ".orch")  # launchers.orch_dir and LOCK on the controller's side
     os.makedirs(d, mode=0o755, exist_ok=True)
     fd = os.open(os.path.join(d, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
