@@ -1,0 +1,92 @@
+"""Round trips per host in `orch up` and `orch down` (issue 16, launch overhead): counted on a
+real local host (connection: local) through the transport's one `run`, so a round trip added
+back shows up here. Timings belong in tests/benchmarks; these count."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from orchestrator import api, lifecycle
+from orchestrator.transport.local import LocalTransport
+
+
+@pytest.fixture
+def runs(monkeypatch) -> Counter:
+    """{host name: `run` calls} of every local transport."""
+    got: Counter = Counter()
+    real = LocalTransport.run
+
+    def run(self, *a, **k):
+        got[self.host.name] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(LocalTransport, "run", run)
+    return got
+
+
+def local_cluster(tmp_path: Path, command: str = "true", extra: str = "", checks: str = ""):
+    (tmp_path / "net.py").write_text("print(1)\n")
+    f = tmp_path / "cluster.yaml"
+    f.write_text(f"""name: rt
+inventory:
+  defaults: {{connection: local}}
+  hosts: [{{address: 127.0.0.1, name: me, slots: 2}}]
+job:
+  workdir: {tmp_path / 'wd'}
+  launcher: ranktable
+  command: [sh, -c, {command!r}]
+  sync: [net.py]
+{extra}checks: {{versions: [python], min_free_gib: 0.001{checks}}}
+""")
+    return api.load(f)
+
+
+class BeforeSync(Exception):
+    pass
+
+
+def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
+    """api.up up to its sync (distribute raises, `runs` then holds up's round trips before it):
+    what up learnt before writing anything (lifecycle.Prepared)."""
+    def stop(self, launch):
+        captured["before_sync"] = dict(runs)
+        raise BeforeSync
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "distribute", stop)
+    captured = {}
+    real = lifecycle.prepare
+
+    def prepare(*a, **k):
+        captured["prepared"] = real(*a, **k)
+        return captured["prepared"]
+
+    monkeypatch.setattr(lifecycle, "prepare", prepare)
+    with pytest.raises(BeforeSync):
+        api.up(cluster, show_output=False, **kw)
+    runs.clear()
+    runs.update(captured["before_sync"])
+    return captured["prepared"]
+
+
+def test_up_hashes_each_sync_file_once(tmp_path, monkeypatch):
+    """The check plan's manifest (files check) and the sync hash a file once between them."""
+    from orchestrator import checks, sync
+
+    c = local_cluster(tmp_path)
+    (tmp_path / "net.py").write_text("print('hashed once')\n")
+    hashed = Counter()
+    real = sync._sha256
+
+    def sha(path):
+        hashed[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(sync, "_sha256", sha)
+    files, missing = checks.sync_manifest(c)
+    assert [f.rel for f in files] == ["net.py"] and not missing
+    entries = sync.manifest(c.base_dir, c.job.sync, str(c.path), c.job.sync_exclude)
+    assert [sync._digest(e) for e in entries] == [files[0].sha256]
+    assert list(hashed.values()) == [1]
