@@ -81,68 +81,39 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, head_first: bool = False) -> dict:
-    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}.
-    `head_first`: the launch host's connection first, alone (as the checks make it: its probe,
-    the mesh test, takes longest), then the others'."""
-    if head_first:
-        try:
-            pool[plan.launch_host].connect()
-        except OrchError:
-            pass  # said by its round trip below
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts=None) -> dict:
+    """prepare's round trip, one per host (of `hosts`; default: every host of the plan):
+    {host: Outcome of its parsed reply} (supervisor.parse_prepare)."""
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    return _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
+    return _fan(cluster, plan.hosts if hosts is None else hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
 
 
-class Early:
-    """A read-only round trip sent now, its replies taken later (`up` sends prepare's along with
-    the preflight checks'). A thread of its own; `wait` before its pool closes."""
-
-    def __init__(self, fn: Callable, *args):
-        import threading
-
-        self._value, self._error = None, None
-        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="orch-early")
-        self._thread.start()
-
-    def _run(self, fn, *args):
-        try:
-            self._value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - given back to the caller by result()
-            self._error = exc
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def wait(self) -> None:
-        """Let it end, its outcome unused (its connections are the caller's pool's: before the
-        pool closes). Bounded: a fan-out's hosts each have their timeout."""
-        self._thread.join()
-
-
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None, replies: dict | None = None) -> Prepared:
-    """One round trip per host before anything is written: who we are there (root or not),
-    job.interface there, python3 for the supervisor, and no other live run in the workdir
-    (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
-    was started. `replies`: that round trip's, already made (ask_prepare)."""
+            events: Events | None = None, known: Mapping[str, dict] | None = None) -> Prepared:
+    """What must hold before anything is written: who we are there (root or not), job.interface
+    there, python3 for the supervisor, and no other live run in the workdir (unless `force`,
+    which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing was started.
+    `known`: {host: its facts} as up's check probe read them (checks.Report.prepared); the
+    other hosts are asked now, one round trip each (ask_prepare)."""
     from . import probes
 
     events = events or Events()
-    res = replies if replies is not None else ask_prepare(cluster, plan, pool)
-    res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
+    known = dict(known or {})
+    need = [h for h in plan.hosts if h.name not in known]
+    if need:
+        res = ask_prepare(cluster, plan, pool, need)
+        res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
+        known.update(res.succeeded)
+    facts = {h.name: known[h.name] for h in plan.hosts}
     problems = []
-    for name, o in res.items():
-        problem = supervisor.python_problem(o.value["python"])
+    for name, f in facts.items():
+        problem = supervisor.python_problem(f["python"])
         if problem:
             problems.append(f"{name}: {problem}")
     interfaces: dict[str, tuple[str, str | None]] = {}
-    for name, o in res.items():
-        got = o.value["interface"]
+    for name, f in facts.items():
+        got = f["interface"]
         problem = probes.interface_problem(cluster.job.interface, got) if cluster.job.interface else None
         if problem is not None:
             problems.append(f"{name}: job.{problem}")
@@ -151,9 +122,9 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     if problems:
         raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
-    for name, o in res.items():
-        if o.value["live"]:
-            live.setdefault(o.value["live"], []).append(name)
+    for name, f in facts.items():
+        if f["live"]:
+            live.setdefault(f["live"], []).append(name)
     for run_id, hosts in live.items():
         where = f"{', '.join(hosts)} (workdir {cluster.job.workdir})"
         if not force:
@@ -163,8 +134,8 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: is_root(uid=o.value["uid"]) for n, o in res.items()}, interfaces,
-                    {n: o.value["arch"] for n, o in res.items()})
+    return Prepared({n: is_root(uid=f["uid"]) for n, f in facts.items()}, interfaces,
+                    {n: f["arch"] for n, f in facts.items()})
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,

@@ -107,6 +107,30 @@ def test_check_sections_are_pinned(name):
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 
 
+def test_up_probe_prepare_sections_are_pinned():
+    """`orch up`'s probe reads prepare's facts too: the section `prepare` (what no check reads)
+    and the path section reading the workdir's lock, pinned in prepare.sh, with every check and
+    with the checks that read prepare's facts skipped (prepare then reads them itself). `orch
+    check`'s probe has no prepare section."""
+    out = []
+    for label, c in fixed_clusters().items():
+        for skip in ((), ("path", "workdir", "nic")):
+            cl = replace(c, checks=replace(c.checks, skip=skip))
+            assert "_b prepare" not in checks.make_check_plan(cl).script(cl.hosts[0])
+            plan = checks.make_check_plan(cl, full_mesh=True, prepare=True)
+            script = plan.script(plan.launch)
+            parts = [p for p in script.split("\n_b ")[1:] if p.split("\n", 1)[0] in ("path", "prepare")]
+            out.append(f"# up's prepare on {plan.launch.name} of {label}, skip {list(skip)}\n"
+                       + "".join("_b " + p.split("\n_e ")[0] + "\n_e " + p.split("\n_e ")[1].split("\n")[0] + "\n"
+                                 for p in parts))
+    text = "\n".join(out)
+    pinned = SECTIONS / "prepare.sh"
+    if REGEN:
+        pinned.write_text(text)
+    assert text == pinned.read_text(), "up's prepare sections changed (ORCH_REGEN_SECTIONS=1 pins them)"
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+
+
 def test_pinned_sections_are_the_probes():
     """The probe script is made of exactly the checks' pinned sections (plus its frame)."""
     for c in fixed_clusters().values():

@@ -71,6 +71,41 @@ def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     return captured["prepared"]
 
 
+@pytest.mark.parametrize("skip", ["", ", skip: [path, workdir, nic]"])
+def test_up_reads_prepare_in_the_check_probe(tmp_path, monkeypatch, runs, skip):
+    """up's preflight probe reads prepare's facts too: one round trip per host before the sync
+    (two before: the probe and prepare's own), whichever checks run; and what prepare learns is
+    what its own round trip (--skip-checks) learns."""
+    c = local_cluster(tmp_path, extra="  interface: auto\n", checks=skip)
+    monkeypatch.chdir(tmp_path)
+    got = _up_until_sync(c, monkeypatch, runs)
+    assert runs == {"me": 1}
+    runs.clear()
+    alone = _up_until_sync(c, monkeypatch, runs, skip_checks=True)
+    assert runs == {"me": 1}
+    assert got == alone and got.interfaces == {"me": ("lo", "127.0.0.0/8")}
+
+
+def test_up_one_probe_sees_a_live_run(tmp_path, monkeypatch, runs):
+    """The probe reads the workdir's lock as prepare did: a live run there is a RunConflict."""
+    import fcntl
+    import os
+
+    c = local_cluster(tmp_path)
+    lock = tmp_path / "wd" / ".orch" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("20990101-000000-abcdef\n")
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(lifecycle.RunConflict, match="run 20990101-000000-abcdef is still running"):
+            _up_until_sync(c, monkeypatch, runs)
+    finally:
+        os.close(fd)
+    assert runs == {"me": 1}
+
+
 def test_up_hashes_each_sync_file_once(tmp_path, monkeypatch):
     """The check plan's manifest (files check) and the sync hash a file once between them."""
     from orchestrator import checks, sync
