@@ -139,9 +139,11 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,
-             lost: set[str] = frozenset()) -> dict[str, str]:
+             lost: set[str] = frozenset(), docs: dict[str, dict] | None = None) -> dict[str, str]:
     """Stop every process of a run on every host: ask its head (it stops every host, and
-    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}."""
+    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}.
+    `docs`: filled with each swept host's `agent.py status` document, read by the sweep's own
+    round trip once it is done (the run's state once stopped)."""
     reachable = [h for h in plan.hosts if h.name not in lost]
     wait = supervisor.STOP_GRACE + 10
     for h in reachable[:3]:  # any host of the run can reach its head
@@ -152,10 +154,12 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
                 break
         except OrchError:
             continue
-    res = _fan(cluster, reachable, lambda h: pool[h].run(
-        supervisor.sweep_script(run_id, "TERM"),
-        timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out.strip())
-    return {n: (o.value if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
+    script = supervisor.sweep_script(run_id, "TERM") if docs is None else supervisor.sweep_status_script(cluster, run_id)
+    res = _fan(cluster, reachable, lambda h: supervisor.parse_sweep_status(pool[h].run(
+        script, timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out))
+    if docs is not None:
+        docs.update({n: doc for n, (_, doc) in res.succeeded.items()})
+    return {n: (o.value[0] if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
 
 
 class Lifecycle:
@@ -171,6 +175,7 @@ class Lifecycle:
         self.write_error = ""     # this machine could not keep something (a full disk)
         self.view: RunView | None = None
         self.t0 = time.monotonic()
+        self._stopped: tuple[dict[str, dict], dict[str, str]] | None = None  # what stop()'s sweep read
 
     def _fan(self, fn: Callable, hosts=None, timeout: float | None = None):
         return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn, timeout)
@@ -340,11 +345,17 @@ class Lifecycle:
 
     # ---- the cluster's word
     def status(self) -> RunView:
-        """Every host's supervisor state, merged (one round trip per host)."""
+        """Every host's supervisor state, merged (one round trip per host). Right after stop(),
+        as its sweep read it: only the hosts it did not sweep (lost ones) are asked now."""
+        docs, unreachable = self._stopped or ({}, {})
+        self._stopped = None
+        hosts = [h for h in self.plan.hosts if h.name not in docs and h.name not in unreachable]
         res = self._fan(lambda h: supervisor.parse_json_line(
-            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out))
-        docs = res.succeeded
-        unreachable = {n: str(e).splitlines()[0] for n, e in res.failed.items()}
+            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out),
+            hosts) if hosts else {}
+        docs = {**docs, **{n: o.value for n, o in res.items() if o.ok}}
+        docs = {h.name: docs[h.name] for h in self.plan.hosts if h.name in docs}
+        unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
         return self._slurm_word(self.view)
@@ -362,8 +373,13 @@ class Lifecycle:
         return view
 
     def stop(self, reason: str) -> dict[str, str]:
-        return stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
-                        lost=set(self.view.unreachable) if self.view else set())
+        """stop_run; each sweep also reads its host's state, for the status() that follows."""
+        docs: dict[str, dict] = {}
+        done = stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
+                        lost=set(self.view.unreachable) if self.view else set(), docs=docs)
+        self._stopped = (docs, {n: what[len("could not stop: "):].splitlines()[0] for n, what in done.items()
+                                if what.startswith("could not stop: ")})
+        return done
 
     def gather(self) -> dict[str, str]:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""

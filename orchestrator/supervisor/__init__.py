@@ -258,6 +258,18 @@ def sweep_script(run_id: str, signal_name: str | None, grace: float = STOP_GRACE
             "if [ -n \"$pids\" ]; then kill -KILL $pids 2>/dev/null; echo killed $pids; else echo stopped; fi\n")
 
 
+def sweep_status_script(cluster: Cluster, run_id: str) -> str:
+    """sweep_script (TERM), then this host's view of the run (status_script): what the sweep
+    did on the first line, the run's `agent.py status` document last (parse_sweep_status)."""
+    return f"(\n{sweep_script(run_id, 'TERM')})\n{status_script(cluster, run_id)}\n"
+
+
+def parse_sweep_status(text: str) -> tuple[str, dict]:
+    """sweep_status_script's output -> (what the sweep did, the status document)."""
+    first, _, rest = text.strip().partition("\n")
+    return first.strip(), parse_json_line(rest)
+
+
 class EventStream:
     """A file-like sink for `agent.py watch`'s stdout: parses its frames as they arrive.
 

@@ -125,3 +125,34 @@ def test_up_hashes_each_sync_file_once(tmp_path, monkeypatch):
     entries = sync.manifest(c.base_dir, c.job.sync, str(c.path), c.job.sync_exclude)
     assert [sync._digest(e) for e in entries] == [files[0].sha256]
     assert list(hashed.values()) == [1]
+
+
+def test_down_reads_the_state_in_the_sweeps_round_trip(tmp_path, monkeypatch, runs):
+    """`orch down`: ask the head to stop, sweep (which then reads the host's state: no status
+    round trip of its own), gather: three round trips on the launch host (four before)."""
+    c = local_cluster(tmp_path, command="exec sleep 60")
+    monkeypatch.chdir(tmp_path)
+    res = api.up(c, detach=True, skip_checks=True, show_output=False)
+    assert res.state == "detached"
+    runs.clear()
+    done, failed, view = api.down(res.run.id, root=tmp_path)
+    assert runs == {"me": 3}
+    assert failed == {} and set(done) == {"me"}
+    assert view.state == "stopped" and {r["state"] for r in view.ranks} == {"stopped"}
+    assert api.status(res.run.id, root=tmp_path).state == "stopped"
+
+
+def test_up_interrupted_reads_the_state_in_the_sweeps_round_trip(tmp_path, monkeypatch, runs):
+    """Ctrl-C while following: stop, sweep (with the state), gather; no status round trip."""
+    c = local_cluster(tmp_path, command="exec sleep 60")
+    monkeypatch.chdir(tmp_path)
+
+    def follow(self):
+        runs.clear()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "follow", follow)
+    res = api.up(c, skip_checks=True, show_output=False)
+    assert runs == {"me": 3}
+    assert res.state == "interrupted" and res.exit_code == 130
+    assert res.outcome.view is not None and {r["state"] for r in res.outcome.view.ranks} == {"stopped"}
