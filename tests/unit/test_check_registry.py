@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator import checks, probes
 from orchestrator.checks import base, names
+from orchestrator.checks.prepare import PREPARE
 from orchestrator.errors import PlanError
 from orchestrator.probes import SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
@@ -119,10 +120,10 @@ def test_up_probe_prepare_sections_are_pinned():
             assert "_b prepare" not in checks.make_check_plan(cl).script(cl.hosts[0])
             plan = checks.make_check_plan(cl, full_mesh=True, prepare=True)
             script = plan.script(plan.launch)
-            parts = [p for p in script.split("\n_b ")[1:] if p.split("\n", 1)[0] in ("path", "prepare")]
-            out.append(f"# up's prepare on {plan.launch.name} of {label}, skip {list(skip)}\n"
-                       + "".join("_b " + p.split("\n_e ")[0] + "\n_e " + p.split("\n_e ")[1].split("\n")[0] + "\n"
-                                 for p in parts))
+            path = checks.check_script(plan, plan.launch, base.check("path")) if "path" in plan.checks else ""
+            own = "".join(probes.section_script(n, b) + "\n" for n, b in PREPARE.shell(plan, plan.launch))
+            assert path.rstrip("\n") in script and own.rstrip("\n") in script
+            out.append(f"# up's prepare on {plan.launch.name} of {label}, skip {list(skip)}\n{path}{own}")
     text = "\n".join(out)
     pinned = SECTIONS / "prepare.sh"
     if REGEN:
