@@ -146,28 +146,26 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
     from .transport import Pool
 
     with Pool(cluster) as pool:
-        report = replies = None
+        report = None
         if not skip_checks:
             from . import checks
 
             events.step(f"checking {len(cluster.hosts)} host(s)")
-            # prepare only reads: its round trip goes out with the checks', its replies are judged after them
-            early = lifecycle.Early(lifecycle.ask_prepare, cluster, rp, pool, True)
-            report = checks.run_checks(cluster, pool, rp)
+            # the probes read prepare's facts too (report.prepared): no round trip of its own
+            report = checks.run_checks(cluster, pool, rp, prepare=True)
             if not report.ok:
-                early.wait()  # it uses the pool's connections: let it end before they close
                 exc = PreflightFailed("preflight failed: nothing was started",
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
                 exc.report = report
                 raise exc
-            replies = early.result()
         device_ips = None
         if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
             # hccn.conf once per host: what the check's probe read there, else read now
             device_ips = lifecycle.read_device_ips(rp, pool, report.hccn if report is not None else None)
             if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
                 rp = lifecycle.read_super_devices(rp, pool)
-        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events, replies=replies)
+        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events,
+                                     known=report.prepared if report is not None else None)
         run = create_run(cluster, rp.to_dict())
         if alloc is not None:
             run.data["slurm"] = alloc.record()

@@ -81,68 +81,39 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, head_first: bool = False) -> dict:
-    """prepare's one round trip per host (it only reads): {host: Outcome of its parsed reply}.
-    `head_first`: the launch host's connection first, alone (as the checks make it: its probe,
-    the mesh test, takes longest), then the others'."""
-    if head_first:
-        try:
-            pool[plan.launch_host].connect()
-        except OrchError:
-            pass  # said by its round trip below
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts=None) -> dict:
+    """prepare's round trip, one per host (of `hosts`; default: every host of the plan):
+    {host: Outcome of its parsed reply} (supervisor.parse_prepare)."""
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    return _fan(cluster, plan.hosts, lambda h: supervisor.parse_prepare(
+    return _fan(cluster, plan.hosts if hosts is None else hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
 
 
-class Early:
-    """A read-only round trip sent now, its replies taken later (`up` sends prepare's along with
-    the preflight checks'). A thread of its own; `wait` before its pool closes."""
-
-    def __init__(self, fn: Callable, *args):
-        import threading
-
-        self._value, self._error = None, None
-        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="orch-early")
-        self._thread.start()
-
-    def _run(self, fn, *args):
-        try:
-            self._value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - given back to the caller by result()
-            self._error = exc
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def wait(self) -> None:
-        """Let it end, its outcome unused (its connections are the caller's pool's: before the
-        pool closes). Bounded: a fan-out's hosts each have their timeout."""
-        self._thread.join()
-
-
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None, replies: dict | None = None) -> Prepared:
-    """One round trip per host before anything is written: who we are there (root or not),
-    job.interface there, python3 for the supervisor, and no other live run in the workdir
-    (unless `force`, which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing
-    was started. `replies`: that round trip's, already made (ask_prepare)."""
+            events: Events | None = None, known: Mapping[str, dict] | None = None) -> Prepared:
+    """What must hold before anything is written: who we are there (root or not), job.interface
+    there, python3 for the supervisor, and no other live run in the workdir (unless `force`,
+    which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing was started.
+    `known`: {host: its facts} as up's check probe read them (checks.Report.prepared); the
+    other hosts are asked now, one round trip each (ask_prepare)."""
     from . import probes
 
     events = events or Events()
-    res = replies if replies is not None else ask_prepare(cluster, plan, pool)
-    res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
+    known = dict(known or {})
+    need = [h for h in plan.hosts if h.name not in known]
+    if need:
+        res = ask_prepare(cluster, plan, pool, need)
+        res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
+        known.update(res.succeeded)
+    facts = {h.name: known[h.name] for h in plan.hosts}
     problems = []
-    for name, o in res.items():
-        problem = supervisor.python_problem(o.value["python"])
+    for name, f in facts.items():
+        problem = supervisor.python_problem(f["python"])
         if problem:
             problems.append(f"{name}: {problem}")
     interfaces: dict[str, tuple[str, str | None]] = {}
-    for name, o in res.items():
-        got = o.value["interface"]
+    for name, f in facts.items():
+        got = f["interface"]
         problem = probes.interface_problem(cluster.job.interface, got) if cluster.job.interface else None
         if problem is not None:
             problems.append(f"{name}: job.{problem}")
@@ -151,9 +122,9 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
     if problems:
         raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
-    for name, o in res.items():
-        if o.value["live"]:
-            live.setdefault(o.value["live"], []).append(name)
+    for name, f in facts.items():
+        if f["live"]:
+            live.setdefault(f["live"], []).append(name)
     for run_id, hosts in live.items():
         where = f"{', '.join(hosts)} (workdir {cluster.job.workdir})"
         if not force:
@@ -163,14 +134,16 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: is_root(uid=o.value["uid"]) for n, o in res.items()}, interfaces,
-                    {n: o.value["arch"] for n, o in res.items()})
+    return Prepared({n: is_root(uid=f["uid"]) for n, f in facts.items()}, interfaces,
+                    {n: f["arch"] for n, f in facts.items()})
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,
-             lost: set[str] = frozenset()) -> dict[str, str]:
+             lost: set[str] = frozenset(), docs: dict[str, dict] | None = None) -> dict[str, str]:
     """Stop every process of a run on every host: ask its head (it stops every host, and
-    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}."""
+    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}.
+    `docs`: filled with each swept host's `agent.py status` document, read by the sweep's own
+    round trip once it is done (the run's state once stopped)."""
     reachable = [h for h in plan.hosts if h.name not in lost]
     wait = supervisor.STOP_GRACE + 10
     for h in reachable[:3]:  # any host of the run can reach its head
@@ -181,10 +154,12 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
                 break
         except OrchError:
             continue
-    res = _fan(cluster, reachable, lambda h: pool[h].run(
-        supervisor.sweep_script(run_id, "TERM"),
-        timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out.strip())
-    return {n: (o.value if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
+    script = supervisor.sweep_script(run_id, "TERM") if docs is None else supervisor.sweep_status_script(cluster, run_id)
+    res = _fan(cluster, reachable, lambda h: supervisor.parse_sweep_status(pool[h].run(
+        script, timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out))
+    if docs is not None:
+        docs.update({n: doc for n, (_, doc) in res.succeeded.items()})
+    return {n: (o.value[0] if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
 
 
 class Lifecycle:
@@ -200,6 +175,7 @@ class Lifecycle:
         self.write_error = ""     # this machine could not keep something (a full disk)
         self.view: RunView | None = None
         self.t0 = time.monotonic()
+        self._stopped: tuple[dict[str, dict], dict[str, str]] | None = None  # what stop()'s sweep read
 
     def _fan(self, fn: Callable, hosts=None, timeout: float | None = None):
         return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn, timeout)
@@ -362,11 +338,17 @@ class Lifecycle:
 
     # ---- the cluster's word
     def status(self) -> RunView:
-        """Every host's supervisor state, merged (one round trip per host)."""
+        """Every host's supervisor state, merged (one round trip per host). Right after stop(),
+        as its sweep read it: only the hosts it did not sweep (lost ones) are asked now."""
+        docs, unreachable = self._stopped or ({}, {})
+        self._stopped = None
+        hosts = [h for h in self.plan.hosts if h.name not in docs and h.name not in unreachable]
         res = self._fan(lambda h: supervisor.parse_json_line(
-            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out))
-        docs = res.succeeded
-        unreachable = {n: str(e).splitlines()[0] for n, e in res.failed.items()}
+            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out),
+            hosts) if hosts else {}
+        docs = {**docs, **{n: o.value for n, o in res.items() if o.ok}}
+        docs = {h.name: docs[h.name] for h in self.plan.hosts if h.name in docs}
+        unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
         return self._slurm_word(self.view)
@@ -384,8 +366,13 @@ class Lifecycle:
         return view
 
     def stop(self, reason: str) -> dict[str, str]:
-        return stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
-                        lost=set(self.view.unreachable) if self.view else set())
+        """stop_run; each sweep also reads its host's state, for the status() that follows."""
+        docs: dict[str, dict] = {}
+        done = stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
+                        lost=set(self.view.unreachable) if self.view else set(), docs=docs)
+        self._stopped = (docs, {n: what[len("could not stop: "):].splitlines()[0] for n, what in done.items()
+                                if what.startswith("could not stop: ")})
+        return done
 
     def gather(self) -> dict[str, str]:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""

@@ -550,15 +550,14 @@ def parse_path(text: str) -> dict[str, object]:
     'supervisor': python3's major.minor there, "" if none, None if the section did not say}."""
     path = re.search(r"^PATH=(.*)$", text, re.M)
     jobpath = re.search(r"^JOBPATH=(.*)$", text, re.M)
+    from .supervisor import parse_python
+
     tools: dict[str, str | None] = {}
-    supervisor = None
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) == 2 and parts[0] == "supervisor":
-            supervisor = parts[1].strip()
         if len(parts) == 3 and parts[0] in ("plain", "job", "fixed"):
             tools[parts[1]] = parts[2] or None
     if path is None:
         raise ProbeError(f"unexpected path probe output: {quote_output(text)}")
     return {"PATH": path.group(1), "JOBPATH": jobpath.group(1) if jobpath else None, "tools": tools,
-            "supervisor": supervisor}
+            "supervisor": parse_python(text)}

@@ -159,7 +159,7 @@ def _inside(path: str, root: str) -> bool:
 def _file_entry(path: Path, rel: str, hashed: bool, st: os.stat_result | None = None) -> Entry:
     st = st or path.stat()
     return Entry(rel, "file", st.st_mode & SAFE_MODE, st.st_size, st.st_mtime_ns, local=path,
-                 sha256=_sha256(path) if hashed else None)
+                 sha256=_digest_of(path, st.st_size, st.st_mtime_ns) if hashed else None)
 
 
 def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: list, loc: Location,
@@ -493,13 +493,17 @@ _DIGESTS_LOCK = threading.Lock()
 
 def _digest(e: Entry) -> str:
     """sha256 of a local file as listed (path, size, mtime), computed once for every host."""
-    if e.sha256:
-        return e.sha256
-    key = (str(e.local), e.size, e.mtime_ns)
+    return e.sha256 or _digest_of(e.local, e.size, e.mtime_ns)
+
+
+def _digest_of(path: Path, size: int, mtime_ns: int) -> str:
+    """sha256 of a local file, computed once per (path, size, mtime) in this process: `orch up`'s
+    check plan (manifest(hashed=True)) and its sync both need it."""
+    key = (str(path), size, mtime_ns)
     with _DIGESTS_LOCK:
         got = _DIGESTS.get(key)
     if got is None:
-        got = _sha256(e.local)
+        got = _sha256(path)
         with _DIGESTS_LOCK:
             _DIGESTS[key] = got
     return got

@@ -85,6 +85,7 @@ class CheckPlan:
     mesh_from: frozenset[str]
     full_mesh: bool
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
+    prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (checks.prepare)
 
     def script(self, host: Host) -> str:
         """The one probe script for this host (pure)."""
@@ -109,9 +110,9 @@ class CheckPlan:
 
 
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
-                    deep: bool = False) -> CheckPlan:
+                    deep: bool = False, prepare: bool = False) -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
-    making it gave); None: made here."""
+    making it gave); None: made here. `prepare`: the probe reads `orch up`'s prepare facts too."""
     if rank_plan is None:
         rank_plan = try_plan(cluster)
     checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
@@ -121,7 +122,7 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
-                     full_mesh=full_mesh, rank_plan=rank_plan)
+                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare)
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

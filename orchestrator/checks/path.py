@@ -49,14 +49,15 @@ def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
 
 
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
-    from ..supervisor import PYTHON_VERSION_SH
+    from ..supervisor import lock_path, python_sh
+    from .prepare import reads_lock
 
     env = probes.tool_env(plan.cluster, host)
     plain, job, fixed = [], [], []
     for label, how in launch_tools(plan.cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
     # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
-    lines = ["echo \"PATH=$PATH\"", f"printf 'supervisor\\t%s\\n' \"$({PYTHON_VERSION_SH})\""]
+    lines = ["echo \"PATH=$PATH\"", python_sh(lock_path(plan.cluster) if reads_lock(plan) else None)]
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:

@@ -22,6 +22,7 @@ from ..model import Cluster, Host
 from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result
 from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
+from .prepare import PREPARE
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
@@ -53,10 +54,11 @@ def sections_for(plan: CheckPlan, host: Host, checks: Iterable[Check]) -> dict[s
 
 def probe_script(plan: CheckPlan, host: Host) -> str:
     """The one script run on `host`: the sections of every check the plan runs (the frame's,
-    the clock, always). Pure: same inputs, same script."""
+    the clock, always; for `orch up`, prepare's last). Pure: same inputs, same script."""
     checks = probe_order(registered())
     frame = sections_for(plan, host, [c for c in checks if any(p.place == "frame" for p in c.probes)])["frame"]
     got = sections_for(plan, host, [c for c in checks if c.name in plan.checks])
+    got["body"] += PREPARE.shell(plan, host)  # `orch up`'s: none otherwise
     return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:])
 
 
@@ -109,17 +111,19 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
 
 def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                deep: bool = False, on_result: Callable[[CheckResult], None] | None = None,
-               procs: int = 1) -> Report:
+               procs: int = 1, prepare: bool = False) -> Report:
     """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
     deep: also the device health probes (check `health`). `rank_plan`: the plan the caller made
     (or the PlanError making it gave: check device-rules reports it); None: planned here.
     procs > 1: the probes fan out from that many processes (shards.fan_out_procs), for a caller
     whose pool is still empty and serves only the checks (`orch check`: the connections the
-    other processes make are theirs, closed as they exit); the judging stays here."""
+    other processes make are theirs, closed as they exit); the judging stays here.
+    `prepare` (`orch up`): the probes read prepare's facts too (Report.prepared)."""
     from .devices import hccn_confs
+    from .prepare import facts
 
     t0 = time.monotonic()
-    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep)
+    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare)
     results: list[CheckResult] = []
 
     def emit(rs: Iterable[CheckResult]) -> None:
@@ -173,7 +177,8 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     hidx = {h.name: i for i, h in enumerate(plan.hosts)}
     results.sort(key=lambda r: (order.get(r.check, 99), hidx.get(r.host, len(hidx)) if r.host else len(hidx)))
     hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
-    return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn)
+    prepared = {r.host.name: f for r in ordered if (f := facts(plan, r)) is not None} if prepare else {}
+    return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn, prepared)
 
 
 def encode_run(run: ProbeRun) -> dict:

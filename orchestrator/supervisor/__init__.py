@@ -24,8 +24,6 @@ LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host c
 JOIN_TIMEOUT = 60.0
 START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's supervisor running
 MIN_PYTHON = (3, 8)  # agent.py runs on the hosts' python3 (the non-interactive ssh PATH's), stdlib only
-# prints the major.minor of the python3 the supervisor would run, nothing if there is none
-PYTHON_VERSION_SH = ("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null")
 
 
 @lru_cache(maxsize=1)
@@ -148,36 +146,68 @@ def parse_start(text: str) -> tuple[str, int, int]:
     return "error", 0, 0
 
 
-_LIVE_PY = ("import sys,os,fcntl\nprint('py %d.%d' % sys.version_info[:2])\n"
-            "try:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n sys.exit(0)\n"
+# python3 as the supervisor runs it (PY): its major.minor and, given the workdir's lock file
+# (argv[1]), the run that holds it now (a live supervisor holds an exclusive flock on it)
+_PYTHON_PY = "import sys\nprint(\"supervisor\\t%d.%d\" % sys.version_info[:2])\n"
+_LIVE_PY = ("import os,fcntl\ntry:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n sys.exit(0)\n"
             "try:\n fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
-            "except OSError:\n print('live',os.read(fd,200).decode('utf-8','replace').strip() or '?')\n")
+            "except OSError:\n print(\"live\",os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\")\n")
 
 
-def prepare_script(cluster: Cluster, launch_address: str = "") -> str:
-    """One round trip before anything is written: the user id, job.interface on this host (if
-    set), python3's version, and the run that holds the workdir now (if one does)."""
+def lock_path(cluster: Cluster) -> str:
+    return posixpath.join(orch_dir(cluster.job.workdir), LOCK)
+
+
+def python_sh(lock: str | None = None) -> str:
+    """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
+    non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
+    when a run holds that lock now. Parsed by parse_python (and parse_prepare)."""
+    prog, arg = (_PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (_PYTHON_PY, "")
+    return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'"
+
+
+def parse_python(text: str) -> str | None:
+    """python_sh's version: "X.Y", "" when there is no python3, None when the text has no such line."""
+    for line in text.splitlines():
+        kind, tab, rest = line.partition("\t")
+        if kind == "supervisor" and tab:
+            return rest.strip()
+    return None
+
+
+PREPARE_FACTS = ("uid", "arch", "interface", "python")  # what prepare reads on every host
+
+
+def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, ...] = PREPARE_FACTS) -> str:
+    """One round trip before anything is written: the user id, the machine (uname -m), job.interface
+    on this host (if set), python3's version and the run that holds the workdir now (if one does;
+    python_sh reads both). `read`: the facts to read here (up's probe reads the others in the
+    checks' own sections)."""
     from ..probes import interface_script
 
-    lock = posixpath.join(orch_dir(cluster.job.workdir), LOCK)
-    iface = interface_script(cluster.job.interface, launch_address) + "\n" if cluster.job.interface else ""
-    return (f"echo uid $(id -u)\necho arch $(uname -m)\n{iface}command -v python3 >/dev/null 2>&1 || {{ echo nopython; exit 0; }}\n"
-            f"{' '.join(PY)} -c {shlex.quote(_LIVE_PY)} {shlex.quote(lock)}\nexit 0\n")
+    lines = ["echo uid $(id -u)"] if "uid" in read else []
+    if "arch" in read:
+        lines.append("echo arch $(uname -m)")
+    if "interface" in read and cluster.job.interface:
+        lines.append(interface_script(cluster.job.interface, launch_address))
+    if "python" in read:
+        lines.append(python_sh(lock_path(cluster)))
+    return "\n".join(lines) + "\n"
 
 
 def parse_prepare(text: str) -> dict:
+    """prepare_script's output (or the up probe's sections that read the same facts, joined) ->
+    {uid, arch, interface, python, live}; None for what the text does not say (python: "" when
+    there is no python3)."""
     from ..probes import parse_interface
 
-    out: dict = {"uid": None, "python": None, "live": None, "arch": None, "interface": parse_interface(text)}
+    out: dict = {"uid": None, "python": parse_python(text), "live": None, "arch": None,
+                 "interface": parse_interface(text)}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         rest = rest.strip()
         if kind == "uid" and rest.isdigit():
             out["uid"] = int(rest)
-        elif kind == "py":
-            out["python"] = rest
-        elif kind == "nopython":
-            out["python"] = ""
         elif kind == "live" and rest:
             out["live"] = rest
         elif kind == "arch" and rest:
@@ -239,6 +269,18 @@ def sweep_script(run_id: str, signal_name: str | None, grace: float = STOP_GRACE
             f"kill -{signal_name} $pids 2>/dev/null\n"
             f"i=0\nwhile [ $i -lt {steps} ]; do sleep 0.2; pids=$(find_pids); [ -z \"$pids\" ] && break; i=$((i+1)); done\n"
             "if [ -n \"$pids\" ]; then kill -KILL $pids 2>/dev/null; echo killed $pids; else echo stopped; fi\n")
+
+
+def sweep_status_script(cluster: Cluster, run_id: str) -> str:
+    """sweep_script (TERM), then this host's view of the run (status_script): what the sweep
+    did on the first line, the run's `agent.py status` document last (parse_sweep_status)."""
+    return f"(\n{sweep_script(run_id, 'TERM')})\n{status_script(cluster, run_id)}\n"
+
+
+def parse_sweep_status(text: str) -> tuple[str, dict]:
+    """sweep_status_script's output -> (what the sweep did, the status document)."""
+    first, _, rest = text.strip().partition("\n")
+    return first.strip(), parse_json_line(rest)
 
 
 class EventStream:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import (REPO, budget, leftovers, orch, run_record, spawn_orch, timed, wait_until,
+from tests.support import (REPO, budget, leftovers, orch, run_ids, run_record, spawn_orch, timed, wait_until,
                            write_cluster)
 
 pytestmark = pytest.mark.lab
@@ -105,8 +105,8 @@ def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
     job("/data/up-sigint", launcher="ranktable", command=["sh", "-c", "echo up; sleep 120"])
     proc = spawn_orch("up", "-q", cwd=tmp_path)
     try:
-        assert wait_until(lambda: (tmp_path / ".orch" / "runs").is_dir()
-                          and run_record(tmp_path).get("state") == "running", 60)
+        # run_ids: a run whose directory is made but whose record is not written yet has none
+        assert wait_until(lambda: run_ids(tmp_path) and run_record(tmp_path).get("state") == "running", 60)
         run_id = run_record(tmp_path)["id"]
         assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
         proc.send_signal(signal.SIGINT)

@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator import checks, probes
 from orchestrator.checks import base, names
+from orchestrator.checks.prepare import PREPARE
 from orchestrator.errors import PlanError
 from orchestrator.probes import SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
@@ -104,6 +105,30 @@ def test_check_sections_are_pinned(name):
         pinned.write_text(text)
     assert pinned.exists(), f"no pinned sections for {name}: run with ORCH_REGEN_SECTIONS=1"
     assert text == pinned.read_text(), f"the probe's shell of check {name} changed (ORCH_REGEN_SECTIONS=1 pins it)"
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+
+
+def test_up_probe_prepare_sections_are_pinned():
+    """`orch up`'s probe reads prepare's facts too: the section `prepare` (what no check reads)
+    and the path section reading the workdir's lock, pinned in prepare.sh, with every check and
+    with the checks that read prepare's facts skipped (prepare then reads them itself). `orch
+    check`'s probe has no prepare section."""
+    out = []
+    for label, c in fixed_clusters().items():
+        for skip in ((), ("path", "workdir", "nic")):
+            cl = replace(c, checks=replace(c.checks, skip=skip))
+            assert "_b prepare" not in checks.make_check_plan(cl).script(cl.hosts[0])
+            plan = checks.make_check_plan(cl, full_mesh=True, prepare=True)
+            script = plan.script(plan.launch)
+            path = checks.check_script(plan, plan.launch, base.check("path")) if "path" in plan.checks else ""
+            own = "".join(probes.section_script(n, b) + "\n" for n, b in PREPARE.shell(plan, plan.launch))
+            assert path.rstrip("\n") in script and own.rstrip("\n") in script
+            out.append(f"# up's prepare on {plan.launch.name} of {label}, skip {list(skip)}\n{path}{own}")
+    text = "\n".join(out)
+    pinned = SECTIONS / "prepare.sh"
+    if REGEN:
+        pinned.write_text(text)
+    assert text == pinned.read_text(), "up's prepare sections changed (ORCH_REGEN_SECTIONS=1 pins them)"
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 
 
