@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import logs, runstate, supervisor
+from . import runstate, supervisor
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import fan_out
@@ -287,6 +287,8 @@ class Lifecycle:
         host = self.plan.ranks[rank].host if rank is not None else self.plan.launch_host.name
         window = supervisor.lost_after(self.cluster)
         last_ok = time.monotonic()
+        from . import logs  # here: `orch status` and `down` of a recorded run need none of it
+
         copies = logs.Copies(self.run)
         state: dict = {}
 
@@ -379,6 +381,8 @@ class Lifecycle:
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
         hosts = [h for h in self.plan.hosts if h.name not in lost]
         attempt = self.view.attempt if self.view and self.view.attempt else 1
+        from . import logs
+
         out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
