@@ -64,8 +64,8 @@ class RunConflict(OrchError):
     exit_code = 2
 
 
-def _fan(cluster: Cluster, hosts, fn: Callable, timeout: float | None = None):
-    return fan_out(hosts, fn, limit=cluster.ssh.fanout, timeout=timeout)
+def _fan(cluster: Cluster, hosts, fn: Callable):
+    return fan_out(hosts, fn, limit=cluster.ssh.fanout)
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,8 @@ class Lifecycle:
         self.t0 = time.monotonic()
         self._stopped: tuple[dict[str, dict], dict[str, str]] | None = None  # what stop()'s sweep read
 
-    def _fan(self, fn: Callable, hosts=None, timeout: float | None = None):
-        return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn, timeout)
+    def _fan(self, fn: Callable, hosts=None):
+        return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn)
 
     # ---- steps
     def distribute(self, launch: Launch) -> None:
