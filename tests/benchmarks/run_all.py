@@ -1,7 +1,7 @@
 """Every benchmark, one table each, and the targets met or missed.
 
     python tests/benchmarks/run_all.py [--repeat 3] [--keep] [--json results.json]
-        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump]
+        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale]
 
 Needs root and the lab (orch lab: network namespaces, sshd, openmpi-bin); the baselines need
 `pdsh` (apt) and `ansible-core` in a separate venv (default /opt/orch-bench-venv, or
@@ -13,10 +13,10 @@ ORCH_BENCH_VENV), e.g.:
 A missing baseline is left out of the tables, not faked. Labs are named pb*: pbchk (64 hosts),
 pbup (4), pbgat (4), pbfa + pbfb (128 each); each is removed after its benchmark unless --keep.
 Numbers are medians of --repeat runs; every host is on this machine, so the hosts' sshd and
-probes share its cores with the controller. The last five (bench_startup, bench_sync,
-bench_supervision, bench_slurm, bench_jump) run as scripts and print their own tables; the
-Slurm one needs slurm-wlm and munge (scripts/test.sh installs them). Takes about 30 minutes
-on 2 cores.
+probes share its cores with the controller. The last six (bench_startup, bench_sync,
+bench_supervision, bench_slurm, bench_jump, and bench_check at 64/128/256 hosts on two labs,
+pbchk + pbchk2) run as scripts and print their own tables; the Slurm one needs slurm-wlm and
+munge (scripts/test.sh installs them). Takes about 45 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -52,23 +52,26 @@ def plan_bench() -> tuple[str, list[dict], list[str]]:
     return benchlib.table(["hosts", "ranks", "plan + renders", "incl. plan_files", "target"], rows), records, verdicts
 
 
-SCRIPTS = {  # name: (title, argv after the script); each prints its own table and verdicts
-    "startup": ("6. Start-up before the first connection (bench_startup.py)", ["--repeat", "15"]),
-    "sync": ("7. Code sync: 3,000 files + 20 MB to 8 hosts vs parallel rsync (bench_sync.py)", []),
-    "supervision": ("8. Supervision: fail-fast and following (bench_supervision.py)", []),
-    "slurm": ("9. First rank running: through Slurm vs over SSH (bench_slurm.py)", ["4"]),
-    "jump": ("10. 32 hosts directly vs through one bastion (bench_jump.py)", []),
+SCRIPTS = {  # name: (title, the script, argv after it); each prints its own table and verdicts
+    "startup": ("6. Start-up before the first connection (bench_startup.py)", "bench_startup.py", ["--repeat", "15"]),
+    "sync": ("7. Code sync: 3,000 files + 20 MB to 8 hosts vs parallel rsync (bench_sync.py)", "bench_sync.py", []),
+    "supervision": ("8. Supervision: fail-fast and following (bench_supervision.py)", "bench_supervision.py", []),
+    "slurm": ("9. First rank running: through Slurm vs over SSH (bench_slurm.py)", "bench_slurm.py", ["4"]),
+    "jump": ("10. 32 hosts directly vs through one bastion (bench_jump.py)", "bench_jump.py", []),
+    "scale": ("11. orch check at 64/128/256 hosts vs pdsh-c25519, processes past 128 hosts, projected to 1,000 "
+              "(bench_check.py --sizes 64,128,256)", "bench_check.py",
+              ["--sizes", "64,128,256", "--tools", "orch,pdsh-c25519"]),
 }
 
 
 def script_bench(name: str, repeat: int) -> str:
-    argv = [*SCRIPTS[name][1]]
-    if name in ("sync", "jump"):
+    _, script, argv = SCRIPTS[name]
+    argv = [*argv]
+    if name in ("sync", "jump", "scale"):
         argv += ["--repeat", str(repeat)]
-    res = subprocess.run([sys.executable, str(HERE / f"bench_{name}.py"), *argv], capture_output=True, text=True,
-                         timeout=3600)
+    res = subprocess.run([sys.executable, str(HERE / script), *argv], capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
-        return f"(bench_{name}.py failed, exit {res.returncode}: {res.stderr.strip()[-1500:]})"
+        return f"({script} failed, exit {res.returncode}: {res.stderr.strip()[-1500:]})"
     return res.stdout.strip()
 
 
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
         text, recs = bench_fanout.bench([64, 128, 256], max(1, a.repeat - 1), a.keep)
         sections.append(("5. Fan-out to 256 hosts (two labs of 128; `orch check`, mesh skipped)", text, []))
         records += recs
-    for name, (title, _) in SCRIPTS.items():
+    for name, (title, _, _) in SCRIPTS.items():
         if name in only:
             sections.append((title, script_bench(name, a.repeat), []))
     for title, text, verdicts in sections:
