@@ -192,11 +192,11 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                 if run_lifecycle.started and outcome.view is None:  # not ended on the cluster's word: stop it
                     events.step("stopping every process of the run")
                     why = "interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted" else outcome.message
-                    for host, what in run_lifecycle.stop(why).items():
-                        if what.startswith("could not stop"):
-                            events.warning(f"{host}: {what}; once it is reachable, run "
-                                           f"`orch down --run {run.id}`")
-                    outcome.view = run_lifecycle.status()
+                    stopped = run_lifecycle.stop(why)
+                    for host, why_not in stopped.failed.items():
+                        events.warning(f"{host}: could not stop: {why_not}; once it is reachable, run "
+                                       f"`orch down --run {run.id}`")
+                    outcome.view = run_lifecycle.status(stopped)
                 run_lifecycle.gather()
             run_lifecycle.finish(outcome)
     return UpResult(run, outcome, run_lifecycle)

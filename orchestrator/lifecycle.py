@@ -138,12 +138,21 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                     {n: f["arch"] for n, f in facts.items()})
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """What stop_run did: {host: what was done}, {host: why it could not be stopped}, and each
+    swept host's `agent.py status` document, read in the sweep's own round trip (Lifecycle.status
+    takes it instead of asking again)."""
+
+    done: dict[str, str]
+    failed: dict[str, str]
+    docs: dict[str, dict]
+
+
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,
-             lost: set[str] = frozenset(), docs: dict[str, dict] | None = None) -> dict[str, str]:
+             lost: set[str] = frozenset()) -> Stopped:
     """Stop every process of a run on every host: ask its head (it stops every host, and
-    records why), then sweep what is left on each host (TERM, then KILL). {host: what was done}.
-    `docs`: filled with each swept host's `agent.py status` document, read by the sweep's own
-    round trip once it is done (the run's state once stopped)."""
+    records why), then sweep what is left on each host (TERM, then KILL) and read its state."""
     reachable = [h for h in plan.hosts if h.name not in lost]
     wait = supervisor.STOP_GRACE + 10
     for h in reachable[:3]:  # any host of the run can reach its head
@@ -154,12 +163,11 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
                 break
         except OrchError:
             continue
-    script = supervisor.sweep_script(run_id, "TERM") if docs is None else supervisor.sweep_status_script(cluster, run_id)
+    script = supervisor.sweep_status_script(cluster, run_id)
     res = _fan(cluster, reachable, lambda h: supervisor.parse_sweep_status(pool[h].run(
         script, timeout=supervisor.STOP_GRACE + cluster.ssh.command_timeout).check("stopping").out))
-    if docs is not None:
-        docs.update({n: doc for n, (_, doc) in res.succeeded.items()})
-    return {n: (o.value[0] if o.ok else f"could not stop: {o.error}") for n, o in res.items()}
+    return Stopped({n: what for n, (what, _) in res.succeeded.items()}, {n: str(e) for n, e in res.failed.items()},
+                   {n: doc for n, (_, doc) in res.succeeded.items()})
 
 
 class Lifecycle:
@@ -175,7 +183,6 @@ class Lifecycle:
         self.write_error = ""     # this machine could not keep something (a full disk)
         self.view: RunView | None = None
         self.t0 = time.monotonic()
-        self._stopped: tuple[dict[str, dict], dict[str, str]] | None = None  # what stop()'s sweep read
 
     def _fan(self, fn: Callable, hosts=None):
         return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn)
@@ -339,11 +346,12 @@ class Lifecycle:
             time.sleep(1.0)
 
     # ---- the cluster's word
-    def status(self) -> RunView:
-        """Every host's supervisor state, merged (one round trip per host). Right after stop(),
-        as its sweep read it: only the hosts it did not sweep (lost ones) are asked now."""
-        docs, unreachable = self._stopped or ({}, {})
-        self._stopped = None
+    def status(self, stopped: Stopped | None = None) -> RunView:
+        """Every host's supervisor state, merged (one round trip per host). After stop(), pass
+        what it returned: the swept hosts' states are taken from it, only the others (lost ones)
+        are asked now."""
+        docs = stopped.docs if stopped else {}
+        unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
         hosts = [h for h in self.plan.hosts if h.name not in docs and h.name not in unreachable]
         res = self._fan(lambda h: supervisor.parse_json_line(
             self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out),
@@ -367,14 +375,9 @@ class Lifecycle:
                 slurm.apply(view, info)
         return view
 
-    def stop(self, reason: str) -> dict[str, str]:
-        """stop_run; each sweep also reads its host's state, for the status() that follows."""
-        docs: dict[str, dict] = {}
-        done = stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
-                        lost=set(self.view.unreachable) if self.view else set(), docs=docs)
-        self._stopped = (docs, {n: what[len("could not stop: "):].splitlines()[0] for n, what in done.items()
-                                if what.startswith("could not stop: ")})
-        return done
+    def stop(self, reason: str) -> Stopped:
+        return stop_run(self.cluster, self.plan, self.pool, self.run.id, reason,
+                        lost=set(self.view.unreachable) if self.view else set())
 
     def gather(self) -> dict[str, str]:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""
@@ -501,21 +504,20 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     cluster = run.cluster()
     with Pool(cluster) as pool:
         run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
-        result = run_lifecycle.stop("`orch down`")
+        stopped = run_lifecycle.stop("`orch down`")
+        done, failed = dict(stopped.done), dict(stopped.failed)
         job = run.data.get("slurm")
         if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
             from . import slurm
 
             try:
                 info = slurm.release(pool.slurm(), job["job_id"], supervisor.STOP_GRACE)
-                result["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
+                done["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
             except slurm.SlurmError as exc:
-                result["slurm"] = f"could not stop: {exc}"
-        view = run_lifecycle.status()
+                failed["slurm"] = str(exc)
+        view = run_lifecycle.status(stopped)
         run_lifecycle.gather()
         run.reload()
-        done = {h: r for h, r in result.items() if not r.startswith("could not stop")}
-        failed = {h: r[len("could not stop: "):] for h, r in result.items() if r.startswith("could not stop")}
         if not run.finished:
             if not view.final:
                 view.state, view.message = "stopped", "stopped by `orch down`"
