@@ -115,9 +115,14 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
             deadline = None if timeout is None else time.monotonic() + gate_timeout + rounds * timeout
             threading.Thread(target=_read_child, args=(child, share, by_name, decode, deadline, done),
                              daemon=True, name="orch-shard").start()
-        threading.Thread(target=lambda: done.put(("own", fan_out(shares[0], fn, limit=limits[0], timeout=timeout,
-                                                                   on_done=lambda o: done.put(("one", o))))),
-                         daemon=True, name="orch-shard").start()
+        def own_share() -> None:  # this process's hosts; whatever it raises is raised below, not lost
+            try:
+                done.put(("own", fan_out(shares[0], fn, limit=limits[0], timeout=timeout,
+                                         on_done=lambda o: done.put(("one", o)))))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop below
+                done.put(("raise", exc))
+
+        threading.Thread(target=own_share, daemon=True, name="orch-shard").start()
         own_ended = False
         while len(results) < len(hosts) or not own_ended:
             kind, item = done.get()
