@@ -81,11 +81,11 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts=None) -> dict:
-    """prepare's round trip, one per host (of `hosts`; default: every host of the plan):
-    {host: Outcome of its parsed reply} (supervisor.parse_prepare)."""
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts) -> dict:
+    """prepare's round trip, one per host of `hosts`: {host: Outcome of its parsed reply}
+    (supervisor.parse_prepare)."""
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    return _fan(cluster, plan.hosts if hosts is None else hosts, lambda h: supervisor.parse_prepare(
+    return _fan(cluster, hosts, lambda h: supervisor.parse_prepare(
         pool[h].run(script).check("preparing the launch").out))
 
 

@@ -62,10 +62,13 @@ def encode_error(err: OrchError) -> dict:
 
 
 def decode_error(rec: dict) -> OrchError:
-    """The error encode_error wrote, as the same type with the same message, hint and host."""
+    """The error encode_error wrote, as the same type with the same message, hint and host; a
+    type whose __init__ keeps more than those (SpecError's problems) comes back as its base, so
+    no attribute is ever missing."""
     cls = getattr(errors, rec.get("type") or "", None)
-    if not (isinstance(cls, type) and issubclass(cls, OrchError)):
-        cls = HostError if rec.get("host") else OrchError
+    base = HostError if rec.get("host") else OrchError
+    if not (isinstance(cls, type) and issubclass(cls, base) and cls.__init__ is base.__init__):
+        cls = base
     err = cls.__new__(cls)
     Exception.__init__(err, rec["message"])
     err.message, err.hint = rec["message"], rec.get("hint")

@@ -22,8 +22,9 @@ def sources(plan) -> dict[str, str]:
 
 
 def reads_lock(plan) -> bool:
-    """Does the path section read the workdir's lock (python_sh's live run) for prepare?"""
-    return plan.prepare and "path" in plan.checks
+    """Does the path section read the workdir's lock (python_sh's live run) for prepare? When
+    it reads python3 for prepare (sources): python_sh reads both."""
+    return plan.prepare and sources(plan)["python"] == "path"
 
 
 def _shell(plan, host) -> list[tuple[str, str]]:

@@ -196,3 +196,14 @@ def test_a_failure_of_this_process_share_is_raised_not_waited_for(monkeypatch):
     with pytest.raises(RuntimeError, match="own share broke"):
         within(20, lambda: fan_out_procs(hosts(4), lambda h: h.name, procs=2, encode=lambda v: v,
                                          decode=lambda h, v: v, limit=4, timeout=5))
+
+
+def test_an_error_type_with_more_state_comes_back_as_its_base():
+    """SpecError keeps its problems (its own __init__): decoded it is an OrchError with the same
+    message, never a SpecError without `.problems`."""
+    from orchestrator.errors import Location, OrchError, SpecError
+
+    err = decode_error(encode_error(SpecError([(Location("c.yaml", 3), "bad")])))
+    assert type(err) is OrchError and "c.yaml" in err.message
+    auth = decode_error(encode_error(AuthError("h1", "key refused", hint="ssh-copy-id")))
+    assert type(auth) is AuthError and auth.host == "h1" and auth.hint == "ssh-copy-id"
