@@ -3,7 +3,7 @@
 A launcher says which processes run on which host (argv, environment, working directory,
 where their output goes) and which files they need (hostfile, rank table). Nothing else:
 starting, watching, stopping and restarting them is the supervisor's
-(`orchestrator/supervisor/agent.py`), the same for every launcher.
+(`orchestrator/agent`), the same for every launcher.
 
 - ranktable: every rank is a process of its host's supervisor (seeds 000/001);
 - mpirun:    one mpirun, a process of the launch host's supervisor; each rank runs under
@@ -25,13 +25,10 @@ from . import render, sh
 from .plan import RankPlan
 from .model import Cluster
 
-RUN_VAR = "ORCH_RUN_ID"
-DIR_VAR = "ORCH_RUN_DIR"
-ATTEMPT_VAR = "ORCH_ATTEMPT"
-RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # as in agent.py (which the hosts run alone): job.rank_dirs
-RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # as in agent.py: `agent.py rank` keeps the rank's output
-ATTEMPT_DIR = "@ORCH_ATTEMPT_DIR@"
-AGENT = "agent.py"
+# the names the hosts' supervisor uses too: one copy, in the agent package
+from .agent.layout import AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, LOCK, RANK_DIRS_VAR, RANK_OUTPUT_VAR, RUN_VAR
+from .agent.layout import ATTEMPT_DIR_TOKEN as ATTEMPT_DIR
+from .agent.layout import ORCH_DIR
 # orch's own python on the hosts (the supervisor, each rank's `agent.py rank` wrapper, the sync
 # receiver, gather, prepare's probe) needs nothing but the standard library: without `site` (-S),
 # each start skips the site-packages' .pth files (a third of it, often more)
@@ -41,10 +38,7 @@ PY = ("python3", "-S")
 def orch_dir(workdir: str) -> str:
     """orch's directory in a workdir on the hosts: one directory per run, the workdir's lock
     (LOCK, as agent.py names it) and Slurm's go files."""
-    return posixpath.join(workdir, ".orch")
-
-
-LOCK = "lock"  # orch_dir's file a run's supervisor holds locked for the run's life (agent.lock_workdir)
+    return posixpath.join(workdir, ORCH_DIR)
 
 
 def run_dir(cluster: Cluster, run_id: str) -> str:
@@ -75,6 +69,9 @@ class Launch:
 
     procs: Mapping[str, tuple[Proc, ...]]
     files: Mapping[str, Mapping[str, bytes]] = field(default_factory=dict)   # host -> {relpath: bytes}
+    # host -> {NAME: secret value}: what `agent.py rank` adds to each rank's environment there
+    # (mpirun: secrets never travel on Open MPI's wire)
+    secret_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def _wrapped(rdir: str, command) -> list[str]:
@@ -106,6 +103,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     rdir = run_dir(cluster, run_id)
     procs: dict[str, list[Proc]] = {h.name: [] for h in plan.hosts}
     files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.hosts}
+    secret_env: dict[str, Mapping[str, str]] = {}
     # what orch adds to every rank's environment (the user's own values, job/host env, win)
     added = {**render.hccl_env(cluster, plan), **({RANK_DIRS_VAR: "1"} if job.rank_dirs else {})}
     if_env = {h.name: {**if_env.get(h.name, {}), **added} for h in plan.hosts}
@@ -120,8 +118,10 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
                                   interface=mca, output_dir=ATTEMPT_DIR,
                                   pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR),
                                   command=_wrapped(rdir, job.command), tag=(RUN_VAR, run_id))
-        env = {**render.mpirun_env(c, plan), **_launcher_path_env(cluster, head.name)}
+        env = _launcher_path_env(cluster, head.name)
         procs[head.name].append(Proc("mpirun", tuple(argv), env, job.workdir, "mpirun.log"))
+        secrets = render.mpirun_secrets(c, plan)
+        secret_env = {h.name: secrets for h in plan.hosts} if secrets else {}
     elif job.launcher == "ranktable":
         table = render.rank_table_path(cluster)
         if job.platform == "ascend":
@@ -154,7 +154,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
             procs[h.name].append(Proc(f"torchrun.{h.name}", tuple(argv), env, job.workdir, "torchrun.log"))
     else:  # pragma: no cover - the model allows no other
         raise ValueError(job.launcher)
-    return Launch({k: tuple(v) for k, v in procs.items()}, files)
+    return Launch({k: tuple(v) for k, v in procs.items()}, files, secret_env)
 
 
 # msrun starts every worker (and its scheduler) as `python script args`, and nothing but python.
@@ -237,6 +237,8 @@ def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Map
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),
                 "hosts": launch_commands(cluster, plan, root=root, redact=True,
                                          device_ips=device_ips)}
+    if plan.launcher == "mpirun":   # given to each rank by its host's supervisor, never by mpirun
+        commands["secret_env"] = sh.shown_env(render.mpirun_secrets(cluster, plan))
     files["commands.json"] = json.dumps(commands, indent=2) + "\n"
     if plan.launcher == "mpirun":
         files[render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None)

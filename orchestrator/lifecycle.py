@@ -360,7 +360,7 @@ class Lifecycle:
         docs = {h.name: docs[h.name] for h in self.plan.hosts if h.name in docs}
         unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
-                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks])
+                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id)
         return self._slurm_word(self.view)
 
     def _slurm_word(self, view: RunView) -> RunView:
@@ -541,7 +541,7 @@ def cluster_status(cluster: Cluster, plan: RankPlan) -> tuple[str | None, RunVie
     if not doc.get("run"):
         raise UsageError(f"no run found in {cluster.job.workdir} on {head.name}",
                          hint="start one with `orch up`")
-    view = runstate.merge(head.name, {head.name: doc}, {}, [])
+    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"])
     return doc["run"], view
 
 

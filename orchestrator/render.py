@@ -11,16 +11,18 @@ runs them. Same input -> same bytes (golden-file tested against the seeds).
 - `rank_table_v12`            HCCL rank table 1.2 (Atlas A3 SuperPoD): super_device_id per device,
                               super_pod_list; key order of the HCCL user guide's example.
 - `rank_env`                  one rank's environment for the ranktable launcher.
-- `mpirun_argv`/`mpirun_env`  the one mpirun command (run on the launch host).
+- `mpirun_argv`/`mpirun_secrets`  the one mpirun command (run on the launch host), and the
+                              secret values its ranks get from their hosts' supervisors.
 - `msrun_argv`/`node_env`     one msrun (or torchrun: `torchrun_argv`) command per host.
 - `hccl_env`                  HCCL's timeouts for an Ascend job.
 
 Secret environment variables (Job.is_secret: listed in job.secret_env or named
-*_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv: mpirun gets `-x NAME`
-and the value travels in mpirun's own environment (`mpirun_env`), which the
-transport exports inside the script it runs, so it is not visible in `ps` or in
-the recorded command line. Their values are sh.Secret (model.Cluster makes them so): what
-`orch plan` shows and run records hold masks them (sh.shown), what runs has them.
+*_TOKEN/*_KEY/*_SECRET/*PASSWORD*) never appear in an argv, and with mpirun never on Open
+MPI's wire either (`-x NAME` would send the value in clear to every host's daemon): each
+host's supervisor gets them in its configuration (on stdin) and `agent.py rank` hands them to
+the rank from a file only the user can read (`mpirun_secrets`; docs/supervision.md). Their
+values are sh.Secret (model.Cluster makes them so): what `orch plan` shows and run records
+hold masks them (sh.shown), what runs has them.
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
 
     Ranks start in workdir (--wdir) and write workdir/log_dir/1/rank.N/stdout. Environment:
     `-x NAME=VALUE` for job.env + host env (the same on every host) and the device selection;
-    `-x NAME` for secrets, whose values must be in mpirun's environment (mpirun_env)."""
+    secrets not at all: their values reach the ranks through the supervisors (mpirun_secrets)."""
     job = cluster.job
     argv = ["mpirun", "-n", str(plan.size), "--hostfile", hostfile_path, "--wdir", job.workdir,
             "--output-filename", output_dir or log_dir_path(cluster), "--merge-stderr-to-stdout"]
@@ -314,7 +316,8 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
     if interface:
         argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
     for name, value in _mpirun_exports(cluster, plan).items():
-        argv += ["-x", name if job.is_secret(name) else f"{name}={value}"]
+        if not job.is_secret(name):
+            argv += ["-x", f"{name}={value}"]
     for name in pass_env:
         argv += ["-x", name]
     if tag is not None and not any(a == "--prefix" or "orte_launch_agent" in a for a in job.mpirun_args):
@@ -326,8 +329,9 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
     return argv
 
 
-def mpirun_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
-    """What the mpirun process's own environment must hold: the secret values it forwards with `-x NAME`."""
+def mpirun_secrets(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
+    """The secret values every rank of an mpirun job gets from its host's supervisor (`agent.py
+    rank`), never through mpirun."""
     return {k: v for k, v in _mpirun_exports(cluster, plan).items() if cluster.job.is_secret(k)}
 
 

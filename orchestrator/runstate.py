@@ -8,27 +8,35 @@ its ranks `unknown`.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from typing import Mapping
 
-FINAL = ("succeeded", "failed", "stopped", "lost", "stalled", "timeout", "interrupted")
+from .agent.protocol import STATE_VERSION
+from .agent.states import TERMINAL, RankState, RunState, describe, run_state
+
+__all__ = ["EXIT", "FINAL", "RunView", "describe", "from_head", "merge", "skew"]
+
+FINAL = tuple(s.value for s in TERMINAL)
 # orch status's exit code for a run in each state (see docs): 0 fine, 1 went wrong, 4 stopped
-EXIT = {"running": 0, "starting": 0, "succeeded": 0, "failed": 1, "lost": 1, "stalled": 1, "timeout": 1,
-        "unknown": 1, "stopped": 4, "interrupted": 4}
+# (keyed by the plain strings: a str-Enum member hashes by its name, not its value)
+EXIT = {s.value: code for s, code in {
+    RunState.RUNNING: 0, RunState.STARTING: 0, RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.LOST: 1,
+    RunState.STALLED: 1, RunState.TIMEOUT: 1, RunState.UNKNOWN: 1, RunState.STOPPED: 4,
+    RunState.INTERRUPTED: 4}.items()}
 
 
-def describe(code: int | None, sig: int | None = None) -> str:
-    """How a process ended, in words: `exit code 3`, `killed by signal 9 (SIGKILL)`."""
-    if sig:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"killed by signal {sig} ({name})"
-    if code is None:
-        return "no exit code (killed or lost)"
-    return f"exit code {code}"
+def skew(doc: Mapping) -> str | None:
+    """One line when a state document was written by a supervisor whose format this orch does
+    not read (a newer orch): which version wrote it and what to do. None when it reads it (every
+    format up to ours; documents before versioning are format 0, read the same way)."""
+    v = doc.get("v")
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= STATE_VERSION):
+        return None
+    from . import __version__
+
+    by = doc.get("orch") or "a newer orch"
+    return (f"run {doc.get('run') or '?'} was started by orch {by} (state format {v}); this orch {__version__} "
+            f"reads formats up to {STATE_VERSION}: run `orch status`, `logs` and `down` with orch {by} or newer")
 
 
 @dataclass
@@ -68,8 +76,14 @@ def _row(r: Mapping) -> dict:
 
 
 def from_head(doc: Mapping) -> RunView:
-    """The head's state document (state.json, or an event) -> RunView."""
-    return RunView(state=doc.get("state") or "unknown", message=doc.get("message") or "",
+    """The head's state document (state.json, or an event) -> RunView. A document of a format
+    this orch does not read says so (skew) instead of guessing."""
+    said = skew(doc)
+    if said is not None:
+        known = run_state(doc.get("state"))
+        return RunView(state=known.value, message=said, attempt=int(doc.get("attempt") or 0)
+                       if isinstance(doc.get("attempt"), int) else 0, started=doc.get("started"))
+    return RunView(state=run_state(doc.get("state")).value, message=doc.get("message") or "",
                    attempt=int(doc.get("attempt") or 0), attempts=list(doc.get("attempts") or []),
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
@@ -77,8 +91,10 @@ def from_head(doc: Mapping) -> RunView:
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
-          plan_ranks: list[dict]) -> RunView:
-    """Every host's `agent.py status` document (or why it could not be read) -> RunView."""
+          plan_ranks: list[dict], run_id: str | None = None) -> RunView:
+    """Every host's `agent.py status` document (or why it could not be read) -> RunView.
+    A rank whose process a host says is alive (`alive_ranks`) is never shown ended: `running`
+    while the run goes on, `orphaned` after it ended (the message says how to stop it)."""
     head = docs.get(head_name) or {}
     if head.get("role") == "member":
         head = {}
@@ -102,10 +118,26 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
         for r in doc.get("ranks") or []:
             if r.get("rank") in by_rank:
                 by_rank[r["rank"]].update(_row(r))
+    alive = {(name, rank) for name, doc in docs.items() for rank in doc.get("alive_ranks") or []}
+    orphans = []
     for r in view.ranks:
         if r["host"] in unreachable:
             r["state"] = "unknown (host unreachable)"
-        elif view.final and r["state"] in ("running", "pending"):
-            r["state"] = "lost" if r["host"] in view.lost else "stopped"
+        elif (r["host"], r["rank"]) in alive:
+            if view.final:
+                r["state"] = RankState.ORPHANED.value
+                orphans.append(r)
+            else:
+                r["state"] = RankState.RUNNING.value
+        elif view.final and r["state"] in (RankState.RUNNING, RankState.PENDING):
+            r["state"] = (RankState.LOST if r["host"] in view.lost else RankState.STOPPED).value
+    if orphans:
+        from .agent.states import rank_ranges
+
+        hosts = ", ".join(sorted({r["host"] for r in orphans}))
+        rid = run_id or "<run-id>"
+        view.message = (view.message + "\n" if view.message else "") + (
+            f"{rank_ranges(r['rank'] for r in orphans)} on {hosts} still running after the run ended: "
+            f"stop them with `orch down --run {rid}`")
     view.unreachable = dict(unreachable)
     return view

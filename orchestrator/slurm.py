@@ -36,7 +36,7 @@ from .errors import OrchError, UsageError
 from .hostsets import expand
 from .launchers import PY, orch_dir
 from .model import Cluster, Host, Slurm
-from .supervisor.agent import step_argv
+from .agent.cli import step_argv
 
 JOB_PREFIX = "orch-"
 GO_WAIT = 1800  # seconds the batch script waits for orch (checks, sync) before giving the nodes back

@@ -1,7 +1,8 @@
-"""The controller's side of the run supervisor (agent.py, which runs on the hosts).
+"""The controller's side of the run supervisor (orchestrator/agent, which runs on the hosts).
 
-Pure: the supervisors' configurations, the shell scripts that start and query them, and
-the parser of the event stream `agent.py watch` writes. The transport runs the scripts.
+Pure: the supervisors' configurations, the shell scripts that ship the agent package and
+start and query it, and the parser of the event stream `agent.py watch` writes. The
+transport runs the scripts.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .. import sh
-from ..launchers import AGENT, LOCK, PY, RUN_VAR, Launch, orch_dir, run_dir
+from .. import __version__, sh
+from ..agent import layout
+from ..launchers import AGENT, PY, RUN_VAR, Launch, orch_dir, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
 
@@ -26,9 +28,13 @@ START_TIMEOUT = 2 * JOIN_TIMEOUT  # Slurm: from the go file to the head's superv
 MIN_PYTHON = (3, 8)  # agent.py runs on the hosts' python3 (the non-interactive ssh PATH's), stdlib only
 
 
+AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"
+
+
 @lru_cache(maxsize=1)
-def agent_source() -> str:
-    return Path(__file__).with_name("agent.py").read_text()
+def agent_sources() -> dict[str, str]:
+    """{module file name: source} of the agent package, as the hosts get it."""
+    return {p.name: p.read_text() for p in sorted(AGENT_PACKAGE.glob("*.py"))}
 
 
 def batch_grace(cluster: Cluster) -> float:
@@ -61,6 +67,7 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
         head = h.name == plan.launch_host.name
         out[h.name] = {
             "run_id": run_id, "host": h.name, "role": "head" if head else "member", "token": token,
+            "orch_version": __version__,
             "head_address": head_address(plan), "head_port": None,
             "rundir": rdir, "workdir": job.workdir,
             "log_link": f"{job.workdir.rstrip('/')}/{job.log_dir}".replace("//", "/"),
@@ -69,31 +76,40 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
             "grace": STOP_GRACE, "lost_after": lost_after(cluster), "join_timeout": JOIN_TIMEOUT,
             "ranks": [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
             "procs": [p.to_config() for p in launch.procs.get(h.name, ())],
+            "secret_env": dict(launch.secret_env.get(h.name, {})),
             **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
         }
     return out
 
 
-# agent.py on the hosts is this stub; the code is imported from orch_agent.py beside it, so that
-# python caches its bytecode (__pycache__ in the run directory) after the first start: a script run
-# as `python3 agent.py` is compiled on every start (~30 ms of CPU for each rank's wrapper, each
-# status, watch and sweep). The stub puts its own directory first on sys.path (PYTHONSAFEPATH
-# would leave it out).
-AGENT_MODULE = "orch_agent"
+# agent.py on the hosts is this stub; the code is the agent package beside it (orch_agent/), so
+# that python caches its bytecode (orch_agent/__pycache__ in the run directory) after the first
+# start: a script run as `python3 agent.py` is compiled on every start (~30 ms of CPU for each
+# rank's wrapper, each status, watch and sweep). The stub puts its own directory first on
+# sys.path (PYTHONSAFEPATH would leave it out).
+AGENT_MODULE = layout.PACKAGE
 AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
-              f"from {AGENT_MODULE} import main\nsys.exit(main(sys.argv))\n")
+              f"from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
 
 
 def _write_agent(rdir: str) -> str:
-    """Shell: make the run directory (never through a planted link) and write the supervisor
-    (agent.py and its code, orch_agent.py) into it."""
+    """Shell: make orch's directory in the workdir and the run's directory in it, both the user's
+    alone (0700; never through a planted link, never one another user owns), and write the
+    supervisor (agent.py and its package, orch_agent/) into it. No umask is forced: what the
+    run writes gets the user's own."""
     q = shlex.quote
-    src = agent_source()
-    assert "\nORCH_AGENT_EOF\n" not in src
-    return (f"umask 022\nmkdir -p {q(rdir.rsplit('/', 1)[0])} || exit 1\n"
-            f"mkdir {q(rdir)} 2>/dev/null || [ -d {q(rdir)} ] && [ ! -L {q(rdir)} ] || exit 1\n"
-            f"cat > {q(rdir + '/' + AGENT_MODULE + '.py')} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF\n"
-            f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{AGENT_STUB}ORCH_AGENT_EOF\n")
+    base = rdir.rsplit("/", 1)[0]
+    pkg = f"{rdir}/{AGENT_MODULE}"
+    lines = [f"mkdir -p {q(base.rsplit('/', 1)[0] or '/')} || exit 1"]
+    for d in (base, rdir, pkg):
+        lines.append(f"mkdir -m 700 {q(d)} 2>/dev/null || {{ [ -d {q(d)} ] && [ ! -L {q(d)} ] && [ -O {q(d)} ]; }} "
+                     f"|| {{ echo 'orch: {d} is not a directory of this user' >&2; exit 1; }}")
+        lines.append(f"chmod 700 {q(d)} || exit 1")
+    for name, src in agent_sources().items():
+        assert "\nORCH_AGENT_EOF\n" not in src
+        lines.append(f"cat > {q(pkg + '/' + name)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF")
+    lines.append(f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{AGENT_STUB}ORCH_AGENT_EOF")
+    return "\n".join(lines) + "\n"
 
 
 def start_script(cfg: Mapping) -> str:
@@ -121,10 +137,8 @@ def stage_script(cfg: Mapping) -> str:
 
 
 def config_name(host: str) -> str:
-    """The file a Slurm job step's supervisor reads its configuration from (agent.CONFIG)."""
-    from .agent import CONFIG
-
-    return CONFIG.format(node=host)
+    """The file a Slurm job step's supervisor reads its configuration from (layout.CONFIG)."""
+    return layout.CONFIG.format(node=host)
 
 
 def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:
@@ -139,7 +153,7 @@ def parse_start(text: str) -> tuple[str, int, int]:
     """`ok PID PORT` -> ("ok", pid, port); `busy RUN` -> ("busy:RUN", 0, 0); else ("error", 0, 0)."""
     for line in text.splitlines():
         parts = line.split()
-        if parts[:1] == ["ok"] and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        if parts[:1] == ["ok"] and len(parts) in (3, 4) and parts[1].isdigit() and parts[2].isdigit():
             return "ok", int(parts[1]), int(parts[2])
         if parts[:1] == ["busy"] and len(parts) == 2:
             return "busy:" + parts[1], 0, 0
@@ -149,13 +163,21 @@ def parse_start(text: str) -> tuple[str, int, int]:
 # python3 as the supervisor runs it (PY): its major.minor and, given the workdir's lock file
 # (argv[1]), the run that holds it now (a live supervisor holds an exclusive flock on it)
 _PYTHON_PY = "import sys\nprint(\"supervisor\\t%d.%d\" % sys.version_info[:2])\n"
-_LIVE_PY = ("import os,fcntl\ntry:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n sys.exit(0)\n"
-            "try:\n fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
-            "except OSError:\n print(\"live\",os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\")\n")
+_LIVE_PY = ("import os,fcntl\ntry:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n fd=None\n"
+            "if fd is not None:\n try:\n  fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
+            " except OSError:\n  print(\"live\",os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\")\n"
+            "  sys.exit(0)\n"
+            # no supervisor holds the lock: a process of an earlier run in this workdir may still live
+            # (its supervisor killed): it counts as live too, found by ORCH_RUN_DIR in its environment
+            "d=(\"ORCH_RUN_DIR=\"+os.path.dirname(sys.argv[1])+\"/\").encode()\n"
+            "for p in os.listdir(\"/proc\"):\n if p.isdigit():\n  try:\n"
+            "   env=open(\"/proc/%s/environ\"%p,\"rb\").read().split(b\"\\0\")\n  except OSError:\n   continue\n"
+            "  for e in env:\n   if e.startswith(d):\n    print(\"live\",e[len(d):].decode(\"utf-8\",\"replace\")"
+            ".split(\"/\")[0]);sys.exit(0)\n")
 
 
 def lock_path(cluster: Cluster) -> str:
-    return posixpath.join(orch_dir(cluster.job.workdir), LOCK)
+    return posixpath.join(orch_dir(cluster.job.workdir), layout.LOCK)
 
 
 def python_sh(lock: str | None = None) -> str:

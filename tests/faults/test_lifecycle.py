@@ -114,36 +114,6 @@ def test_full_workdir_fails_distribution_before_anything_starts(life, tmp_path):
         life.exec(2, ["umount", wd])
 
 
-def test_first_failure_is_the_earliest_not_the_first_listed(tmp_path):
-    """Scenario 5 (which rank is named). When several ranks have failed by the time the run's
-    supervisor hears of them (one crashed, the others died of it), the rank named is the one
-    that ended first, on whichever host, not the lowest rank or the first host to report.
-    Pure: the head supervisor's decision, no lab."""
-    from orchestrator.supervisor import agent
-
-    ranks = [{"rank": r, "host": "ab"[r // 2], "device": r % 2, "pid": None, "state": "pending",
-              "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0} for r in range(4)]
-    cfg = {"run_id": "r1", "host": "a", "role": "head", "token": "t", "head_address": "127.0.0.1",
-           "head_port": None, "rundir": str(tmp_path), "workdir": str(tmp_path), "log_link": str(tmp_path / "log"),
-           "launcher": "ranktable", "on_failure": "stop", "restarts": 0, "ranks": [], "procs": [],
-           "hosts": ["a", "b"], "all_ranks": ranks}
-    head = agent.Agent(cfg)
-    head.start_attempt(1)
-
-    def report(host, ends):
-        return {"host": host, "attempt": 1, "procs": [], "out": 0, "live": True, "stopping": None,
-                "ranks": [{"rank": r, "host": host, "device": r % 2, "pid": 100 + r, "state": st,
-                           "exit_code": code, "signal": sig, "start": 1.0, "end": end, "attempt": 1}
-                          for r, st, code, sig, end in ends]}
-
-    head.merge(report("a", [(0, "failed", 1, None, 1700000010.5), (1, "exited", 0, None, 1700000000.0)]))
-    head.merge(report("b", [(2, "failed", 1, None, 1700000011.0), (3, "failed", None, 9, 1700000009.25)]))
-    head.phase_run()
-    ff = head.state["first_failure"]
-    assert ff["rank"] == 3 and ff["how"] == "killed by signal 9 (SIGKILL)" and ff["host"] == "b"
-    assert head.outcome[0] == "failed" and "rank 3 on b" in head.outcome[1]
-
-
 def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
     """mpirun that cannot reach a host (its ssh refused on another port) exits 255: orch says
     exit code 255 (not a signal), quotes ssh's own words and OpenMPI's summary, names the log."""

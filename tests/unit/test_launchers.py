@@ -14,7 +14,18 @@ from orchestrator.plan import make_plan
 from orchestrator.render import msrun_argv
 from orchestrator.spec import Cluster, Host, Job
 
-AGENT = Path(launchers.__file__).parent / "supervisor" / "agent.py"
+
+
+def install_agent(rdir: Path) -> Path:
+    """The hosts' supervisor as orch ships it into a run directory: agent.py and its package."""
+    from orchestrator import supervisor
+
+    pkg = rdir / supervisor.AGENT_MODULE
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name, src in supervisor.agent_sources().items():
+        (pkg / name).write_text(src)
+    (rdir / "agent.py").write_text(supervisor.AGENT_STUB)
+    return rdir / "agent.py"
 
 
 def cluster(command, launcher="msrun", n_hosts=2, slots=2, **job) -> Cluster:
@@ -73,7 +84,7 @@ def test_ranktable_every_rank_a_process_of_its_host_with_its_env_and_log():
 
 def run_rank(tmp_path, env, inner, cwd=None):
     """Run a rank under the wrapper as mpirun, msrun or torchrun would."""
-    shutil.copy(AGENT, tmp_path / "agent.py")
+    install_agent(tmp_path)
     (tmp_path / "a1").mkdir(exist_ok=True)
     return subprocess.run(["python3", str(tmp_path / "agent.py"), "rank", "--", *inner], cwd=cwd,
                           env={"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1", **env},
@@ -100,7 +111,7 @@ def test_wrapper_tells_a_signal_from_an_exit_code(tmp_path):
 
 
 def test_msrun_scheduler_runs_unwrapped(tmp_path):
-    shutil.copy(AGENT, tmp_path / "agent.py")
+    install_agent(tmp_path)
     task = launchers.msrun_task(["python3", "train.py"])
     env = {"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1"}
     sched = subprocess.run(["python3", task[1], task[2], "sh", "-c", "exit 3"], env={**env, "RANK_ID": "0",
@@ -179,7 +190,7 @@ def test_wrapper_keeps_a_torchrun_ranks_output_and_enters_its_rank_dir(tmp_path)
 
 @pytest.mark.parametrize("safe_path", [False, True])
 def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
-    """agent.py on a host is a stub importing orch_agent.py, so python caches the supervisor's
+    """agent.py on a host is a stub importing the orch_agent package, so python caches the supervisor's
     bytecode after its first start (a script run as itself is compiled on every start: each
     rank's wrapper, status, watch); it works with PYTHONSAFEPATH set too."""
     import os
@@ -196,4 +207,20 @@ def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
         res = subprocess.run([sys.executable, "-S", str(rdir / "agent.py"), "status", str(rdir)], env=env,
                              capture_output=True, text=True, timeout=30)
         assert res.returncode == 0 and isinstance(json.loads(res.stdout), dict), res.stderr
-    assert [p.name.split(".")[0] for p in (rdir / "__pycache__").iterdir()] == ["orch_agent"]
+    cached = sorted(p.name.split(".")[0] for p in (rdir / "orch_agent" / "__pycache__").iterdir())
+    assert {"cli", "server", "procs", "protocol", "states", "layout"} <= set(cached), cached
+    assert oct((rdir).stat().st_mode & 0o777) == "0o700" and oct(rdir.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_wrapper_gives_the_rank_the_runs_secrets_from_its_supervisors_file(tmp_path):
+    """mpirun: secret env values never ride on Open MPI's wire; the host's supervisor keeps them in
+    a 0600 file of the run directory and `agent.py rank` hands them to the rank."""
+    from orchestrator.agent import layout
+
+    layout.write_atomic(str(tmp_path / layout.SECRETS), json.dumps({"HF_TOKEN": "s3cret"}), 0o600)
+    res = run_rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "1"}, ["sh", "-c", "echo \"[$HF_TOKEN]\""])
+    assert res.returncode == 0 and res.stdout == "[s3cret]\n"
+    assert oct((tmp_path / layout.SECRETS).stat().st_mode & 0o777) == "0o600"
+    (tmp_path / layout.SECRETS).unlink()
+    res = run_rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "1"}, ["sh", "-c", "echo \"[$HF_TOKEN]\""])
+    assert res.stdout == "[]\n"

@@ -312,7 +312,10 @@ def test_cli_plan_prints_table_and_writes_files(tmp_path):
     assert cmds["hosts"]["10.0.0.2"] == []
     assert launch["argv"][:3] == ["mpirun", "-n", "4"] and launch["argv"][-4:] == ["python", "net.py", "--lr", "0.1"]
     assert "hunter2" not in (out / "commands.json").read_text()
-    assert launch["env"] == {"HF_TOKEN": "***"}
+    # a secret never rides on mpirun (its -x sends values in clear to every host's daemon): each
+    # host's supervisor gives it to the ranks
+    assert launch["env"] == {} and not any("HF_TOKEN" in a for a in launch["argv"])
+    assert cmds["secret_env"] == {"HF_TOKEN": "***"}
 
 
 def test_cli_plan_json(tmp_path):

@@ -1,0 +1,20 @@
+"""orch's run supervisor: the one program orch runs on the cluster for a run.
+
+Standard library only, python3 >= 3.8: this package is copied, as it is, into every run's
+directory on every host (`<workdir>/.orch/<run-id>/orch_agent/`) and run there with the host's
+own python3; the controller imports the same modules (`orchestrator.agent`), so every rule both
+sides need (states, message formats, file layout) exists once.
+
+    layout    names: environment variables, files and directories of a run on a host
+    states    run, attempt and rank states (enums), the terminal set, the transition table,
+              describe(), rank folding
+    protocol  the head <-> member/watcher wire format: versioned messages, mutual HMAC
+              authentication, frame limits
+    head      decide(state, events, now) -> actions: fail-fast, lost hosts, stalls, time-out,
+              restarts, pure (no I/O, no clock)
+    procs     this host's processes: start, reap, stop, stacks; the rank wrapper
+    server    the event loop (selectors): listeners, connections, the handshake, limits
+    cli       agent.py's commands: start, batch, rank, watch, stop, status
+
+Modules import one another relatively only (the package is `orch_agent` on the hosts).
+"""

@@ -1,0 +1,96 @@
+"""Names: the environment variables, files and directories of a run on a host.
+
+The controller (orchestrator.launchers, supervisor, logs, ...) and the supervisor on the hosts
+both read these; nothing here does I/O but the two small file helpers at the end.
+"""
+
+import json
+import os
+
+# environment
+RUN_VAR = "ORCH_RUN_ID"          # every process of a run carries it (orch down's sweep finds them by it)
+AGENT_VAR = "ORCH_AGENT"         # set in supervisors' own environment only: sweeps spare agents
+DIR_VAR = "ORCH_RUN_DIR"
+ATTEMPT_VAR = "ORCH_ATTEMPT"
+RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # job.rank_dirs: each rank starts in workdir/rank_<N>
+RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # `agent.py rank` writes the rank's output to its log itself
+SECRETS_VAR = "ORCH_SECRETS"          # `agent.py rank`: the file with the run's secret env values
+SLURM_JOB_VAR = "ORCH_SLURM_JOB"
+SLURM_JOB_KEYS = ("SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+                  "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_CPUS_PER_NODE")
+
+# tokens in a process's argv or env values, replaced by the host's supervisor at start
+ATTEMPT_DIR_TOKEN = "@ORCH_ATTEMPT_DIR@"   # this attempt's directory
+HEAD_ADDR_TOKEN = "@ORCH_HEAD_ADDR@"       # the launch host's address as the other hosts reach it
+
+WRAPPING_LAUNCHERS = ("mpirun", "msrun", "torchrun")  # their ranks run under `agent.py rank`
+
+# files and directories
+ORCH_DIR = ".orch"          # in a workdir: one directory per run, the lock, Slurm's go files (0700)
+LOCK = "lock"               # ORCH_DIR's file a run's supervisor holds locked for the run's life (0600)
+PACKAGE = "orch_agent"      # this package, as copied into a run directory
+AGENT = "agent.py"          # the stub the hosts run: imports PACKAGE from beside itself
+STATE = "state.json"        # this host's view of the run (the head's: the run's)
+INFO = "agent.json"         # how local clients (watch, stop) reach the head: address, port, token (0600)
+AGENT_LOG = "agent.log"
+SECRETS = "secrets.json"    # the run's secret env values for `agent.py rank` (0600, removed at the end)
+CONFIG = "config.{node}.json"  # a Slurm job step's supervisor configuration (0600, removed once read)
+
+
+def orch_dir(workdir):
+    return os.path.join(workdir, ORCH_DIR)
+
+
+def lock_path(workdir):
+    return os.path.join(workdir, ORCH_DIR, LOCK)
+
+
+def attempt_dir(rundir, attempt):
+    return os.path.join(rundir, "a%d" % attempt)
+
+
+def rank_log(adir, rank, launcher):
+    """Where rank N's output is in an attempt directory: mpirun's --output-filename layout
+    (rank.N, zero-padded by some versions when a host has 10+ ranks), msrun's worker_N.log."""
+    if launcher == "msrun":
+        return os.path.join(adir, "worker_%d.log" % rank)
+    plain = os.path.join(adir, "1", "rank.%d" % rank, "stdout")
+    if os.path.exists(plain):
+        return plain
+    try:
+        for name in os.listdir(os.path.join(adir, "1")):
+            head, _, num = name.partition(".")
+            if head == "rank" and num.isdigit() and int(num) == rank:
+                return os.path.join(adir, "1", name, "stdout")
+    except OSError:
+        pass
+    return plain
+
+
+def write_atomic(path, text, mode=0o600):
+    """Write a file under its real name only once complete; never through a planted link.
+    `mode` is filtered by the user's umask, as any file the user makes."""
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path, limit=64 << 20):
+    """A JSON document from a file (None when missing, unreadable, too large or not JSON)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None

@@ -1,0 +1,478 @@
+"""This host's processes of a run: start them (as the supervisor's own children, so exit
+codes and signals come from waitpid), read what `agent.py rank` reports of the ranks that
+mpirun/msrun/torchrun start, follow their output's progress, stop them (TERM, then KILL),
+capture their stacks. And the rank wrapper itself (`agent.py rank`).
+
+Nothing here forces a umask: the ranks, their logs and checkpoints get the user's own.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
+                     RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
+                     attempt_dir, rank_log, read_json, write_atomic)
+from .states import RankState
+
+now = time.time
+
+
+def run_pids(run_id, me=None):
+    """Every live process of the run on this host but the supervisors (found by its environment)."""
+    needle = ("%s=%s" % (RUN_VAR, run_id)).encode()
+    agent = (AGENT_VAR + "=1").encode()
+    me = os.getpid() if me is None else me
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % p, "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and agent not in env:
+            out.append(int(p))
+    return out
+
+
+def pid_of_run(pid, run_id):
+    """Is `pid` alive and a process of this run (its environment carries the run's id)?"""
+    try:
+        with open("/proc/%d/environ" % int(pid), "rb") as fh:
+            return ("%s=%s" % (RUN_VAR, run_id)).encode() in fh.read().split(b"\0")
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def signal_pids(pids, sig):
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
+def children_of(pid):
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open("/proc/%s/stat" % p) as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(p))
+                out.extend(children_of(int(p)))
+    return out
+
+
+def pid_runs_python(pid):
+    """Is the process `pid` a python interpreter (its executable's name)?"""
+    try:
+        return os.path.basename(os.readlink("/proc/%d/exe" % pid)).startswith("python")
+    except OSError:
+        return False
+
+
+def substitute(value, adir, head_address):
+    return value.replace(ATTEMPT_DIR_TOKEN, adir).replace(HEAD_ADDR_TOKEN, head_address or "")
+
+
+class Local:
+    """This host's part of the run: the processes the supervisor starts, the ranks mpirun or
+    msrun start (wrapped by `agent.py rank`), their states, stopping them, their output's
+    progress. report() is what a member sends the head (protocol.parse_report checks it)."""
+
+    def __init__(self, cfg, note):
+        self.cfg = cfg
+        self.note = note
+        self.run_id = cfg["run_id"]
+        self.rundir = cfg["rundir"]
+        self.host = cfg["host"]
+        self.launcher = cfg["launcher"]
+        self.attempt = 0
+        self.head_address = ""
+        self.children = {}        # pid -> proc key
+        self.procs = {}           # key -> record
+        self.ranks = {}           # rank -> record
+        self.stopping = None      # [reason, deadline, killed]
+        self.last_output = 0.0
+        self.sizes = {}
+        self.changed = True
+        self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
+        self.secrets_path = None
+
+    # ---- starting
+    def start(self, attempt, head_address=""):
+        self.attempt = attempt
+        self.head_address = head_address
+        self.stopping = None
+        self.stop_state = RankState.STOPPED
+        adir = attempt_dir(self.rundir, attempt)
+        os.makedirs(adir, exist_ok=True)
+        self.flip_log_link(adir)
+        self.last_output = now()
+        self.sizes = {}
+        self.ranks = {}
+        for r in self.cfg["ranks"]:
+            self.ranks[r["rank"]] = {"rank": r["rank"], "host": self.host, "device": r["device"], "pid": None,
+                                     "state": RankState.PENDING, "exit_code": None, "signal": None,
+                                     "start": None, "end": None, "attempt": attempt}
+        self.procs = {}
+        for p in self.cfg["procs"]:
+            self.spawn(p, attempt, adir)
+        self.changed = True
+
+    def write_secrets(self):
+        """The run's secret env values for `agent.py rank` on this host (mpirun: never on Open MPI's
+        wire), in a file only the user can read, in a run directory only the user can enter; written
+        before the supervisor joins (so before any rank can start), removed when it exits."""
+        secrets = self.cfg.get("secret_env") or {}
+        if not secrets or self.launcher not in WRAPPING_LAUNCHERS:
+            return
+        self.secrets_path = os.path.join(self.rundir, SECRETS)
+        try:
+            write_atomic(self.secrets_path, json.dumps(secrets), 0o600)
+        except OSError as exc:
+            self.note("cannot write the ranks' secret environment: %s" % exc)
+
+    def drop_secrets(self):
+        if self.secrets_path:
+            try:
+                os.unlink(self.secrets_path)
+            except OSError:
+                pass
+            self.secrets_path = None
+
+    def flip_log_link(self, adir):
+        """workdir/<log_dir> points at the latest attempt's logs (what mpirun users look at); a real
+        directory there (an earlier hand-run) is moved aside, never deleted."""
+        link = self.cfg["log_link"]
+        try:
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            if os.path.isdir(link) and not os.path.islink(link):
+                aside = "%s.before-orch-%d" % (link, int(now()))
+                os.rename(link, aside)
+            tmp = "%s.orch-%d" % (link, os.getpid())
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(adir, tmp)
+            os.replace(tmp, link)
+        except OSError as exc:
+            self.note("could not point %s at this run's logs: %s" % (link, exc))
+
+    def spawn(self, p, attempt, adir):
+        rec = {"key": p["key"], "rank": p.get("rank"), "pid": None, "exit_code": None, "signal": None,
+               "start": now(), "end": None}
+        self.procs[p["key"]] = rec
+        log = os.path.join(adir, p["log"])
+        env = dict(os.environ)
+        env.pop(AGENT_VAR, None)
+        if SLURM_JOB_VAR in env:  # a Slurm job step: the processes see the whole allocation again
+            env.update(json.loads(env.pop(SLURM_JOB_VAR)))
+            env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")  # mpirun's orteds share our nodes
+        env.update({k: substitute(v, adir, self.head_address) for k, v in p["env"].items()})
+        env.update({RUN_VAR: self.run_id, DIR_VAR: self.rundir, ATTEMPT_VAR: str(attempt)})
+        rank = p.get("rank")
+        try:
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            if p.get("env_log"):  # seed 001 keeps each rank's environment beside its log
+                write_atomic(os.path.join(os.path.dirname(log), "env.log"),
+                             "".join("%s=%s\n" % kv for kv in sorted(env.items())), 0o600)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            self.note("cannot open %s: %s" % (log, exc))
+            self.ended(rec, 126, None)
+            return
+        try:
+            cwd = p["cwd"]
+            if rank is not None and env.get(RANK_DIRS_VAR):
+                cwd = enter_rank_dir(cwd, rank)
+            argv = [substitute(a, adir, self.head_address) for a in p["argv"]]
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fd,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            os.write(fd, ("orch: cannot start %s: %s\n" % (p["argv"][0], exc.strerror)).encode())
+            os.close(fd)
+            self.ended(rec, 127, None)
+            return
+        os.close(fd)
+        rec["pid"] = proc.pid
+        proc.returncode = 0   # we reap it ourselves (waitpid); keep Popen from doing it too
+        self.children[proc.pid] = p["key"]
+        if rank is not None:
+            self.ranks[rank].update(pid=proc.pid, state=RankState.RUNNING, start=rec["start"])
+
+    # ---- watching
+    def poll(self):
+        """Reap children, read wrapped ranks' reports, follow output. True when something changed."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            key = self.children.pop(pid, None)
+            if key is None:
+                continue
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            self.ended(self.procs[key], code, sig)
+        if self.launcher in WRAPPING_LAUNCHERS:
+            self.read_wrapped()
+        self.watch_output()
+        changed, self.changed = self.changed, False
+        return changed
+
+    def ended(self, rec, code, sig):
+        rec.update(exit_code=code, signal=sig, end=now())
+        self.changed = True
+        if rec.get("rank") is not None:
+            self.rank_ended(rec["rank"], code, sig, rec["end"])
+
+    def rank_ended(self, rank, code, sig, when):
+        r = self.ranks.get(rank)
+        if r is None or r["end"] is not None:
+            return
+        if self.stopping is not None and (code != 0 or sig):
+            state = self.stop_state
+        else:
+            state = RankState.EXITED if code == 0 and not sig else RankState.FAILED
+        r.update(exit_code=code, signal=sig, end=when, state=state)
+        self.changed = True
+
+    def read_wrapped(self):
+        adir = attempt_dir(self.rundir, self.attempt)
+        for rank, r in self.ranks.items():
+            if r["end"] is not None:
+                continue
+            if r["pid"] is None:
+                pid = read_json(os.path.join(adir, "rank.%d.pid" % rank), 4096)
+                if isinstance(pid, dict) and isinstance(pid.get("pid"), int):
+                    r.update(pid=pid["pid"], start=_number(pid.get("start")), state=RankState.RUNNING)
+                    self.changed = True
+            ex = read_json(os.path.join(adir, "rank.%d.exit" % rank), 4096)
+            if isinstance(ex, dict):
+                code, sig = ex.get("exit_code"), ex.get("signal")
+                self.rank_ended(rank, code if isinstance(code, int) else None, sig if isinstance(sig, int) else None,
+                                _number(ex.get("end")) or now())
+
+    def watch_output(self):
+        adir = attempt_dir(self.rundir, self.attempt)
+        for rank in self.ranks:
+            try:
+                size = os.stat(rank_log(adir, rank, self.launcher)).st_size
+            except OSError:
+                continue
+            if size != self.sizes.get(rank):
+                self.sizes[rank] = size
+                self.last_output = now()
+
+    def live(self):
+        """Processes of the run still alive here (children, and any other process of the run)."""
+        return bool(self.children) or bool(run_pids(self.run_id))
+
+    def pending_ranks(self):
+        return [r for r in self.ranks.values() if r["end"] is None]
+
+    # ---- stopping
+    def stop(self, reason, grace):
+        if self.stopping is not None:
+            return
+        self.stopping = [reason, now() + grace, False]
+        self.signal_all(signal.SIGTERM)
+        self.changed = True
+
+    def restop(self, reason, grace):
+        """Stop again, whatever a previous stop did (the head's end of an attempt)."""
+        self.stopping = None
+        self.stop(reason, grace)
+
+    def signal_all(self, sig):
+        for pid in list(self.children):
+            try:
+                os.killpg(pid, sig)
+            except OSError:
+                pass
+        signal_pids(run_pids(self.run_id), sig)
+
+    def stop_tick(self):
+        """Advance a stop: KILL what outlived the grace period. True once nothing of the run lives."""
+        if self.stopping is None:
+            return False
+        if not self.live():
+            self.finish_pending(self.stop_state)
+            return True
+        if now() > self.stopping[1] and not self.stopping[2]:
+            self.stopping[2] = True
+            self.signal_all(signal.SIGKILL)
+        return False
+
+    def kill_now(self, grace):
+        """The supervisor is going down (a crash): TERM everything of the run here, wait up to
+        `grace` seconds, KILL what is left. Bounded; raises nothing."""
+        try:
+            self.signal_all(signal.SIGTERM)
+            deadline = now() + grace
+            while now() < deadline and self.live():
+                self.reap()
+                time.sleep(0.1)
+            if self.live():
+                self.signal_all(signal.SIGKILL)
+                time.sleep(0.2)
+            self.reap()
+            self.finish_pending(self.stop_state)
+        except Exception as exc:  # noqa: BLE001 - the last thing a dying supervisor does
+            self.note("while stopping this host's ranks: %r" % exc)
+        self.drop_secrets()
+
+    def reap(self):
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            key = self.children.pop(pid, None)
+            if key is not None:
+                self.ended(self.procs[key], os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                           os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+
+    def finish_pending(self, state):
+        for r in self.pending_ranks():
+            r.update(state=state, end=now())
+            self.changed = True
+
+    def dump_stacks(self):
+        """A stalled run: each rank's Python stack, with py-spy when the host has it, else
+        SIGABRT, which makes a rank started with PYTHONFAULTHANDLER=1 print every thread's stack
+        into its own log before it ends."""
+        adir = attempt_dir(self.rundir, self.attempt)
+        spy = shutil.which("py-spy")
+        for rank, r in sorted(self.ranks.items()):
+            pid = r.get("pid")
+            if not pid or r["end"] is not None:
+                continue
+            if spy:
+                out = os.path.join(os.path.dirname(rank_log(adir, rank, self.launcher)), "stacks.txt")
+                try:
+                    res = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=20)
+                    write_atomic(out, res.stdout.decode("utf-8", "replace") + res.stderr.decode("utf-8", "replace"),
+                                 0o666)
+                    continue
+                except (OSError, subprocess.SubprocessError):
+                    pass
+            for p in [pid] + children_of(pid):
+                if pid_runs_python(p):
+                    signal_pids([p], signal.SIGABRT)
+
+    def report(self):
+        return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
+                "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
+                "stopping": self.stopping[0] if self.stopping else None,
+                "live": bool(self.children) or bool(self.pending_ranks())}
+
+
+def _number(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def enter_rank_dir(workdir, rank):
+    """job.rank_dirs: the rank's own directory, workdir/rank_<N>, holding a link to each top-level
+    entry of workdir (the synced code and data), so that the command runs as from workdir while
+    what the rank writes at fixed relative paths (checkpoints, ms_log/, kernel_meta/) stays its
+    own. Links already there (a restart) are kept. Returns the directory."""
+    d = os.path.join(workdir, "rank_%d" % rank)
+    try:
+        os.mkdir(d)
+    except FileExistsError:
+        pass
+    have = set(os.listdir(d))
+    for name in os.listdir(workdir):
+        if name.startswith((".", "rank_")) or name in have:
+            continue
+        try:
+            os.symlink(os.path.join("..", name), os.path.join(d, name))
+        except OSError:
+            pass
+    return d
+
+
+def read_secrets(rundir):
+    """The run's secret env values for a rank (`agent.py rank`, mpirun): {} when there are none."""
+    path = os.environ.get(SECRETS_VAR) or os.path.join(rundir, SECRETS)
+    doc = read_json(path, 1 << 20) if rundir else None
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def run_rank(argv):
+    """`agent.py rank -- CMD...`: run one rank under mpirun/msrun/torchrun: its pid and its end
+    (exit code or signal) go to files the host's supervisor reads. Signals are passed on to the
+    rank; its exit status is passed up. With ORCH_RANK_OUTPUT (torchrun, which keeps no per-rank
+    files of its own) the rank's output goes to its log, as mpirun lays it out; with
+    ORCH_RANK_DIRS it starts in its own directory (enter_rank_dir); the run's secret env values
+    come from the host's supervisor (read_secrets), never from the launcher."""
+    rundir = os.environ.get(DIR_VAR, "")
+    attempt = os.environ.get(ATTEMPT_VAR, "1")
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID") or os.environ.get("RANK") or ""
+    adir = attempt_dir(rundir, int(attempt) if attempt.isdigit() else 1)
+    out, cwd = None, None
+    if rank.isdigit() and os.environ.get(RANK_DIRS_VAR):
+        cwd = enter_rank_dir(os.getcwd(), int(rank))
+    if rank.isdigit() and rundir and os.environ.get(RANK_OUTPUT_VAR):
+        log = rank_log(adir, int(rank), "mpirun")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    env = dict(os.environ)
+    env.update(read_secrets(rundir))
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT if out is not None else None)
+    except OSError as exc:
+        msg = "orch: cannot start %s: %s\n" % (argv[0] if argv else "(nothing)", exc.strerror)
+        os.write(out, msg.encode()) if out is not None else sys.stderr.write(msg)
+        code, sig, start = 127, None, now()
+        proc = None
+    else:
+        start = now()
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(s, lambda n, f: proc.send_signal(n))
+        if rank.isdigit() and rundir:
+            try:
+                write_atomic(os.path.join(adir, "rank.%s.pid" % rank), json.dumps({"pid": proc.pid, "start": start}))
+            except OSError:
+                pass
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except InterruptedError:
+                continue
+        code, sig = (rc, None) if rc >= 0 else (None, -rc)
+    if out is not None:
+        os.close(out)
+    if rank.isdigit() and rundir:
+        try:
+            write_atomic(os.path.join(adir, "rank.%s.exit" % rank),
+                         json.dumps({"exit_code": code, "signal": sig, "start": start, "end": now()}))
+        except OSError:
+            pass
+    if sig:  # die of the same signal, so mpirun/msrun see what the rank saw
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass    # SIGKILL, SIGSTOP: always the default
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    return code if code is not None else 1

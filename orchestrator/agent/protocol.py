@@ -1,0 +1,344 @@
+"""The wire between a run's supervisors: the head listens; members (the other hosts'
+supervisors), watchers (`agent.py watch`, the controller's one stream) and controls
+(`agent.py stop`) connect. Newline-delimited JSON objects, each of a known type.
+
+Handshake (mutual; the run's token never crosses the wire; fresh nonces both ways):
+
+    client -> head   hello     {v, role, host, run, nonce}             (plain JSON line)
+    head -> client   challenge {v, nonce, proof: H(token, "server", run, nc, ns)}
+    client -> head   auth      {proof: H(token, "client", run, role, host, nc, ns)}
+    head -> client   welcome   {}  |  refused {why}
+
+The client checks the head's proof before it proves anything itself, so a process that took
+over the head's port learns nothing. After `welcome` every frame is `MAC JSON\\n`, the MAC an
+HMAC-SHA256 over a per-direction sequence number and the JSON, keyed per connection and
+direction from both nonces: a frame cannot be replayed, reordered, moved to another
+connection or reflected back.
+
+After the handshake:
+
+    member -> head   report {report}        this host's ranks and processes (every second, on change)
+                     stop   {reason}        this host was asked to stop the run
+    watcher/control -> head
+                     stop   {reason}
+    head -> member   start  {attempt, head_address}
+                     stop   {reason}
+                     dump   {}              capture every rank's stack (a stall)
+                     exit   {state}         the run is over
+                     hb     {}              the head is alive
+    head -> watcher  state  {state}         the run's document (states.py, head.py)
+
+Limits: a line before authentication is at most PREAUTH_LINE bytes and the handshake must be
+over within HANDSHAKE_TIMEOUT seconds (server.py enforces both, and a cap on connections);
+after it, at most LINE bytes (a watcher reads the head's whole document: WATCH_LINE).
+Anything else - not JSON, not an object, an unknown type, a missing or mistyped field, a
+wrong MAC, deep nesting - raises ProtocolError, and the server closes that one connection.
+"""
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import struct
+
+VERSION = 1           # of this protocol: in hello and challenge
+STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
+PREAUTH_LINE = 1024
+LINE = 1 << 20
+WATCH_LINE = 256 << 20
+HANDSHAKE_TIMEOUT = 5.0
+ROLES = ("member", "watcher", "control")
+MAC_HEX = 64
+
+
+class ProtocolError(ValueError):
+    """A frame that breaks the protocol: the connection that sent it is closed."""
+
+
+# --------------------------------------------------------------------------- field checks
+
+def _str(m, key, limit=256, optional=False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str) or len(v) > limit:
+        raise ProtocolError("field %r: a string of at most %d characters expected" % (key, limit))
+    return v
+
+
+def _int(m, key, optional=False, lo=None):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo) or abs(v) > 1 << 62:
+        raise ProtocolError("field %r: an integer expected" % key)
+    return v
+
+
+def _num(m, key, optional=False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProtocolError("field %r: a number expected" % key)
+    return float(v)
+
+
+def _hex(m, key, n):
+    v = _str(m, key, n)
+    if len(v) != n or any(c not in "0123456789abcdef" for c in v):
+        raise ProtocolError("field %r: %d hex digits expected" % (key, n))
+    return v
+
+
+NONCE_HEX = 32
+
+
+def new_nonce():
+    return os.urandom(NONCE_HEX // 2).hex()
+
+
+# --------------------------------------------------------------------------- frames
+
+def decode(line, limit):
+    """One line (bytes, without its newline) -> a dict with a string `t`. ProtocolError else."""
+    if len(line) > limit:
+        raise ProtocolError("line of %d bytes (limit %d)" % (len(line), limit))
+    try:
+        m = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProtocolError("not JSON: %s" % str(exc)[:80])
+    if not isinstance(m, dict) or not isinstance(m.get("t"), str):
+        raise ProtocolError("not a message (a JSON object with a type 't')")
+    return m
+
+
+def encode(m):
+    return json.dumps(m, separators=(",", ":")).encode()
+
+
+class Lines:
+    """Bytes in, complete lines out; a line longer than `limit` (newline not seen yet
+    included) raises ProtocolError, so no peer makes us hold more than `limit` bytes."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.buf = bytearray()
+
+    def feed(self, data):
+        self.buf += data
+        out = []
+        start = 0
+        while True:
+            i = self.buf.find(b"\n", start)
+            if i < 0:
+                break
+            out.append(bytes(self.buf[start:i]))
+            start = i + 1
+        if start:
+            del self.buf[:start]
+        if len(self.buf) > self.limit or any(len(x) > self.limit for x in out):
+            raise ProtocolError("a line longer than %d bytes" % self.limit)
+        return out
+
+
+# --------------------------------------------------------------------------- authentication
+
+def _h(token, *parts):
+    return hmac.new(token.encode(), b"\0".join(p.encode() for p in parts), hashlib.sha256).hexdigest()
+
+
+def server_proof(token, run, nc, ns):
+    return _h(token, "server", run, nc, ns)
+
+
+def client_proof(token, run, role, host, nc, ns):
+    return _h(token, "client", run, role, host or "", nc, ns)
+
+
+def session_keys(token, nc, ns):
+    """(client -> head key, head -> client key) of one connection."""
+    return (hmac.new(token.encode(), b"c2s\0" + nc.encode() + ns.encode(), hashlib.sha256).digest(),
+            hmac.new(token.encode(), b"s2c\0" + nc.encode() + ns.encode(), hashlib.sha256).digest())
+
+
+class Sealer:
+    """One direction of an authenticated connection: seal() frames to send, open() frames
+    received (each MAC covers the direction's sequence number and the JSON)."""
+
+    def __init__(self, key):
+        self.key = key
+        self.seq = 0
+
+    def _mac(self, body):
+        return hmac.new(self.key, struct.pack(">Q", self.seq) + body, hashlib.sha256).hexdigest().encode()
+
+    def seal(self, m):
+        body = encode(m)
+        mac = self._mac(body)
+        self.seq += 1
+        return mac + b" " + body + b"\n"
+
+    def open(self, line, limit):
+        if len(line) < MAC_HEX + 2 or line[MAC_HEX:MAC_HEX + 1] != b" ":
+            raise ProtocolError("an authenticated frame must start with its MAC")
+        mac, body = line[:MAC_HEX], line[MAC_HEX + 1:]
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise ProtocolError("wrong MAC (a forged, replayed or reordered frame)")
+        self.seq += 1
+        return decode(body, limit)
+
+
+# --------------------------------------------------------------------------- messages: one constructor and parser each
+
+def hello(role, host, run, nonce):
+    return {"t": "hello", "v": VERSION, "role": role, "host": host, "run": run, "nonce": nonce}
+
+
+def parse_hello(m):
+    if m.get("t") != "hello":
+        raise ProtocolError("the first message must be hello, not %r" % str(m.get("t"))[:20])
+    v = _int(m, "v")
+    if v != VERSION:
+        raise ProtocolError("protocol version %d (this supervisor speaks %d)" % (v, VERSION))
+    role = _str(m, "role", 16)
+    if role not in ROLES:
+        raise ProtocolError("unknown role %r" % role)
+    return {"role": role, "host": _str(m, "host", 255, optional=True), "run": _str(m, "run", 128),
+            "nonce": _hex(m, "nonce", NONCE_HEX)}
+
+
+def challenge(nonce, proof):
+    return {"t": "challenge", "v": VERSION, "nonce": nonce, "proof": proof}
+
+
+def parse_challenge(m):
+    if m.get("t") == "refused":
+        raise ProtocolError("refused by the head: %s" % str(m.get("why"))[:200])
+    if m.get("t") != "challenge":
+        raise ProtocolError("expected challenge, got %r" % str(m.get("t"))[:20])
+    if _int(m, "v") != VERSION:
+        raise ProtocolError("the head speaks protocol version %r, this supervisor %d" % (m.get("v"), VERSION))
+    return {"nonce": _hex(m, "nonce", NONCE_HEX), "proof": _hex(m, "proof", 64)}
+
+
+def auth(proof):
+    return {"t": "auth", "proof": proof}
+
+
+def parse_auth(m):
+    if m.get("t") != "auth":
+        raise ProtocolError("expected auth, got %r" % str(m.get("t"))[:20])
+    return _hex(m, "proof", 64)
+
+
+def welcome():
+    return {"t": "welcome"}
+
+
+def refused(why):
+    return {"t": "refused", "why": why[:500]}
+
+
+def parse_welcome(m):
+    if m.get("t") == "refused":
+        raise ProtocolError("refused by the head: %s" % str(m.get("why"))[:200])
+    if m.get("t") != "welcome":
+        raise ProtocolError("expected welcome, got %r" % str(m.get("t"))[:20])
+
+
+def report(rep):
+    return {"t": "report", "report": rep}
+
+
+def stop(reason):
+    return {"t": "stop", "reason": reason[:2000]}
+
+
+def start(attempt, head_address):
+    return {"t": "start", "attempt": attempt, "head_address": head_address}
+
+
+def dump():
+    return {"t": "dump"}
+
+
+def exit_(state):
+    return {"t": "exit", "state": state}
+
+
+def heartbeat():
+    return {"t": "hb"}
+
+
+def state(doc):
+    return {"t": "state", "state": doc}
+
+
+def _parse_rank(r):
+    if not isinstance(r, dict):
+        raise ProtocolError("a rank record must be an object")
+    from .states import RankState
+    st = _str(r, "state", 16)
+    try:
+        RankState(st)
+    except ValueError:
+        raise ProtocolError("unknown rank state %r" % st)
+    out = {"rank": _int(r, "rank", lo=0), "state": st, "pid": _int(r, "pid", optional=True),
+           "exit_code": _int(r, "exit_code", optional=True), "signal": _int(r, "signal", optional=True),
+           "start": _num(r, "start", optional=True), "end": _num(r, "end", optional=True),
+           "attempt": _int(r, "attempt", lo=0)}
+    return out
+
+
+def _parse_proc(p):
+    if not isinstance(p, dict):
+        raise ProtocolError("a process record must be an object")
+    return {"key": _str(p, "key", 300), "rank": _int(p, "rank", optional=True), "pid": _int(p, "pid", optional=True),
+            "exit_code": _int(p, "exit_code", optional=True), "signal": _int(p, "signal", optional=True),
+            "start": _num(p, "start", optional=True), "end": _num(p, "end", optional=True)}
+
+
+def parse_report(rep):
+    """A member's report (procs.Local.report()), every field checked."""
+    if not isinstance(rep, dict):
+        raise ProtocolError("a report must be an object")
+    ranks, procs = rep.get("ranks"), rep.get("procs")
+    if not isinstance(ranks, list) or not isinstance(procs, list) or len(ranks) > 4096 or len(procs) > 4096:
+        raise ProtocolError("a report's ranks and procs must be lists")
+    live = rep.get("live")
+    if not isinstance(live, bool):
+        raise ProtocolError("field 'live': true or false expected")
+    return {"host": _str(rep, "host", 255), "attempt": _int(rep, "attempt", lo=0),
+            "ranks": [_parse_rank(r) for r in ranks], "procs": [_parse_proc(p) for p in procs],
+            "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live}
+
+
+# what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
+TO_HEAD = {
+    "member": {"report": lambda m: {"report": parse_report(m.get("report"))},
+               "stop": lambda m: {"reason": _str(m, "reason", 2000)}},
+    "watcher": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
+    "control": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
+}
+TO_MEMBER = {
+    "start": lambda m: {"attempt": _int(m, "attempt", lo=1), "head_address": _str(m, "head_address", 255)},
+    "stop": lambda m: {"reason": _str(m, "reason", 2000)},
+    "dump": lambda m: {},
+    "exit": lambda m: {"state": _str(m, "state", 16)},
+    "hb": lambda m: {},
+}
+TO_WATCHER = {
+    "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {}},
+    "hb": lambda m: {},
+}
+
+
+def parse(table, m):
+    """(type, fields) of a message the table accepts; ProtocolError for any other."""
+    t = m.get("t")
+    fn = table.get(t)
+    if fn is None:
+        raise ProtocolError("unexpected message type %r" % str(t)[:20])
+    return t, fn(m)

@@ -1,0 +1,657 @@
+"""The supervisor's event loop: the head's listeners and connections, a member's link to the
+head, this host's processes, all on one thread with `selectors` (no descriptor limit of 1024).
+
+A connection that breaks the protocol (protocol.py), that has not authenticated within
+HANDSHAKE_TIMEOUT, that sends a line longer than its limit, or whose handling raises anything
+at all (RecursionError and MemoryError included) is closed and logged; the run goes on.
+Before authentication at most MAX_PENDING connections are kept (more are closed at once, as
+OpenSSH's MaxStartups), and at most MAX_CONNS in all.
+"""
+
+import errno
+import hmac
+import json
+import os
+import selectors
+import signal
+import socket
+import time
+
+from . import head as heads
+from . import protocol as proto
+from .layout import INFO, STATE, attempt_dir, write_atomic
+from .procs import Local
+from .states import RankState, RunState
+
+TICK = 0.1
+HEARTBEAT = 1.0
+MAX_PENDING = 64
+MAX_WATCHERS = 64
+OUT_LIMIT = 64 << 20     # bytes queued for a peer that reads nothing: then it is dropped
+CONNECT_TIMEOUT = 3.0
+NOTES_PER_MINUTE = 20
+
+now = time.time
+
+
+def note(host, text):
+    try:
+        os.write(2, ("orch-agent %s: %s\n" % (host, text)).encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- addresses
+
+def local_addresses():
+    """This host's IPv4 addresses but loopback's, from the kernel's routing tables
+    (/proc/net/fib_trie: `|-- A` followed by `/32 host LOCAL`), in the order first seen."""
+    out = []
+    try:
+        with open("/proc/net/fib_trie") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return out
+    for prev, line in zip(lines, lines[1:]):
+        if "/32 host LOCAL" in line and "|--" in prev:
+            addr = prev.split("|--", 1)[1].strip()
+            if not addr.startswith("127.") and addr not in out:
+                out.append(addr)
+    return out
+
+
+def listen(addresses, pinned, backlog=256):
+    """Listening sockets on one port for each of `addresses` that is this host's (and for
+    127.0.0.1, for local clients), plus, unless pinned, the host's other addresses. Returns
+    (sockets, port, advertised addresses in preference order)."""
+    want = list(addresses)
+    if not pinned:
+        want += [a for a in local_addresses() if a not in want]
+    socks, port, advertised = [], 0, []
+    for addr in ["127.0.0.1"] + [a for a in want if a not in ("127.0.0.1", "localhost")]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, port))
+            s.listen(backlog)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            continue
+        port = s.getsockname()[1]
+        socks.append(s)
+        if addr != "127.0.0.1":
+            advertised.append(addr)
+    if not advertised and addresses and addresses[0] not in ("127.0.0.1", "localhost"):
+        # none of the addresses the controller knows is this host's (NAT, a name the hosts do
+        # not resolve alike): listen everywhere on the same port, advertise what was given
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            s.close()
+            for x in socks:
+                x.close()
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", 0))
+            socks = []
+        s.listen(backlog)
+        s.setblocking(False)
+        socks.append(s)
+        port = s.getsockname()[1]
+        advertised = list(addresses)
+    if not advertised:
+        advertised = ["127.0.0.1"]
+    return socks, port, advertised
+
+
+# --------------------------------------------------------------------------- connections
+
+class Conn:
+    """One TCP peer: the handshake's plain lines first, then sealed frames."""
+
+    def __init__(self, sock, limit=proto.PREAUTH_LINE):
+        self.sock = sock
+        self.sel = None           # the selector it is registered with (unregistered before closing)
+        self.lines = proto.Lines(limit)
+        self.out = bytearray()
+        self.closed = False
+        self.authed = False
+        self.role = None
+        self.host = None
+        self.stage = "hello"
+        self.nc = self.ns = None
+        self.rx = self.tx = None
+        self.born = self.last = now()
+        try:
+            self.peer = "%s:%s" % sock.getpeername()[:2]
+            self.local_addr = sock.getsockname()[0]
+        except OSError:
+            self.peer, self.local_addr = "?", None
+        sock.setblocking(False)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def authenticated(self, rx_key, tx_key, limit):
+        self.rx, self.tx = proto.Sealer(rx_key), proto.Sealer(tx_key)
+        self.authed = True
+        self.lines.limit = limit
+
+    def send(self, m):
+        if self.closed:
+            return
+        self.out += self.tx.seal(m) if self.authed else proto.encode(m) + b"\n"
+        self.flush()
+
+    def flush(self):
+        while self.out and not self.closed:
+            try:
+                n = self.sock.send(self.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close()
+                return
+            del self.out[:n]
+        if len(self.out) > OUT_LIMIT:
+            self.close()
+
+    def recv_lines(self):
+        """New complete lines; [] and closed on EOF or error. ProtocolError for an over-long line."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return []
+        self.last = now()
+        return self.lines.feed(data)
+
+    def message(self, line, limit):
+        return self.rx.open(line, limit) if self.authed else proto.decode(line, proto.PREAUTH_LINE)
+
+    def register(self, sel):
+        sel.register(self, selectors.EVENT_READ, self)
+        self.sel = sel
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            if self.sel is not None:   # before the descriptor can be reused by the next accept
+                try:
+                    self.sel.unregister(self)
+                except (KeyError, ValueError, OSError):
+                    pass
+                self.sel = None
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+def connect(address, port, timeout):
+    s = socket.create_connection((address, int(port)), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _read_line(sock, buf, deadline, limit):
+    while b"\n" not in buf:
+        left = deadline - now()
+        if left <= 0:
+            raise proto.ProtocolError("the head did not answer in time")
+        sock.settimeout(left)
+        try:
+            data = sock.recv(4096)
+        except socket.timeout:
+            raise proto.ProtocolError("the head did not answer in time")
+        if not data:
+            raise proto.ProtocolError("the head closed the connection")
+        buf += data
+        if len(buf) > limit:
+            raise proto.ProtocolError("an over-long line during the handshake")
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def client_handshake(sock, token, run, role, host, limit, timeout=proto.HANDSHAKE_TIMEOUT):
+    """The client's side of the handshake (blocking, bounded by `timeout`). The head's proof is
+    checked before this side proves anything. Returns the authenticated Conn (non-blocking).
+    Raises ProtocolError (a wrong head, refused) or OSError."""
+    deadline = now() + timeout
+    nc = proto.new_nonce()
+    sock.sendall(proto.encode(proto.hello(role, host, run, nc)) + b"\n")
+    buf = bytearray()
+    ch = proto.parse_challenge(proto.decode(_read_line(sock, buf, deadline, proto.PREAUTH_LINE), proto.PREAUTH_LINE))
+    if not hmac.compare_digest(ch["proof"], proto.server_proof(token, run, nc, ch["nonce"])):
+        raise proto.ProtocolError("the process on the head's port could not prove it is the run's head")
+    sock.sendall(proto.encode(proto.auth(proto.client_proof(token, run, role, host, nc, ch["nonce"]))) + b"\n")
+    proto.parse_welcome(proto.decode(_read_line(sock, buf, deadline, proto.PREAUTH_LINE), proto.PREAUTH_LINE))
+    c2s, s2c = proto.session_keys(token, nc, ch["nonce"])
+    sock.settimeout(None)
+    conn = Conn(sock, limit)
+    conn.authenticated(s2c, c2s, limit)
+    if buf:
+        conn.lines.buf += buf
+    return conn
+
+
+def open_client(addresses, port, token, run, role, host, limit, timeout=CONNECT_TIMEOUT):
+    """Connect and authenticate to the head on the first of `addresses` that answers.
+    Returns (Conn, address). Raises OSError or ProtocolError (the last one met)."""
+    err = None
+    for addr in addresses:
+        try:
+            sock = connect(addr, port, timeout)
+        except OSError as exc:
+            err = exc
+            continue
+        try:
+            return client_handshake(sock, token, run, role, host, limit), addr
+        except (OSError, proto.ProtocolError) as exc:
+            sock.close()
+            err = exc
+    raise err or OSError(errno.EHOSTUNREACH, "no address to try")
+
+
+# --------------------------------------------------------------------------- the supervisor
+
+class Supervisor:
+    """This host's supervisor of the run: the head (cfg role "head") or a member."""
+
+    def __init__(self, cfg, listeners=(), lock_fd=None, advertised=()):
+        self.cfg = cfg
+        self.host = cfg["host"]
+        self.rundir = cfg["rundir"]
+        self.is_head = cfg["role"] == "head"
+        self.token = cfg["token"]
+        self.run_id = cfg["run_id"]
+        self.grace = float(cfg.get("grace", 5))
+        self.lost_after = float(cfg.get("lost_after", 10))
+        self.local = Local(cfg, lambda text: note(self.host, text))
+        self.lock_fd = lock_fd
+        self.sel = selectors.DefaultSelector()
+        self.listeners = list(listeners)
+        for s in self.listeners:
+            self.sel.register(s, selectors.EVENT_READ, "listen")
+        self.conns = []
+        self.done = False
+        self.stop_request = None
+        self.last_beat = 0.0
+        self.events = []
+        self.notes = [0.0, 0, 0]       # drop(): [window start, lines this window, connections not logged]
+        self.head = None
+        self.head_conn = None
+        self.head_used = None
+        self.member_state = RunState.RUNNING
+        self.exiting = False
+        if self.is_head:
+            cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
+            self.head = heads.Head(cfg, now())
+        self.local.write_secrets()
+        self.save()
+
+    # ---- documents
+    def document(self):
+        if self.is_head:
+            return self.head.doc
+        return {"v": proto.STATE_VERSION, "orch": self.cfg.get("orch_version"), "run": self.run_id,
+                "host": self.host, "role": "member", **self.local.report(), "state": self.member_state,
+                "head_address": self.head_used}
+
+    def save(self):
+        doc = dict(self.document(), agent_pid=os.getpid(), updated=now())
+        try:
+            write_atomic(os.path.join(self.rundir, STATE), json.dumps(doc), 0o666)
+        except (OSError, ValueError) as exc:
+            note(self.host, "cannot write state: %s" % exc)
+
+    # ---- signals
+    def request_stop(self, reason):
+        if self.stop_request is None:
+            self.stop_request = reason
+            if self.is_head:
+                self.events.append(heads.stop_asked(reason))
+
+    def install_signals(self):
+        signal.signal(signal.SIGTERM, lambda *a: self.request_stop("a signal (SIGTERM) to the run's supervisor"))
+        signal.signal(signal.SIGINT, lambda *a: self.request_stop("a signal (SIGINT) to the run's supervisor"))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+    # ---- the loop
+    def loop(self):
+        self.install_signals()
+        if not self.is_head:
+            self.join()
+        while not self.done:
+            self.io(TICK)
+            changed = self.local.poll()
+            if self.local.stopping is not None and self.local.stop_tick():
+                changed = True
+            if self.is_head:
+                self.head_tick(changed)
+            else:
+                self.member_tick(changed)
+
+    def io(self, timeout):
+        try:
+            ready = self.sel.select(timeout)
+        except InterruptedError:
+            ready = []
+        for key, _ in ready:
+            if key.data == "listen":
+                try:
+                    self.accept(key.fileobj)
+                except Exception as exc:  # noqa: BLE001 - a failed accept costs that peer only
+                    note(self.host, "accepting a connection: %s: %s" % (type(exc).__name__, str(exc)[:200]))
+                continue
+            conn = key.data
+            if conn.closed:
+                continue
+            try:
+                for line in conn.recv_lines():
+                    if conn.closed:
+                        break
+                    self.on_line(conn, line)
+            except Exception as exc:  # noqa: BLE001 - one connection's fault, whatever it is, is its own
+                self.drop(conn, "%s: %s" % (type(exc).__name__, str(exc)[:200]))
+        t = now()
+        for conn in list(self.conns):
+            if not conn.authed and not conn.closed and t - conn.born > proto.HANDSHAKE_TIMEOUT:
+                self.drop(conn, "no authentication within %gs" % proto.HANDSHAKE_TIMEOUT)
+            if conn.closed:
+                self.forget(conn)
+            else:
+                conn.flush()
+
+    def accept(self, listener):
+        for _ in range(64):
+            try:
+                sock, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    note(self.host, "cannot accept a connection: %s" % exc)
+                return
+            pending = sum(1 for c in self.conns if not c.authed)
+            if pending >= MAX_PENDING or len(self.conns) >= MAX_PENDING + MAX_WATCHERS + len(self.head.hosts):
+                sock.close()   # MaxStartups: the run's own peers retry
+                continue
+            conn = Conn(sock)
+            conn.register(self.sel)
+            self.conns.append(conn)
+
+    def drop(self, conn, why):
+        """Close one connection, and say why in agent.log: at most NOTES_PER_MINUTE lines a minute
+        (a flood of bad connections must not fill the disk), then how many more were closed."""
+        if not conn.closed:
+            t = now()
+            if t - self.notes[0] >= 60:
+                if self.notes[2]:
+                    note(self.host, "closed %d more connections in the last minute (not logged one by one)"
+                         % self.notes[2])
+                self.notes = [t, 0, 0]
+            self.notes[1] += 1
+            if self.notes[1] <= NOTES_PER_MINUTE:
+                note(self.host, "closed the connection from %s%s: %s" % (
+                    conn.peer, " (%s %s)" % (conn.role, conn.host or "") if conn.role else "", why))
+            else:
+                self.notes[2] += 1
+        self.forget(conn)
+
+    def forget(self, conn):
+        conn.close()
+        if conn in self.conns:
+            self.conns.remove(conn)
+            if self.is_head and conn.authed and conn.role == "member":
+                self.events.append(heads.gone(conn.host))
+
+    # ---- head: the handshake and the members' messages
+    def on_line(self, conn, line):
+        if conn is self.head_conn:
+            return self.on_head_message(conn.message(line, proto.LINE))
+        if conn.authed:
+            t, fields = proto.parse(proto.TO_HEAD[conn.role], conn.message(line, proto.LINE))
+            if conn.role == "member":
+                if t == "report":
+                    if fields["report"]["host"] != conn.host:
+                        raise proto.ProtocolError("a report for host %r from %s" % (fields["report"]["host"], conn.host))
+                    self.events.append(heads.reported(conn.host, fields["report"]))
+                    return
+                self.events.append(heads.reported(conn.host, {"attempt": -1}))  # a sign of life
+            if t == "stop":
+                self.events.append(heads.stop_asked(fields["reason"]))
+            return
+        m = conn.message(line, proto.PREAUTH_LINE)
+        if conn.stage == "hello":
+            h = proto.parse_hello(m)
+            if h["run"] != self.run_id:
+                conn.send(proto.refused("this port serves another run"))
+                raise proto.ProtocolError("hello for run %r" % h["run"][:40])
+            if h["role"] == "member" and h["host"] not in self.head.hosts:
+                raise proto.ProtocolError("hello from %r, not a host of this run" % (h["host"] or "")[:60])
+            conn.role, conn.host, conn.nc = h["role"], h["host"], h["nonce"]
+            conn.ns = proto.new_nonce()
+            conn.stage = "auth"
+            conn.send(proto.challenge(conn.ns, proto.server_proof(self.token, self.run_id, conn.nc, conn.ns)))
+            return
+        if conn.stage == "auth":
+            proof = proto.parse_auth(m)
+            want = proto.client_proof(self.token, self.run_id, conn.role, conn.host, conn.nc, conn.ns)
+            if not hmac.compare_digest(proof, want):
+                raise proto.ProtocolError("authentication failed")
+            if conn.role == "member" and not self.head.can_join(conn.host):
+                conn.send(proto.refused("host %s has joined this run already" % conn.host))
+                conn.flush()
+                raise proto.ProtocolError("a second join for host %s refused" % conn.host)
+            if conn.role != "member" and sum(1 for c in self.conns if c.authed and c.role != "member") >= MAX_WATCHERS:
+                raise proto.ProtocolError("too many watchers")
+            conn.send(proto.welcome())
+            c2s, s2c = proto.session_keys(self.token, conn.nc, conn.ns)
+            conn.authenticated(c2s, s2c, proto.LINE)
+            conn.stage = "ok"
+            if conn.role == "member":
+                self.events.append(heads.joined(conn.host, conn.local_addr))
+                if self.head.phase in (heads.Phase.RUN,):   # joined late: start with everyone else
+                    conn.send(proto.start(self.head.doc["attempt"], self.head.doc["head_address"] or ""))
+                elif self.head.phase == heads.Phase.DONE:
+                    conn.send(proto.exit_(self.head.doc["state"]))
+            elif conn.role == "watcher":
+                conn.send(proto.state(self.head.doc))
+            return
+        raise proto.ProtocolError("unexpected stage")
+
+    def head_tick(self, changed):
+        events, self.events = self.events, []
+        if changed or now() - self.last_beat >= HEARTBEAT:
+            events.append(heads.reported(self.host, self.local.report()))
+        _, actions = heads.decide(self.head, events, now())
+        for a in actions:
+            self.act(a)
+        if now() - self.last_beat >= HEARTBEAT:
+            self.last_beat = now()
+            if not any(a[0] == "publish" for a in actions):
+                self.publish()
+            self.broadcast(proto.heartbeat())   # members tell a silent head from a lost one
+
+    def act(self, a):
+        kind = a[0]
+        if kind == "start":
+            self.broadcast(proto.start(a[1], a[2]))
+            self.local.start(a[1], a[2])
+            self.events.append(heads.reported(self.host, self.local.report()))
+        elif kind == "stop":
+            self.broadcast(proto.stop(a[1]))
+            self.local.restop(a[1], self.grace)
+        elif kind == "dump":
+            self.broadcast(proto.dump())
+            self.local.dump_stacks()
+        elif kind == "exit":
+            self.broadcast(proto.exit_(a[1]))
+        elif kind == "launcher_failed":
+            self.quote_launcher(a[1], a[2])
+        elif kind == "publish":
+            self.publish()
+        elif kind == "done":
+            self.done = True
+
+    def quote_launcher(self, key, host):
+        """A failed launcher: where its own output is, and (on this host) how it ends."""
+        log = os.path.join(attempt_dir(self.rundir, self.head.doc["attempt"]), "%s.log" % key.split(".")[0])
+        said = tail_lines(log) if host == self.host else ""
+        extra = " (its own output: %s)%s" % (log, (", ending:\n" + said) if said else "")
+        self.head.doc["message"] += extra
+        self.head.doc["attempts"][-1]["message"] += extra
+        self.head.outcome = (self.head.outcome[0], self.head.outcome[1] + extra)
+
+    def broadcast(self, m, roles=("member",)):
+        for c in self.conns:
+            if c.authed and c.role in roles:
+                c.send(m)
+
+    def publish(self):
+        self.save()
+        self.broadcast(proto.state(self.head.doc), roles=("watcher",))
+
+    # ---- member
+    def join(self):
+        deadline = now() + float(self.cfg.get("join_timeout", 60))
+        addresses = list(self.cfg.get("head_addresses") or [self.cfg.get("head_address")])
+        port = self.cfg["head_port"]
+        err = None
+        while now() < deadline and self.stop_request is None:
+            try:
+                conn, addr = open_client(addresses, port, self.token, self.run_id, "member", self.host, proto.LINE)
+            except proto.ProtocolError as exc:
+                err = exc
+                if "refused" in str(exc) or "could not prove" in str(exc):
+                    break
+                time.sleep(0.5)
+                continue
+            except OSError as exc:
+                err = exc
+                time.sleep(0.5)
+                continue
+            self.head_conn, self.head_used = conn, addr
+            conn.register(self.sel)
+            write_atomic(os.path.join(self.rundir, INFO), json.dumps(dict(self.info(), head_address=addr)), 0o600)
+            return
+        note(self.host, "could not reach the run's head at %s port %s: %s"
+             % (", ".join(str(a) for a in addresses), port, err))
+        self.member_state = RunState.LOST
+        self.save()
+        self.done = True
+
+    def info(self):
+        return read_info(self.rundir) or {}
+
+    def on_head_message(self, m):
+        t, f = proto.parse(proto.TO_MEMBER, m)
+        if t == "start":
+            self.local.start(f["attempt"], f["head_address"])
+        elif t == "stop":
+            self.local.stop(f["reason"], self.grace)
+        elif t == "dump":
+            self.local.dump_stacks()
+        elif t == "exit":
+            st = f["state"]
+            self.member_state = st if st in {s.value for s in RunState} else RunState.STOPPED
+            self.local.stop("the run ended", self.grace)
+            self.exiting = True
+
+    def member_tick(self, changed):
+        hc = self.head_conn
+        if hc is None:
+            return
+        lost = hc.closed or now() - hc.last > self.lost_after
+        if lost and not self.exiting:
+            if self.local.stopping is None:
+                note(self.host, "lost the run's head (%s): stopping this host's ranks" % self.head_used)
+                self.member_state = RunState.LOST
+                self.local.stop_state = RankState.LOST
+                self.local.stop("lost contact with the launch host", self.grace)
+            self.exiting = True
+        if self.stop_request and self.local.stopping is None:
+            self.local.stop(self.stop_request, self.grace)
+            hc.send(proto.stop(self.stop_request))
+        if changed or now() - self.last_beat >= HEARTBEAT:
+            self.last_beat = now()
+            hc.send(proto.report(self.local.report()))
+            self.save()
+        if self.exiting and (self.local.stopping is None or not self.local.live()):
+            self.local.finish_pending(self.local.stop_state)
+            if self.member_state == RunState.RUNNING:
+                self.member_state = RunState.STOPPED
+            hc.send(proto.report(self.local.report()))
+            hc.flush()
+            self.save()
+            self.done = True
+
+    # ---- a crash
+    def crashed(self, exc):
+        """Anything unexpected: this host's ranks are stopped and the final state names the error;
+        the head's crash ends the run on every host (members see its connection close)."""
+        what = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+        self.local.stop_state = RankState.STOPPED
+        self.local.kill_now(self.grace)
+        message = ("the run's supervisor on %s crashed (%s; its traceback is in %s); this host's ranks were "
+                   "stopped" % (self.host, what, os.path.join(self.rundir, "agent.log")))
+        try:
+            if self.is_head:
+                doc = self.head.doc
+                for r in doc["ranks"]:
+                    if r.get("end") is None:
+                        r.update(state=RankState.STOPPED if r["host"] == self.host else RankState.LOST, end=now())
+                if not RunState(doc["state"]).is_terminal:
+                    doc.update(state=RunState.FAILED, message=message, ended=now())
+                    if doc["attempts"] and doc["attempts"][-1]["state"] == RunState.RUNNING:
+                        doc["attempts"][-1].update(state=RunState.FAILED, end=now(), message=message)
+                self.broadcast(proto.exit_(doc["state"]))
+                for c in self.conns:
+                    c.flush()
+            else:
+                self.member_state = RunState.FAILED
+            self.save()
+        except Exception as exc2:  # noqa: BLE001
+            note(self.host, "could not record the crash: %r" % exc2)
+        for c in list(self.conns) + ([self.head_conn] if self.head_conn else []):
+            c.close()
+        self.local.drop_secrets()
+
+
+def read_info(rundir):
+    from .layout import read_json
+    doc = read_json(os.path.join(rundir, INFO), 1 << 16)
+    return doc if isinstance(doc, dict) else None
+
+
+def tail_lines(path, lines=6, limit=800):
+    """The last non-empty lines of a launcher's own log (what mpirun said when it failed)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 8192))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    # OpenMPI wraps its advice in ------ blocks: keep what stands outside them (ssh's own error,
+    # a rank's last words) and the first line of each block (its summary).
+    kept, inside, first = [], False, False
+    for ln in text.splitlines():
+        bare = ln.strip()
+        if len(bare) >= 10 and set(bare) <= set("-="):
+            inside, first = not inside, not inside
+            continue
+        if bare and (not inside or first):
+            kept.append(ln.rstrip())
+            first = False
+    return "\n".join("  " + ln for ln in kept[-lines:])[-limit:]

@@ -1,0 +1,276 @@
+"""The head's server, in-process on loopback, against hostile peers: garbage, deep nesting,
+huge lines, wrong proofs and MACs, replays, a second join, 1,000 idle connections. The run
+is unaffected (its member stays joined, its state goes on) and the head's memory stays
+bounded (the figures are printed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.agent import head as H
+from orchestrator.agent import protocol as proto
+from orchestrator.agent import server as S
+
+TOKEN = "ab" * 16
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class HeadUnderTest:
+    """A head supervisor of a 2-host run (hosts h1, the head, and h2) serving on loopback,
+    driven by a thread; h2 joins as a real member would."""
+
+    def __init__(self, tmp_path):
+        rundir = tmp_path / "run"
+        rundir.mkdir(mode=0o700)
+        self.cfg = {"run_id": "r1", "host": "h1", "role": "head", "token": TOKEN, "rundir": str(rundir),
+                    "workdir": str(tmp_path), "log_link": str(tmp_path / "log_output"), "launcher": "ranktable",
+                    "on_failure": "stop", "restarts": 0, "grace": 1, "lost_after": 30, "join_timeout": 60,
+                    "ranks": [], "procs": [], "hosts": ["h1", "h2"],
+                    "all_ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": None, "state": "pending",
+                                   "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0}]}
+        listeners, port, advertised = S.listen(["127.0.0.1"], True)
+        self.port = port
+        self.sup = S.Supervisor(self.cfg, listeners, None, advertised)
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.member, _ = S.open_client(["127.0.0.1"], port, TOKEN, "r1", "member", "h2", proto.LINE)
+        self.member.sock.setblocking(True)
+        self.member.sock.settimeout(5)
+        self.wait(lambda: self.sup.head.phase == H.Phase.RUN)
+        self.report()
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                self.sup.io(0.02)
+                self.sup.head_tick(False)
+        except BaseException as exc:  # noqa: BLE001
+            self.errors.append(exc)
+
+    def wait(self, cond, limit=10.0):
+        deadline = time.monotonic() + limit
+        while not cond():
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, "condition not reached"
+            time.sleep(0.02)
+
+    def report(self):
+        rep = {"host": "h2", "attempt": self.sup.head.doc["attempt"], "procs": [], "out": time.time(),
+               "stopping": None, "live": True,
+               "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": 4242, "state": "running", "exit_code": None,
+                          "signal": None, "start": time.time(), "end": None, "attempt": 1}]}
+        self.member.sock.sendall(self.member.tx.seal(proto.report(rep)))
+
+    def healthy(self):
+        """The run goes on: the head's loop alive, h2 joined and heard, the run running."""
+        assert not self.errors, self.errors
+        assert self.thread.is_alive()
+        self.report()
+        self.wait(lambda: self.sup.head.doc["ranks"][0]["pid"] == 4242)
+        assert self.sup.head.doc["state"] == "running" and self.sup.head.doc["lost"] == []
+        assert any(c.role == "member" and c.host == "h2" and not c.closed for c in self.sup.conns)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        for c in list(self.sup.conns):
+            c.close()
+        for s in self.sup.listeners:
+            s.close()
+        self.member.close()
+
+
+@pytest.fixture
+def head(tmp_path):
+    h = HeadUnderTest(tmp_path)
+    yield h
+    h.close()
+
+
+def raw(port) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s
+
+
+def closed_by_peer(s: socket.socket, limit=8.0) -> bool:
+    s.settimeout(limit)
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("payload", [
+    b"[]\n", b"[" * 100_000 + b"\n", b"{\"t\": \"hello\"}\n", b"\xff\xfe\x00garbage\n", b"null\n", b"1e999999\n",
+    b"{\"t\":\"report\",\"token\":\"x\"}\n", b"{" * 50_000 + b"\n", b"x" * 2_000_000,
+    json.dumps({"t": "hello", "v": 1, "role": "member", "host": "h2", "run": "r1", "nonce": "0" * 32}).encode()
+    + b"\n" + json.dumps({"t": "auth", "proof": "0" * 64}).encode() + b"\n",
+])
+def test_one_bad_connection_closes_only_itself(head, payload):
+    s = raw(head.port)
+    try:
+        s.sendall(payload)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert closed_by_peer(s)
+    s.close()
+    head.healthy()
+
+
+def test_a_second_join_for_a_joined_host_is_refused_and_the_member_stays(head):
+    with pytest.raises(proto.ProtocolError, match="joined this run already"):
+        S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "member", "h2", proto.LINE)
+    head.healthy()
+
+
+def test_a_wrong_token_learns_nothing_and_a_fake_head_is_detected(head):
+    with pytest.raises(proto.ProtocolError, match="could not prove"):
+        S.open_client(["127.0.0.1"], head.port, "cd" * 16, "r1", "watcher", None, proto.WATCH_LINE)
+    head.healthy()
+
+
+def test_a_replayed_or_forged_frame_closes_that_connection(head):
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "control", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    frame = c.tx.seal(proto.heartbeat())       # not a type a control may send: closes it
+    c.sock.sendall(frame)
+    assert closed_by_peer(c.sock)
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "control", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    stop = c.tx.seal(proto.stop("x"))
+    tampered = stop.replace(b'"x"', b'"y"')
+    c.sock.sendall(tampered)
+    assert closed_by_peer(c.sock)
+    # a frame of the member's, replayed on another connection
+    w, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+    w.sock.setblocking(True)
+    w.sock.sendall(head.member.tx.seal(proto.stop("replayed")))
+    assert closed_by_peer(w.sock)
+    assert head.sup.head.stop_request is None
+    head.healthy()
+
+
+def test_a_handshake_that_never_ends_is_closed_after_its_deadline(head):
+    s = raw(head.port)
+    t0 = time.monotonic()
+    assert closed_by_peer(s, proto.HANDSHAKE_TIMEOUT + 5)
+    took = time.monotonic() - t0
+    print(f"\nan idle unauthenticated connection closed after {took:.2f} s")
+    head.healthy()
+
+
+def test_a_thousand_idle_connections_and_megabyte_lines_leave_the_head_bounded(head):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 4096)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    before = rss_mib()
+    cpu0 = time.process_time()
+    socks = []
+    t0 = time.monotonic()
+    for _ in range(1000):
+        try:
+            socks.append(raw(head.port))
+        except OSError:
+            break
+    opened = len(socks)
+    time.sleep(0.5)
+    kept = sum(1 for c in head.sup.conns if not c.authed)
+    head.healthy()
+    mid = rss_mib()
+    for s in socks:
+        s.close()
+    # 150 connections each sending 1 MB without a newline
+    big = []
+    for _ in range(150):
+        s = raw(head.port)
+        try:
+            s.sendall(b"y" * (1 << 20))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        big.append(s)
+    time.sleep(0.5)
+    after = rss_mib()
+    for s in big:
+        s.close()
+    head.healthy()
+    cpu = time.process_time() - cpu0
+    print(f"\n{opened} idle connections opened in {time.monotonic() - t0:.2f} s, {kept} kept unauthenticated "
+          f"(cap {S.MAX_PENDING}); RSS {before:.1f} MiB before, {mid:.1f} MiB with them, {after:.1f} MiB after "
+          f"150 x 1 MB lines; CPU of this process (head and attackers) {cpu:.2f} s")
+    assert kept <= S.MAX_PENDING
+    assert after - before < 64, (before, after)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(
+    st.binary(max_size=3000),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                 lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+                 max_leaves=30).map(lambda v: json.dumps(v).encode() + b"\n"),
+    st.fixed_dictionaries({"t": st.sampled_from(["hello", "auth", "report", "stop", "watch", "start", "exit"]),
+                           "v": st.integers(-1, 3), "role": st.sampled_from(["member", "watcher", "x"]),
+                           "host": st.sampled_from(["h1", "h2", "zz"]), "run": st.sampled_from(["r1", "r2"]),
+                           "nonce": st.text("0123456789abcdef", min_size=0, max_size=40),
+                           "proof": st.text("0123456789abcdef", max_size=70)}).map(
+        lambda m: json.dumps(m).encode() + b"\n")), min_size=1, max_size=5))
+def test_fuzz_any_bytes_leave_the_run_unaffected(head, frames):
+    s = raw(head.port)
+    try:
+        for f in frames:
+            s.sendall(f)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    s.close()
+    head.healthy()
+
+
+def test_authentication_cost_per_join(tmp_path):
+    """The cost of the handshake, per join (printed): both sides in this process."""
+    h = HeadUnderTest(tmp_path)
+    try:
+        n = 128
+        t0, c0 = time.monotonic(), time.process_time()
+        for _ in range(n):
+            c, _ = S.open_client(["127.0.0.1"], h.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+            c.close()
+        wall, cpu = (time.monotonic() - t0) / n, (time.process_time() - c0) / n
+        print(f"\nhandshake: {wall * 1000:.2f} ms wall, {cpu * 1000:.2f} ms CPU per connection "
+              f"({n} connections, head and client in one process)")
+        h.healthy()
+    finally:
+        h.close()
+
+
+def test_no_listener_on_the_wildcard_address(tmp_path):
+    listeners, port, advertised = S.listen(["127.0.0.1"], True)
+    try:
+        assert advertised == ["127.0.0.1"]
+        assert all(s.getsockname()[0] != "0.0.0.0" for s in listeners)
+    finally:
+        for s in listeners:
+            s.close()
+    assert os.getuid() >= 0

@@ -1,0 +1,402 @@
+"""The head's decisions (orchestrator/agent/head.py), driven without a process or a socket:
+events in, actions out. Each duty of the run's supervisor is held to its promise here."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.agent import head as H
+from orchestrator.agent.states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RUN_TRANSITIONS, RankState,
+                                       RunState)
+
+T0 = 1_700_000_000.0
+
+
+def make(hosts=("a", "b"), per_host=2, **cfg) -> H.Head:
+    ranks = [{"rank": i * per_host + j, "host": h, "device": j, "pid": None, "state": "pending", "exit_code": None,
+              "signal": None, "start": None, "end": None, "attempt": 0}
+             for i, h in enumerate(hosts) for j in range(per_host)]
+    base = {"run_id": "r1", "host": hosts[0], "hosts": list(hosts), "all_ranks": ranks, "on_failure": "stop",
+            "restarts": 0, "restart_delay": 0, "stall_timeout": None, "timeout": None, "grace": 5,
+            "lost_after": 10, "join_timeout": 60, "launcher": "ranktable", "head_addresses": ["10.0.0.1", "10.1.0.1"]}
+    base.update(cfg)
+    return H.Head(base, T0)
+
+
+def rep(head, host, states, attempt=None, out=None, live=None, procs=()):
+    """A host's report: states is {rank: (state, exit_code, signal, end)}."""
+    attempt = head.doc["attempt"] if attempt is None else attempt
+    ranks = []
+    for r in head.doc["ranks"]:
+        if r["host"] != host:
+            continue
+        stt, code, sig, end = states.get(r["rank"], ("running", None, None, None))
+        ranks.append({"rank": r["rank"], "host": host, "device": r["device"], "pid": 100 + r["rank"], "state": stt,
+                      "exit_code": code, "signal": sig, "start": T0, "end": end, "attempt": attempt})
+    if live is None:
+        live = any(x["end"] is None for x in ranks)
+    return H.reported(host, {"host": host, "attempt": attempt, "ranks": ranks, "procs": list(procs),
+                             "out": T0 if out is None else out, "stopping": None, "live": live})
+
+
+def running(hosts=("a", "b"), **cfg):
+    """A head whose members have all joined and whose attempt 1 is running."""
+    head = make(hosts, **cfg)
+    events = [H.joined(h, "10.1.0.1") for h in hosts[1:]]
+    _, actions = H.decide(head, events, T0 + 1)
+    assert ("start", 1, "10.1.0.1") in actions
+    H.decide(head, [rep(head, h, {}) for h in hosts], T0 + 1.5)
+    assert head.phase == H.Phase.RUN and head.state == RunState.RUNNING
+    return head
+
+
+def kinds(actions):
+    return [a[0] for a in actions]
+
+
+def finish_stopping(head, t, hosts=("a", "b")):
+    """Every host reports nothing live any more: the attempt's stop completes."""
+    if not head.stop_sent:
+        _, a1 = H.decide(head, [], t)           # the stop goes out
+        assert "stop" in kinds(a1)
+    evs = []
+    for h in hosts:
+        prev = head.hosts[h].report
+        states = {}
+        for r in head.doc["ranks"]:
+            if r["host"] == h:
+                states[r["rank"]] = ((r["state"], r["exit_code"], r["signal"], r["end"]) if r["end"] is not None
+                                     else ("stopped", None, 15, t))
+        evs.append(rep(head, h, states, live=False, out=prev["out"] if prev else T0))
+    return H.decide(head, evs, t + 0.5)
+
+
+# --------------------------------------------------------------------------- joining
+
+def test_every_member_joined_starts_attempt_one_on_the_address_most_reached():
+    head = make(("a", "b", "c"))
+    _, actions = H.decide(head, [H.joined("b", "10.0.0.1")], T0 + 0.5)
+    assert "start" not in kinds(actions)
+    _, actions = H.decide(head, [H.joined("c", "10.1.0.1")], T0 + 0.6)
+    # a tie: the preferred (first advertised) address
+    assert ("start", 1, "10.0.0.1") in actions and head.doc["reached"] == {"b": "10.0.0.1", "c": "10.1.0.1"}
+
+
+def test_a_second_join_for_a_joined_host_is_refused():
+    head = make()
+    assert head.can_join("b") and not head.can_join("a") and not head.can_join("zz")
+    H.decide(head, [H.joined("b", "10.0.0.1")], T0 + 1)
+    assert not head.can_join("b")
+
+
+def test_a_member_that_never_joins_makes_the_run_lost_naming_it_and_the_addresses_tried():
+    head = make(("a", "b", "c"), lost_after=100)
+    H.decide(head, [H.joined("b", "10.0.0.1")], T0 + 1)
+    _, actions = H.decide(head, [], T0 + 61)
+    assert head.state == RunState.LOST and head.doc["lost"] == ["c"]
+    assert "c never reached" in head.doc["message"] and "10.0.0.1, 10.1.0.1" in head.doc["message"]
+    assert ("exit", RunState.LOST) in actions and "start" not in kinds(actions)
+
+
+def test_stop_before_the_start_ends_stopped_and_starts_nothing():
+    head = make()
+    _, actions = H.decide(head, [H.stop_asked("orch down")], T0 + 1)
+    assert head.state == RunState.STOPPED and "start" not in kinds(actions)
+    assert "orch down" in head.doc["message"]
+
+
+# --------------------------------------------------------------------------- fail-fast
+
+def test_fail_fast_names_the_first_rank_to_fail_not_the_lowest():
+    head = running()
+    # rank 0 failed later than rank 3, whose host reported after a's
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 10.5), 1: ("exited", 0, None, T0 + 2)}),
+                    rep(head, "b", {2: ("failed", 1, None, T0 + 11), 3: ("failed", None, 9, T0 + 9.25)})], T0 + 12)
+    ff = head.doc["first_failure"]
+    assert (ff["rank"], ff["host"], ff["how"]) == (3, "b", "killed by signal 9 (SIGKILL)")
+    assert head.phase == H.Phase.STOPPING and "rank 3 on b (device 1) failed" in head.doc["message"]
+
+
+def test_fail_fast_stops_every_host_as_soon_as_one_rank_fails():
+    head = running()
+    _, actions = H.decide(head, [rep(head, "b", {2: ("failed", 3, None, T0 + 5)})], T0 + 5.1)
+    assert head.doc["attempts"][-1]["state"] == RunState.FAILED
+    [stop] = [a for a in actions if a[0] == "stop"]   # in the same decision
+    assert "rank 2 on b" in stop[1]
+    _, actions = finish_stopping(head, T0 + 6)
+    assert head.state == RunState.FAILED and ("exit", RunState.FAILED) in actions
+    # its siblings, killed by TERM afterwards, are stopped, not failed
+    assert [r["state"] for r in head.doc["ranks"]] == ["stopped", "stopped", "failed", "stopped"]
+
+
+def test_siblings_killed_by_the_launcher_after_the_first_failure_count_as_stopped():
+    head = running()
+    H.decide(head, [rep(head, "a", {0: ("failed", None, 15, T0 + 6), 1: ("failed", None, 9, T0 + 6.2)}),
+                    rep(head, "b", {2: ("failed", 2, None, T0 + 5), 3: ("failed", None, 15, T0 + 4)})], T0 + 7)
+    finish_stopping(head, T0 + 8)
+    # rank 3 died of SIGTERM BEFORE rank 2 failed: it is the first failure
+    assert head.doc["first_failure"]["rank"] == 3
+    assert {r["rank"]: r["state"] for r in head.doc["ranks"]} == {0: "stopped", 1: "stopped", 2: "failed",
+                                                                  3: "failed"}
+
+
+def test_on_failure_continue_lets_the_others_finish_then_fails():
+    head = running(on_failure="continue")
+    _, actions = H.decide(head, [rep(head, "b", {2: ("failed", 3, None, T0 + 5)})], T0 + 5.1)
+    assert head.phase == H.Phase.RUN and "stop" not in kinds(actions)
+    H.decide(head, [rep(head, "a", {0: ("exited", 0, None, T0 + 8), 1: ("exited", 0, None, T0 + 8)}),
+                    rep(head, "b", {2: ("failed", 3, None, T0 + 5), 3: ("exited", 0, None, T0 + 9)})], T0 + 9.5)
+    assert head.phase == H.Phase.STOPPING and head.doc["first_failure"]["rank"] == 2
+    finish_stopping(head, T0 + 10)
+    assert head.state == RunState.FAILED
+
+
+def test_every_rank_exited_zero_is_success():
+    head = running()
+    _, actions = H.decide(head, [rep(head, h, {r: ("exited", 0, None, T0 + 3) for r in range(4)}, live=False)
+                                 for h in ("a", "b")], T0 + 3.5)
+    finish_stopping(head, T0 + 4)
+    assert head.state == RunState.SUCCEEDED and head.doc["message"] == "all 4 ranks exited 0"
+
+
+def test_a_failed_launcher_is_named_after_its_ranks_had_their_grace():
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": 1, "signal": None, "start": T0, "end": T0 + 4}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun])], T0 + 4.1)
+    assert head.phase == H.Phase.RUN      # its ranks may still report
+    _, actions = H.decide(head, [], T0 + 4.1 + H.LAUNCHER_REPORT_GRACE + 0.1)
+    assert head.phase == H.Phase.STOPPING and head.doc["message"].startswith("mpirun on a failed: exit code 1")
+    assert ("launcher_failed", "mpirun", "a") in actions
+
+
+# --------------------------------------------------------------------------- lost hosts
+
+def test_a_member_whose_connection_closes_is_lost_and_the_run_ends_lost():
+    head = running()
+    _, actions = H.decide(head, [H.gone("b")], T0 + 3)
+    assert head.doc["lost"] == ["b"] and "lost contact with host b (ranks 2-3)" in head.doc["message"]
+    assert "stop" in kinds(actions)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 3.2), 1: ("stopped", None, 15, T0 + 3.2)},
+                        live=False)], T0 + 3.5)
+    assert head.state == RunState.LOST
+    assert [r["state"] for r in head.doc["ranks"]] == ["stopped", "stopped", "lost", "lost"]
+
+
+def test_a_silent_member_is_lost_after_lost_after_seconds_not_before():
+    head = running(lost_after=10)
+    H.decide(head, [rep(head, "a", {})], T0 + 11)
+    assert head.doc["lost"] == []
+    H.decide(head, [rep(head, "a", {})], T0 + 11.6)
+    assert head.doc["lost"] == ["b"]
+
+
+# --------------------------------------------------------------------------- stalls, time-out, restarts
+
+def test_silent_ranks_are_a_stall_stacks_first_then_stopped():
+    head = running(stall_timeout=30)
+    _, actions = H.decide(head, [rep(head, "a", {}, out=T0 + 20), rep(head, "b", {}, out=T0 + 10)], T0 + 45)
+    assert head.phase == H.Phase.RUN
+    _, actions = H.decide(head, [], T0 + 50.5)
+    assert kinds(actions)[0] == "dump" and head.doc["attempts"][-1]["state"] == RunState.STALLED
+    _, actions = H.decide(head, [], T0 + 51)   # the stacks get 2 s before the stop
+    assert "stop" not in kinds(actions)
+    finish_stopping(head, T0 + 52.6)
+    assert head.state == RunState.STALLED
+
+
+def test_timeout_counts_from_the_runs_start():
+    head = running(timeout=100, lost_after=1000)
+    H.decide(head, [], T0 + 99)
+    assert head.phase == H.Phase.RUN
+    H.decide(head, [], T0 + 100.5)
+    assert head.doc["attempts"][-1]["state"] == RunState.TIMEOUT and "job.timeout = 100s" in head.doc["message"]
+
+
+def test_a_failed_attempt_restarts_after_the_delay_while_restarts_remain():
+    head = running(restarts=1, restart_delay=5)
+    H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 4)})], T0 + 4)
+    finish_stopping(head, T0 + 5)
+    assert head.phase == H.Phase.DELAY and "restarting (attempt 2 of 2)" in head.doc["message"]
+    assert head.state == RunState.RUNNING
+    _, actions = H.decide(head, [], T0 + 9)
+    assert "start" not in kinds(actions)
+    _, actions = H.decide(head, [], T0 + 10.6)
+    assert ("start", 2, "10.1.0.1") in actions and head.doc["attempt"] == 2
+    assert all(r["state"] == "pending" and r["attempt"] == 2 for r in head.doc["ranks"])
+    # a late report of attempt 1 changes nothing
+    H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 4)}, attempt=1)], T0 + 11)
+    assert head.doc["ranks"][3]["state"] == "pending"
+    H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 12)})], T0 + 12)
+    finish_stopping(head, T0 + 13)
+    assert head.state == RunState.FAILED and [a["state"] for a in head.doc["attempts"]] == ["failed", "failed"]
+
+
+def test_a_stop_during_the_restart_delay_ends_stopped():
+    head = running(restarts=3, restart_delay=60)
+    H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 4)})], T0 + 4)
+    finish_stopping(head, T0 + 5)
+    H.decide(head, [H.stop_asked("orch down")], T0 + 6)
+    assert head.state == RunState.STOPPED and "orch down" in head.doc["message"]
+
+
+def test_lost_and_timeout_are_not_restarted():
+    head = running(restarts=5)
+    H.decide(head, [H.gone("b")], T0 + 2)
+    H.decide(head, [], T0 + 2.1)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 2.2), 1: ("stopped", None, 15, T0 + 2.2)},
+                        live=False)], T0 + 2.5)
+    assert head.state == RunState.LOST and head.doc["attempt"] == 1
+
+
+def test_a_host_reports_only_its_own_ranks_and_never_undoes_an_end():
+    head = running()
+    forged = rep(head, "a", {0: ("exited", 0, None, T0 + 2), 1: ("exited", 0, None, T0 + 2)})
+    forged[2]["ranks"][0]["host"] = "b"
+    forged = H.reported("b", dict(forged[2], host="b"))   # b claiming a's ranks
+    H.decide(head, [forged], T0 + 2)
+    assert head.doc["ranks"][0]["state"] == "running"
+    H.decide(head, [rep(head, "b", {2: ("exited", 0, None, T0 + 3)})], T0 + 3)
+    H.decide(head, [rep(head, "b", {2: ("running", None, None, None)})], T0 + 3.5)
+    assert head.doc["ranks"][2]["state"] == "exited"
+
+
+# --------------------------------------------------------------------------- the transition table
+
+EVENT = st.one_of(
+    st.tuples(st.just("report"), st.sampled_from(["a", "b"]),
+              st.dictionaries(st.integers(0, 3), st.sampled_from(["running", "exited", "failed", "stopped", "pending"]),
+                              max_size=4), st.booleans(), st.integers(0, 3)),
+    st.tuples(st.just("gone"), st.sampled_from(["b"])),
+    st.tuples(st.just("stop"), st.just("orch down")),
+    st.tuples(st.just("tick"), st.floats(0.05, 20)),
+)
+
+
+def _observe(head, seen):
+    seen["run"].add(head.doc["state"])
+    for a in head.doc["attempts"]:
+        seen.setdefault(("attempt", a["attempt"]), []).append(a["state"])
+    for r in head.doc["ranks"]:
+        seen.setdefault(("rank", r["rank"], r["attempt"]), []).append(r["state"])
+
+
+def _pairs(history):
+    return {(x, y) for x, y in zip(history, history[1:]) if x != y}
+
+
+@settings(max_examples=300, deadline=None)
+@given(cfg=st.fixed_dictionaries({"on_failure": st.sampled_from(["stop", "continue"]), "restarts": st.integers(0, 2),
+                                  "stall_timeout": st.sampled_from([None, 15.0]),
+                                  "timeout": st.sampled_from([None, 40.0])}),
+       events=st.lists(EVENT, max_size=40))
+def test_no_sequence_of_events_makes_a_transition_outside_the_table(cfg, events):
+    head = make(**cfg)
+    t = T0
+    history = {"run": [head.doc["state"]]}
+    ranks = {}
+    attempts = {}
+    for ev in [("join",)] + events:
+        t += 0.5
+        if ev[0] == "join":
+            batch = [H.joined("b", "10.0.0.1")]
+        elif ev[0] == "report":
+            _, host, states, live, dt = ev
+            states = {r: (s, 0 if s == "exited" else (1 if s == "failed" else None),
+                          15 if s == "stopped" else None, t - dt if s not in ("running", "pending") else None)
+                      for r, s in states.items() if r // 2 == "ab".index(host)}
+            batch = [rep(head, host, states, live=live, out=t)] if head.doc["attempt"] else []
+        elif ev[0] == "gone":
+            batch = [H.gone(ev[1])]
+        elif ev[0] == "stop":
+            batch = [H.stop_asked(ev[1])]
+        else:
+            t += ev[1]
+            batch = []
+        H.decide(head, batch, t)
+        history["run"].append(head.doc["state"])
+        for a in head.doc["attempts"]:
+            attempts.setdefault(a["attempt"], []).append(a["state"])
+        for r in head.doc["ranks"]:
+            ranks.setdefault((r["rank"], r["attempt"]), []).append(r["state"])
+    for x, y in _pairs(history["run"]):
+        assert y in RUN_TRANSITIONS.get(RunState(x), ()), (x, y)
+    for hist in attempts.values():
+        for x, y in _pairs(hist):
+            assert y in ATTEMPT_TRANSITIONS.get(RunState(x), ()), (x, y)
+    for hist in ranks.values():
+        for x, y in _pairs(hist):
+            assert y in RANK_TRANSITIONS.get(RankState(x), ()), (x, y)
+
+
+def _run_transitions_of(scenario) -> set:
+    head = make(**scenario.get("cfg", {}))
+    before = head.doc["state"]
+    seen = set()
+    t = T0
+    for step in scenario["steps"]:
+        t += 0.6
+        H.decide(head, step(head), t)
+        if head.doc["state"] != before:
+            seen.add((before, head.doc["state"]))
+            before = head.doc["state"]
+    for _ in range(40):   # let stops finish
+        t += 1
+        evs = [rep(head, h, {r["rank"]: (r["state"] if r["end"] else "stopped", r["exit_code"], r["signal"] or 15,
+                                         r["end"] or t) for r in head.doc["ranks"] if r["host"] == h}, live=False,
+                   out=t) for h in ("a", "b") if head.doc["attempt"] and h not in head.doc["lost"]]
+        H.decide(head, evs, t)
+        if head.doc["state"] != before:
+            seen.add((before, head.doc["state"]))
+            before = head.doc["state"]
+    return seen
+
+
+def test_every_run_transition_in_the_table_happens_in_some_scenario():
+    def join(head):
+        return [H.joined("b", "10.0.0.1")]
+
+    def nothing(head):
+        return []
+
+    def ranks_end(state, code, sig):
+        return lambda head: [rep(head, h, {r: (state, code, sig, T0 + 1) for r in range(4)}, live=False)
+                             for h in ("a", "b")]
+
+    def ask_stop(head):
+        return [H.stop_asked("x")]
+
+    scenarios = [
+        {"steps": [join, nothing, ranks_end("exited", 0, None)]},
+        {"steps": [join, nothing, ranks_end("failed", 1, None)]},
+        {"steps": [join, nothing, ask_stop]},
+        {"steps": [join, nothing, lambda head: [H.gone("b")]]},
+        {"cfg": {"stall_timeout": 1.0}, "steps": [join] + [nothing] * 5},
+        {"cfg": {"timeout": 1.0}, "steps": [join] + [nothing] * 4},
+        {"steps": [ask_stop]},
+        {"cfg": {"join_timeout": 1}, "steps": [nothing] * 3},
+    ]
+    seen = set()
+    for s in scenarios:
+        seen |= _run_transitions_of(s)
+    table = {(x, y) for x, ys in RUN_TRANSITIONS.items() for y in ys}
+    # starting -> failed is a crash of the head (server.Supervisor.crashed), not a decision
+    assert seen == table - {(RunState.STARTING, RunState.FAILED)}, sorted(table - seen)
+
+
+def test_decide_is_pure_the_same_events_give_the_same_result():
+    a, b = running(), running()
+    evs = [rep(a, "b", {2: ("failed", 1, None, T0 + 4)})]
+    ra = H.decide(a, copy.deepcopy(evs), T0 + 4)[1]
+    rb = H.decide(b, copy.deepcopy(evs), T0 + 4)[1]
+    assert ra == rb and a.doc == b.doc
+
+
+@pytest.mark.parametrize("bad", [{"rank": 0, "state": "exploded"}])
+def test_a_report_with_an_unknown_state_never_reaches_decide(bad):
+    from orchestrator.agent import protocol
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_report({"host": "a", "attempt": 1, "ranks": [bad], "procs": [], "out": 0, "live": True})
