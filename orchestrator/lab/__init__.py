@@ -74,15 +74,19 @@ are reaped (daemons it forks are the init's, as usual).
 
 PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environment
 (PermitUserEnvironment yes), which sets
-``PATH=/opt/orch-lab/bin:<dir of the host python>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
+``PATH=/opt/orch-lab/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
 (plus PYTHONPATH=/opt/orch-lab/site / LD_LIBRARY_PATH=/opt/orch-lab/lib where a
---vary put something there). The host python (system.host_python) is the very interpreter
-that ran ``orch lab up``, or, when that one sits where hosts mount their own directory (a
-venv under /tmp), the interpreter it links to; it also runs each host's init. So ``python3``
-over ssh is that one unless ``--vary I:python=X`` puts a version shim first. Because bash sources
-~/.bashrc for ssh commands and this machine's /root/.bashrc prepends pyenv shims,
-each host's /root/.bashrc (in its /root overlay; the real file is untouched) returns
-early for non-interactive shells.
+--vary put something there): a real host's standard PATH. So ``python3`` over ssh is this
+machine's system python3 (system.host_python: the first on that PATH, /usr/bin/python3 on
+Debian; ``apt-get install python3`` where there is none), with its standard library and
+nothing of the controller's: never the venv or pyenv python that runs orch, so orch, paramiko
+and pydantic are not importable on a host, as on a real one. It also runs each host's init
+and is the real interpreter behind a ``--vary I:python=X`` version shim. What a job needs
+beyond that (MindSpore, torch, mpi4py) it names itself, as on a real cluster: the playbooks
+and tests/e2e put /opt/orch-venvs/train/bin (scripts/install-e2e-deps.sh) first on PATH
+through ``job.env``. Because bash sources ~/.bashrc for ssh commands and this machine's
+/root/.bashrc prepends pyenv shims, each host's /root/.bashrc (in its /root overlay; the
+real file is untouched) returns early for non-interactive shells.
 
 Versions (``--vary I:TOOL=VERSION``, ``--vary '*:TOOL=VERSION'`` or ``--all TOOL=VERSION``;
 a host's own entry wins over ``*``):
@@ -93,12 +97,13 @@ a host's own entry wins over ``*``):
               overlay over /usr/bin with whiteouts): ``command -v mpirun`` fails.
               (Covering the files with a non-executable bind mount is not enough:
               bash's ``command -v`` still prints a non-executable match.)
-  python=V    /opt/orch-lab/bin/python3 (and python) answer --version/-V with V.
+  python=V    /opt/orch-lab/bin/python3 (and python) answer --version/-V with V (and run the
+              system python3 otherwise).
   nccl=V      empty /opt/orch-lab/lib/libnccl.so.V + libnccl.so.<major> symlink.
   other=V     any Python distribution (mindspore, torch...): a fake
               /opt/orch-lab/site/<name>-V.dist-info/METADATA.
-  other=none  no shim; if this machine's python has it installed under /root, its
-              dist-info is removed inside that host's /root overlay.
+  other=none  no shim; if the hosts' python3 sees it installed under /root (pip --user), its
+              dist-info is removed inside that host's /root overlay (elsewhere: an error).
 
 mpirun across lab hosts works with the stock ssh agent, run on a lab host::
 

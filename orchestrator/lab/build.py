@@ -58,15 +58,14 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
         base_bashrc = ""
     bashrc = render.bashrc(base_bashrc)
     python = host_python()
-    pydir = os.path.dirname(python)
     need_openmpi_version = any(v.get("openmpi", "none") != "none" for v in (p.versions for p in plans))
     real_ompi = versions.openmpi_real_version(tools["mpirun"]) if need_openmpi_version else ""
-    hide_exes = (versions.openmpi_names(render.path_dirs(pydir))
+    hide_exes = (versions.openmpi_names(render.path_dirs())
                  if any(p.versions.get("openmpi") == "none" for p in plans) else {})
 
     write(lab.init_path, render.init_script(python), 0o755)
     for p in every:
-        write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools,
+        write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, real_ompi, hide_exes, tools,
                    port=port, user=user)
 
     # network: bridge(s), namespaces, veths in one `ip -batch`
@@ -96,7 +95,7 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
 
 
 def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, hosts_text: str, bashrc: str,
-               pydir: str, real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
+               real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
                port: int = SSH_PORT, user: str = "root") -> None:
     """Host p's dir: data/, tmp/, ssh/ (root's ~/.ssh), opt/ (--vary), home/ (--user), its
     /etc files, sshd_config and setup.sh."""
@@ -126,7 +125,7 @@ def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, 
     hide_dists = versions.install(p, opt, tools["mpirun"], real_ompi)
     has_site = any((opt / "site").iterdir())
     has_lib = any((opt / "lib").iterdir())
-    write(ssh / "environment", render.host_path_env(pydir, has_site, has_lib), 0o600)
+    write(ssh / "environment", render.host_path_env(has_site, has_lib), 0o600)
     if p.back_address:
         write(d / "sshd_config", render.sshd_config(h, d, port, BASTION_MAX_STARTUPS))
     else:

@@ -167,6 +167,7 @@ class Lab:
                            hint="Slurm's controller runs on this machine and must reach every slurmd; "
                                 "drop one of the two")
         tools = preflight(UP_TOOLS + (tuple(labslurm.TOOLS) if slurm else ()))
+        python = host_python()  # the hosts' python3: this machine's system one (LabError if none)
         if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
         plan_vary = parse_vary(vary)
@@ -198,7 +199,7 @@ class Lab:
                 for i in range(1, n + 1)
             ]
             state = labstate.new(self, hosts, k=k, m=m, ssh_port=ssh_port, user=user, bastion=bastion,
-                                 vary=plan_vary, refuse=refuse, created=created, python=host_python(),
+                                 vary=plan_vary, refuse=refuse, created=created, python=python,
                                  now=time.time())
             labstate.save(self.state_path, state)
         try:

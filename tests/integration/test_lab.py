@@ -101,17 +101,22 @@ def test_hosts_ssh_to_each_other(lab):
     assert res.stdout.split() == [h2.name, h3.name]
 
 
-def test_ssh_sessions_get_this_python(lab):
-    """Hosts run this python, or, from a venv they cannot see (under /tmp, which each host
-    mounts its own), the interpreter it links to."""
-    # (not `import orchestrator`: the checkout may live under /tmp, which is private per host)
-    from orchestrator.lab.system import host_python
-
-    res = system_ssh(lab, 2, "python3 -c 'import sys; print(sys.executable)'; echo $PATH")
-    assert res.returncode == 0, res.stderr
-    exe, path = res.stdout.split()
-    assert os.path.realpath(exe) == os.path.realpath(sys.executable)
-    assert path.split(":")[:2] == ["/opt/orch-lab/bin", os.path.dirname(host_python())]
+def test_ssh_sessions_get_the_system_python3_not_the_controllers(lab):
+    """A host's python3 is this machine's system one (standard library only), as on a real
+    host: never the controller's venv or pyenv python, so orch, paramiko and pydantic are not
+    importable there (an import a real host lacks fails in the lab too)."""
+    system = labsys.host_python()
+    assert os.path.dirname(system) in labrender.SBIN_PATH.split(":")
+    probe = ("command -v python3; echo \"$PATH\"; "
+             "python3 -c 'import sys; print(sys.executable); print(sys.prefix == sys.base_prefix)'; "
+             "for m in orchestrator paramiko pydantic; do "
+             "python3 -c \"import $m\" 2>/dev/null && echo \"$m: yes\" || echo \"$m: no\"; done")
+    for i in (1, 3):
+        res = system_ssh(lab, i, probe)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == [
+            system, f"/opt/orch-lab/bin:{labrender.SBIN_PATH}", system, "True",  # True: not a venv
+            "orchestrator: no", "paramiko: no", "pydantic: no"], res.stdout
 
 
 def test_mpirun_runs_across_two_lab_hosts(lab):
@@ -290,8 +295,9 @@ def test_vary_shows_through_ssh(varied):
     out = {i: system_ssh(lab, i, PROBE) for i in (1, 2, 3)}
     assert all(res.returncode == 0 for res in out.values()), {i: o.stderr for i, o in out.items()}
     h1, h2, h3 = (out[i].stdout.splitlines() for i in (1, 2, 3))
+    system_python = subprocess.run([labsys.host_python(), "--version"], capture_output=True, text=True).stdout.strip()
     real_mpirun = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    assert h1 == ["2.10.0", "Python " + ".".join(map(str, sys.version_info[:3])), real_mpirun, "has-mpirun",
+    assert h1 == ["2.10.0", system_python, real_mpirun, "has-mpirun",
                   "no-nccl"]
     assert h2 == ["2.2.14", "Python 3.10.14", "mpirun (Open MPI) 4.0.3", "has-mpirun",
                   "libnccl.so.2", "libnccl.so.2.18.3"]
