@@ -17,7 +17,8 @@ Layout (NAME defaults to ``lab``; ORCH_LAB_ROOT defaults to /var/tmp/orch-lab)::
         inventory.yaml      usable unchanged as `inventory:` in a cluster.yaml
         id_ed25519(.pub)    the lab's user key (root on every host accepts it)
         known_hosts         every host's address and name with its host key
-        ssh_config          OpenSSH client config: every host by its name (ProxyJump with --bastion)
+        ssh_config          OpenSSH client config: every host by its name (ProxyJump with --bastion
+                            or --dual-homed-head)
         passwd, group       with --user: the copies bound over /etc/passwd and /etc/group
         h<i>/               host i: sshd_config, sshd.log, sshd.pid, host key,
                             data/ (-> /data), ssh/ (-> /root/.ssh), opt/ (-> /opt/orch-lab),
@@ -43,6 +44,16 @@ Options (orchestrator/lab/access.py has the details), each recorded in lab.json:
                 gets ``jump: USER@BASTION:PORT``; ``Lab.ssh_config_path`` (ssh -F FILE NAME-h1)
                 names every host with ProxyJump to the bastion. ``Lab.exec/ssh/sshd/link(0, ...)``,
                 status and down cover the bastion.
+  --dual-homed-head  (``dual_homed_head``: the hosts' network ``k``/``subnet``/``bridge``) the
+                launch host is the bastion: host 1 alone is on this machine's bridge (network A,
+                eth0 = 198.18.K.11) and also on the hosts' bridge ``ol-bh-NAME`` (network B,
+                198.18.M.0/24 reserved like the bastion's, ``unreachable`` here; eth1 = 198.18.M.11,
+                root-side veth ``olNAME-1b``), where hosts 2..N are (eth0 = 198.18.M.(10+i)). Host 1's
+                sshd listens on both addresses, no IP forwarding; every host's /etc/hosts names host 1
+                by its B address. The inventory lists host 1 by its A address (no ``jump``, no
+                ``mpi_address``) and hosts 2..N with ``jump: USER@HOST1:PORT``; ssh_config gives them
+                ProxyJump to host 1. ``Lab.jump_host`` is host 1, ``Lab.peer_address(1)`` its B
+                address; ``Lab.ssh(i, ...)`` goes through it; ``link down 1`` cuts network A only.
 
 Each host's uts+mount+pid namespaces are kept alive by a holder process, ``orch-lab-init``
 (the state dir's tiny python init, started as ``ip netns exec olab-NAME-i unshare --uts

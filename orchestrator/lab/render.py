@@ -56,10 +56,12 @@ def path_dirs() -> list[str]:
     return host_path_env(False, False).split("=", 1)[1].strip().split(":")
 
 
-def sshd_config(host: LabHost, hdir: Path, port: int = SSH_PORT, max_startups: str = "200:30:400") -> str:
+def sshd_config(host: LabHost, hdir: Path, port: int = SSH_PORT, max_startups: str = "200:30:400",
+                also: Sequence[str] = ()) -> str:
+    """`also`: more addresses to listen on (a dual-homed head's on the hosts' network)."""
     return "\n".join([
         f"# sshd of orch lab host {host.name}",
-        f"ListenAddress {host.address}",
+        *(f"ListenAddress {a}" for a in (host.address, *also)),
         f"Port {port}",
         f"HostKey {hdir}/ssh_host_ed25519_key",
         f"PidFile {hdir}/sshd.pid",
@@ -154,7 +156,8 @@ def setup_script(p: HostPlan, *, state_dir: Path, init_path: Path, user: str = "
         "ip link set eth0 up",
     ]
     if p.back_address:
-        # the bastion: a second NIC on the hosts' network, and no forwarding between the two
+        # a jump host (the bastion, a dual-homed head): a second NIC on the hosts' network, and no
+        # forwarding between the two
         # (a new network namespace may inherit ip_forward=1 from this machine's)
         script += [
             f"ip addr add {p.back_address}/24 dev eth1",

@@ -87,6 +87,9 @@ def test_sshd_config_listens_on_the_host_address_and_port():
                  "PermitUserEnvironment yes", "MaxStartups 10:30:100", "LogLevel VERBOSE"):
         assert line in lines
     assert "Port 22" in render.sshd_config(H1, Path("/x")).splitlines()
+    both = render.sshd_config(H1, Path("/x"), also=["198.18.9.11"]).splitlines()  # a dual-homed head
+    assert [ln for ln in both if ln.startswith("ListenAddress")] == ["ListenAddress 198.18.7.11",
+                                                                      "ListenAddress 198.18.9.11"]
 
 
 def test_passwd_and_group_get_the_lab_user_and_refuse_a_clash():
@@ -161,6 +164,20 @@ def test_inventory_yaml_reads_back_with_jump_user_and_port():
     assert plain["defaults"]["user"] == "root" and plain["defaults"]["port"] == 22 and "jump" not in plain["defaults"]
 
 
+def test_inventory_of_a_dual_homed_head_jumps_to_host_1_for_the_others_only():
+    """Host 1 by the address this machine reaches it by, no jump, no mpi_address; the others
+    through it."""
+    head = LabHost(1, "t1-h1", "198.18.9.11", "olab-t1-1", "olt1-1")
+    text = access.inventory_yaml("t1", "198.18.7.0/24", [head, H2], Path("/k"), Path("/kh"), user="train",
+                                 port=2222, jump="train@198.18.9.11:2222", head_jump=True)
+    inv = yaml.safe_load(text)
+    assert "jump" not in inv["defaults"] and inv["defaults"]["user"] == "train"
+    assert inv["hosts"] == [{"address": "198.18.9.11", "name": "t1-h1"},
+                            {"address": "198.18.7.12", "name": "t1-h2", "jump": "train@198.18.9.11:2222"}]
+    assert "mpi_address" not in text.split("defaults:")[1]
+    assert "198.18.9.0/24" in text  # the header says which network host 1 is listed on
+
+
 def test_known_hosts_bracket_a_port_other_than_22():
     entries = [(["198.18.7.11", "t1-h1"], "ssh-ed25519 AAAA")]
     assert access.known_hosts_text(entries, 22) == "198.18.7.11,t1-h1 ssh-ed25519 AAAA\n"
@@ -180,6 +197,31 @@ def test_ssh_client_config_names_every_host_with_proxyjump_behind_a_bastion():
         assert '    IdentityFile "/my lab/key"' in block and block.rstrip().endswith("ProxyJump t1-bastion")
     assert "ProxyJump" not in access.ssh_client_config("t1", [H1], None, user="root", port=22, key=Path("/k"),
                                                        known_hosts=Path("/kh"), state_dir=Path("/lab"))
+
+
+def test_ssh_client_config_of_a_dual_homed_head_jumps_through_host_1():
+    text = access.ssh_client_config("t1", [H1, H2], None, user="root", port=22, key=Path("/k"),
+                                    known_hosts=Path("/kh"), state_dir=Path("/lab"), head_jump=True)
+    blocks = text.split("\n\n")
+    assert blocks[1].startswith("Host t1-h1\n") and "ProxyJump" not in blocks[1]
+    assert blocks[2].startswith("Host t1-h2\n") and blocks[2].rstrip().endswith("ProxyJump t1-h1")
+
+
+def test_network_of_a_dual_homed_head_gives_host_1_two_nics_the_others_one():
+    from orchestrator.lab import network
+
+    head = LabHost(1, "t1-h1", "198.18.9.11", "olab-t1-1", "olt1-1")
+    jump = {"index": 1, "netns": "olab-t1-1", "veth": "olt1-1", "back_veth": "olt1-1b", "bridge": "ol-bh-t1",
+            "subnet": "198.18.7.0/24"}
+    lines = network.up_batch("ol-br-t1", 9, [head, H2], jump, v6=True)
+    assert "addr add 198.18.9.1/24 dev ol-br-t1" in lines and "route add unreachable 198.18.7.0/24" in lines
+    assert lines.count("netns add olab-t1-1") == 1 and "netns add olab-t1-2" in lines
+    assert "link set olt1-1 master ol-br-t1 up" in lines and "link set olt1-1b master ol-bh-t1 up" in lines
+    assert "link add olt1-1b type veth peer name eth1 netns olab-t1-1" in lines
+    assert "link set olt1-2 master ol-bh-t1 up" in lines and not any("olt1-2 master ol-br" in x for x in lines)
+    # this machine has no IPv6 link-local address on the hosts' network either
+    assert {"link set ol-bh-t1 addrgenmode none", "link set olt1-1b addrgenmode none",
+            "link set olt1-2 addrgenmode none"} <= set(lines)
 
 
 def test_ssh_argv_goes_through_the_bastion_as_the_same_user():
