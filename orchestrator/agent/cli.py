@@ -89,9 +89,13 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
         cfg["head_port"] = int(head_port)
     if head_addresses:
         cfg["head_addresses"] = [a for a in head_addresses.split(",") if a]
-    private_dir(orch_dir(cfg["workdir"]))
-    private_dir(rundir)
-    lock_fd, holder = lock_workdir(cfg["workdir"], cfg["run_id"])
+    try:
+        private_dir(orch_dir(cfg["workdir"]))
+        private_dir(rundir)
+        lock_fd, holder = lock_workdir(cfg["workdir"], cfg["run_id"])
+    except OSError as exc:
+        sys.stderr.write("orch: the run's supervisor cannot start: %s\n" % exc)
+        return 1
     if lock_fd is None:
         print("busy %s" % holder)
         return 3

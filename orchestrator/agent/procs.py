@@ -81,6 +81,22 @@ def pid_runs_python(pid):
         return False
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig):
+    """A preexec_fn: the child gets `sig` when the process that started it dies, whatever kills
+    it (SIGKILL, the OOM killer): a supervisor that cannot clean up still leaves no rank behind.
+    Linux only; elsewhere nothing."""
+    def setup():
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        except (OSError, AttributeError, ImportError):
+            pass
+    return setup
+
+
 def substitute(value, adir, head_address):
     return value.replace(ATTEMPT_DIR_TOKEN, adir).replace(HEAD_ADDR_TOKEN, head_address or "")
 
@@ -196,8 +212,12 @@ class Local:
             if rank is not None and env.get(RANK_DIRS_VAR):
                 cwd = enter_rank_dir(cwd, rank)
             argv = [substitute(a, adir, self.head_address) for a in p["argv"]]
+            # a rank dies with its supervisor; a launcher (mpirun, msrun, torchrun) is told to stop,
+            # which it passes on to its ranks
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fd,
-                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    preexec_fn=die_with_parent(signal.SIGKILL if rank is not None
+                                                               else signal.SIGTERM))
         except OSError as exc:
             os.write(fd, ("orch: cannot start %s: %s\n" % (p["argv"][0], exc.strerror)).encode())
             os.close(fd)
@@ -320,6 +340,8 @@ class Local:
         """The supervisor is going down (a crash): TERM everything of the run here, wait up to
         `grace` seconds, KILL what is left. Bounded; raises nothing."""
         try:
+            if self.stopping is None:   # what ends now was stopped by us, not failed
+                self.stopping = ["the run's supervisor crashed", now() + grace, False]
             self.signal_all(signal.SIGTERM)
             deadline = now() + grace
             while now() < deadline and self.live():
@@ -438,7 +460,8 @@ def run_rank(argv):
     env.update(read_secrets(rundir))
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out is not None else None)
+                                stderr=subprocess.STDOUT if out is not None else None,
+                                preexec_fn=die_with_parent(signal.SIGKILL))
     except OSError as exc:
         msg = "orch: cannot start %s: %s\n" % (argv[0] if argv else "(nothing)", exc.strerror)
         os.write(out, msg.encode()) if out is not None else sys.stderr.write(msg)

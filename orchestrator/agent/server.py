@@ -608,6 +608,10 @@ class Supervisor:
         try:
             if self.is_head:
                 doc = self.head.doc
+                try:   # this host's ranks as they ended (their pids, codes)
+                    heads._merge(self.head, self.host, self.local.report())
+                except Exception:  # noqa: BLE001
+                    pass
                 for r in doc["ranks"]:
                     if r.get("end") is None:
                         r.update(state=RankState.STOPPED if r["host"] == self.host else RankState.LOST, end=now())

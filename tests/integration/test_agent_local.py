@@ -1,0 +1,166 @@
+"""The supervisor as the hosts run it (agent.py and its package, the machine's python3), on this
+machine alone: what happens when it dies. No lab, no network but loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_launchers import install_agent
+
+PY = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+
+def config(tmp_path: Path, procs: list[dict], ranks: list[int]) -> dict:
+    rundir = tmp_path / "wd" / ".orch" / "R1"
+    return {"run_id": "R1", "host": "h1", "role": "head", "token": "ab" * 16, "orch_version": "test",
+            "head_addresses": ["127.0.0.1"], "head_pinned": True, "head_port": None, "rundir": str(rundir),
+            "workdir": str(tmp_path / "wd"), "log_link": str(tmp_path / "wd" / "log_output"),
+            "launcher": "ranktable", "on_failure": "stop", "restarts": 0, "restart_delay": 0, "stall_timeout": None,
+            "timeout": None, "grace": 1, "lost_after": 10, "join_timeout": 10,
+            "ranks": [{"rank": r, "device": r} for r in ranks], "procs": procs, "secret_env": {},
+            "hosts": ["h1"], "all_ranks": [{"rank": r, "host": "h1", "device": r, "pid": None, "state": "pending",
+                                            "exit_code": None, "signal": None, "start": None, "end": None,
+                                            "attempt": 0} for r in ranks]}
+
+
+def rank_proc(r: int, argv: list, env: dict | None = None) -> dict:
+    return {"key": f"rank.{r}", "argv": argv, "env": env or {}, "cwd": "/", "log": f"1/rank.{r}/stdout", "rank": r,
+            "env_log": False}
+
+
+def start(tmp_path: Path, cfg: dict) -> subprocess.Popen:
+    rundir = Path(cfg["rundir"])
+    rundir.mkdir(parents=True)
+    install_agent(rundir)
+    env = {"PATH": "/usr/bin:/bin", "ORCH_RUN_ID": cfg["run_id"], "ORCH_AGENT": "1"}
+    p = subprocess.Popen([PY, "-S", str(rundir / "agent.py"), "start", str(rundir), "--foreground"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    p.stdin.write(json.dumps(cfg).encode())
+    p.stdin.close()
+    return p
+
+
+def state(cfg) -> dict:
+    try:
+        return json.loads((Path(cfg["rundir"]) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait(cond, limit=20.0):
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "not reached"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_supervisor_killed_by_sigkill_takes_its_ranks_with_it(tmp_path):
+    """kill -9 of a host's supervisor (the OOM killer, a careless admin): its ranks, in sessions of
+    their own, do not outlive it (they die with their parent: PR_SET_PDEATHSIG)."""
+    cfg = config(tmp_path, [rank_proc(0, ["sleep", "300"]), rank_proc(1, ["sleep", "300"])], [0, 1])
+    p = start(tmp_path, cfg)
+    try:
+        def started():
+            doc = state(cfg)
+            return doc.get("state") == "running" and doc["ranks"] and all(r.get("pid") for r in doc["ranks"])
+
+        wait(started)
+        pids = [r["pid"] for r in state(cfg)["ranks"]]
+        assert all(alive(x) for x in pids)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        wait(lambda: not any(alive(x) for x in pids), 10)
+        print(f"\nsupervisor SIGKILLed: its ranks gone {time.monotonic() - t0:.3f} s later")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_an_exception_in_the_supervisor_stops_its_ranks_and_names_the_error(tmp_path):
+    """Any unexpected exception in the loop: this host's ranks are stopped (TERM, then KILL) and the
+    final state names the error and where the traceback is."""
+    bad = rank_proc(1, ["sleep", "300"], env={"X": 5})   # not a string: starting it raises
+    cfg = config(tmp_path, [rank_proc(0, ["sh", "-c", "trap '' TERM; sleep 300"]), bad], [0, 1])
+    p = start(tmp_path, cfg)
+    try:
+        rc = p.wait(30)
+        out = p.stdout.read().decode()
+        assert rc == 1 and out.startswith("ok "), out
+        doc = state(cfg)
+        assert doc["state"] == "failed", doc
+        assert "the run's supervisor on h1 crashed (AttributeError" in doc["message"]
+        assert "agent.log" in doc["message"]
+        pid = doc["ranks"][0]["pid"]
+        assert pid and not alive(pid)   # it ignored TERM: KILLed after the grace
+        assert [r["state"] for r in doc["ranks"]] == ["stopped", "stopped"]
+        log = (Path(cfg["rundir"]) / "agent.log").read_text()
+        assert "Traceback" in log and "AttributeError" in log
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_what_the_supervisor_writes_is_the_users_alone(tmp_path):
+    cfg = config(tmp_path, [rank_proc(0, ["sh", "-c", "umask; echo hi > mine.txt; ls -l mine.txt"])], [0])
+    cfg["procs"][0]["cwd"] = str(tmp_path)
+    old = os.umask(0o027)
+    try:
+        p = start(tmp_path, cfg)
+    finally:
+        os.umask(old)
+    try:
+        p.wait(30)
+        wd = Path(cfg["workdir"])
+        assert oct((wd / ".orch").stat().st_mode & 0o777) == "0o700"
+        assert oct(Path(cfg["rundir"]).stat().st_mode & 0o777) == "0o700"
+        assert oct((wd / ".orch" / "lock").stat().st_mode & 0o777) == "0o600"
+        assert oct((Path(cfg["rundir"]) / "agent.json").stat().st_mode & 0o777) == "0o600"
+        # the rank runs with the user's own umask (here 027), nothing forced
+        out = (Path(cfg["rundir"]) / "a1" / "1" / "rank.0" / "stdout").read_text()
+        assert out.splitlines()[0] == "0027", out
+        assert (tmp_path / "mine.txt").stat().st_mode & 0o777 == 0o640
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_planted_orch_dir_is_refused_with_one_line(tmp_path):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    os.symlink("/tmp", wd / ".orch")
+    cfg = config(tmp_path, [], [])
+    rundir = Path(cfg["rundir"])
+    install_agent(tmp_path / "agentdir")
+    res = subprocess.run([PY, "-S", str(tmp_path / "agentdir" / "agent.py"), "start", str(rundir), "--foreground"],
+                         input=json.dumps(cfg).encode(), capture_output=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 1 and b"not a directory (a link?)" in res.stderr and b"Traceback" not in res.stderr
+    assert not (rundir / "agent.json").exists()
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777])
+def test_an_existing_orch_dir_is_made_private(tmp_path, mode):
+    from orchestrator.agent import cli
+
+    d = tmp_path / ".orch"
+    d.mkdir()
+    d.chmod(mode)
+    cli.private_dir(str(d))
+    assert d.stat().st_mode & 0o777 == 0o700

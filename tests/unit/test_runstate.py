@@ -1,0 +1,69 @@
+"""What `orch status` makes of the hosts' state documents (runstate.merge): live processes are
+never shown ended, another orch's document is named, not guessed."""
+
+from __future__ import annotations
+
+from orchestrator import runstate
+from orchestrator.agent.protocol import STATE_VERSION
+
+
+def head_doc(state="running", **kw):
+    ranks = [{"rank": r, "host": "h1" if r < 2 else "h2", "device": r % 2, "pid": 100 + r, "state": "running",
+              "exit_code": None, "signal": None, "attempt": 1} for r in range(4)]
+    return {"v": STATE_VERSION, "orch": "0.1.0", "run": "R1", "state": state, "head": "h1", "attempt": 1,
+            "ranks": ranks, "lost": [], "message": "", "agent_alive": True, **kw}
+
+
+def test_a_crashed_heads_live_ranks_are_orphaned_with_the_stop_hint_never_stopped():
+    doc = head_doc(agent_alive=False, alive_ranks=[0, 1])
+    view = runstate.merge("h1", {"h1": doc, "h2": {"role": "member", "attempt": 1, "ranks": [], "alive_ranks": []}},
+                          {}, [], "R1")
+    assert view.state == "lost"
+    assert [r["state"] for r in view.ranks] == ["orphaned", "orphaned", "stopped", "stopped"]
+    assert "ranks 0-1 on h1 still running after the run ended: stop them with `orch down --run R1`" in view.message
+    assert runstate.EXIT[view.state] == 1
+
+
+def test_alive_ranks_of_a_running_run_are_running():
+    doc = head_doc(alive_ranks=[1])
+    doc["ranks"][1]["state"] = "stopped"   # whatever the record says, the process lives
+    view = runstate.merge("h1", {"h1": doc}, {}, [], "R1")
+    assert view.ranks[1]["state"] == "running"
+
+
+def test_a_document_of_a_newer_format_names_the_version_that_started_it():
+    doc = head_doc(v=STATE_VERSION + 1, orch="9.9.0", state="hibernating")
+    view = runstate.merge("h1", {"h1": doc}, {}, [], "R1")
+    assert "started by orch 9.9.0" in view.message and "with orch 9.9.0 or newer" in view.message
+    assert "\n" not in view.message
+    assert view.state == "hibernating"   # its own word, not a guess, and never `unknown`...
+    doc = head_doc(v=STATE_VERSION + 1, orch="9.9.0", state="succeeded")
+    view = runstate.from_head(doc)
+    assert view.state == "succeeded" and "9.9.0" in view.message  # ...a known one is kept
+
+
+def test_documents_before_versioning_read_as_before():
+    doc = head_doc(state="succeeded")
+    del doc["v"], doc["orch"]
+    view = runstate.merge("h1", {"h1": doc}, {}, [], "R1")
+    assert view.state == "succeeded" and view.message == ""
+
+
+def test_exit_codes_cover_every_run_state():
+    from orchestrator.agent.states import RunState
+
+    assert set(runstate.EXIT) == {s.value for s in RunState}
+    assert runstate.EXIT["stopped"] == 4 and runstate.EXIT["timeout"] == 1 and runstate.EXIT["running"] == 0
+
+
+def test_the_hosts_rank_folding_says_what_the_controllers_does():
+    """The hosts fold rank numbers without ClusterShell (stdlib only); the controller's RangeSet
+    must give the same text, or the same run would be described two ways."""
+    from ClusterShell.RangeSet import RangeSet
+
+    from orchestrator.agent.states import rank_ranges
+
+    for ranks in ([0], [3, 1, 2], [0, 1, 2, 5, 7, 8, 9], list(range(0, 100, 3)), [10, 11, 13]):
+        folded = str(RangeSet.fromlist([str(r) for r in ranks]))
+        word = "rank" if len(ranks) == 1 else "ranks"
+        assert rank_ranges(ranks) == f"{word} {folded}"
