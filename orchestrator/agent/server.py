@@ -4,8 +4,9 @@ head, this host's processes, all on one thread with `selectors` (no descriptor l
 A connection that breaks the protocol (protocol.py), that has not authenticated within
 HANDSHAKE_TIMEOUT, that sends a line longer than its limit, or whose handling raises anything
 at all (RecursionError and MemoryError included) is closed and logged; the run goes on.
-Before authentication at most MAX_PENDING connections are kept (more are closed at once, as
-OpenSSH's MaxStartups), and at most MAX_CONNS in all.
+Before authentication at most MAX_PENDING connections plus one per host of the run are kept
+(more are closed at once, as OpenSSH's MaxStartups; a member retries), and at most
+MAX_WATCHERS watchers.
 """
 
 import errno
@@ -383,7 +384,8 @@ class Supervisor:
                     note(self.host, "cannot accept a connection: %s" % exc)
                 return
             pending = sum(1 for c in self.conns if not c.authed)
-            if pending >= MAX_PENDING or len(self.conns) >= MAX_PENDING + MAX_WATCHERS + len(self.head.hosts):
+            hosts = len(self.head.hosts)
+            if pending >= MAX_PENDING + hosts or len(self.conns) >= MAX_PENDING + MAX_WATCHERS + 2 * hosts:
                 sock.close()   # MaxStartups: the run's own peers retry
                 continue
             conn = Conn(sock)

@@ -1,0 +1,212 @@
+"""The run's head supervisor under hostile and heavy load, and how fast a crash is cleaned up.
+
+    python tests/benchmarks/bench_head.py            # loopback only, any user
+    python tests/benchmarks/bench_head.py --lab      # also the crash on a 4-host lab (root)
+
+The head is the real one (agent.py start --foreground, the machine's python3, as on a host) in
+its own process; the attackers and members are this process. Prints:
+- the head's RSS and CPU with 1,000 idle unauthenticated connections, and with 150 connections
+  each sending a 1 MB line;
+- the time to reject one bad connection (connect, `[]`, closed), median of 50;
+- authentication per join at 128 hosts: 127 members joining at once, the head's CPU per join and
+  the wall time until all have joined;
+- the time from a head crash (kill -9) to the last rank of the run gone: on this machine (the
+  head's own ranks) and, with --lab, on every host of a 4-host lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from orchestrator.agent import protocol as proto  # noqa: E402
+from orchestrator.agent import server as S  # noqa: E402
+from tests.integration.test_agent_local import alive, config, rank_proc, start, state, wait  # noqa: E402
+
+TOKEN = "ab" * 16
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def head(tmp: Path, hosts: int = 1):
+    cfg = config(tmp, [rank_proc(0, ["sleep", "300"])], [0])
+    cfg["hosts"] = [f"h{i}" for i in range(1, hosts + 1)]
+    cfg["all_ranks"] += [{"rank": i - 1, "host": f"h{i}", "device": 0, "pid": None, "state": "pending",
+                          "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0}
+                         for i in range(2, hosts + 1)]
+    cfg["lost_after"] = 600
+    cfg["join_timeout"] = 600
+    p = start(tmp, cfg)
+    line = p.stdout.readline().decode().split()
+    return p, cfg, int(line[2])
+
+
+def hostile(port: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    with tempfile.TemporaryDirectory() as d:
+        p, cfg, port = head(Path(d))
+        try:
+            time.sleep(0.5)
+            base, c0 = rss_mib(p.pid), cpu_s(p.pid)
+            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(1000)]
+            time.sleep(1.0)
+            idle, c1 = rss_mib(p.pid), cpu_s(p.pid)
+            for s in socks:
+                s.close()
+            big = []
+            for _ in range(150):
+                s = socket.create_connection(("127.0.0.1", port))
+                try:
+                    s.sendall(b"y" * (1 << 20))
+                except OSError:
+                    pass
+                big.append(s)
+            time.sleep(1.0)
+            lines, c2 = rss_mib(p.pid), cpu_s(p.pid)
+            for s in big:
+                s.close()
+            rejects = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(b"[]\n")
+                while s.recv(4096):
+                    pass
+                rejects.append(time.perf_counter() - t0)
+                s.close()
+            assert state(cfg).get("state") == "running"   # the run goes on, unharmed
+            print(f"head at rest: RSS {base:.1f} MiB")
+            print(f"1,000 idle unauthenticated connections: RSS {idle:.1f} MiB, head CPU {c1 - c0:.2f} s "
+                  f"(at most {S.MAX_PENDING} + one per host kept; the rest closed at once)")
+            print(f"150 connections x 1 MB without a newline: RSS {lines:.1f} MiB, head CPU {c2 - c1:.2f} s "
+                  f"(each closed at {proto.PREAUTH_LINE} bytes)")
+            print(f"rejecting one bad connection (connect, `[]`, closed): median "
+                  f"{statistics.median(rejects) * 1000:.2f} ms of 50")
+        finally:
+            p.kill()
+            p.wait()
+
+
+def joins(n_hosts: int = 128) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        p, cfg, port = head(Path(d), n_hosts)
+        try:
+            time.sleep(0.5)
+            c0, t0 = cpu_s(p.pid), time.perf_counter()
+            conns, errors = [], []
+
+            def member(i):
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:   # as a member does: retry what was turned away
+                    try:
+                        c, _ = S.open_client(["127.0.0.1"], port, TOKEN, "R1", "member", f"h{i}", proto.LINE,
+                                             timeout=30)
+                        conns.append(c)
+                        return
+                    except (OSError, proto.ProtocolError) as exc:
+                        errors.append(exc)
+                        time.sleep(0.5)
+
+            threads = [threading.Thread(target=member, args=(i,)) for i in range(2, n_hosts + 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wait(lambda: state(cfg).get("state") == "running", 30)
+            wall, cpu = time.perf_counter() - t0, cpu_s(p.pid) - c0
+            print(f"{n_hosts - 1} members joining at once ({n_hosts} hosts): all joined and attempt 1 started in "
+                  f"{wall:.2f} s; the head's CPU {cpu / (n_hosts - 1) * 1000:.2f} ms per join (handshake, HMACs, "
+                  f"the start); {len(errors)} attempts turned away and retried")
+            for c in conns:
+                c.close()
+        finally:
+            p.kill()
+            p.wait()
+
+
+def crash_local() -> None:
+    times = []
+    for _ in range(5):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = config(Path(d), [rank_proc(0, ["sleep", "300"]), rank_proc(1, ["sleep", "300"])], [0, 1])
+            p = start(Path(d), cfg)
+            wait(lambda: state(cfg).get("state") == "running" and all(r.get("pid") for r in state(cfg)["ranks"]))
+            pids = [r["pid"] for r in state(cfg)["ranks"]]
+            t0 = time.perf_counter()
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            wait(lambda: not any(alive(x) for x in pids), 10)
+            times.append(time.perf_counter() - t0)
+    print(f"head crash (kill -9) to its own ranks gone: median {statistics.median(times) * 1000:.0f} ms of 5")
+
+
+def crash_lab() -> None:
+    from tests.benchmarks.benchlib import lab_up
+    from tests.support import leftovers, wait_until
+
+    lab = lab_up("pbhd", 4)
+    try:
+        inv = lab.inventory_path
+        times = []
+        with tempfile.TemporaryDirectory() as d:
+            import yaml
+
+            inventory = yaml.safe_load(Path(inv).read_text())
+            inventory["defaults"]["slots"] = 1
+            Path(d, "cluster.yaml").write_text(json.dumps({
+                "inventory": inventory, "ssh": {"connect_timeout": 5},
+                "job": {"workdir": "/data/bench-crash", "launcher": "ranktable", "command": "sleep 300"}}))
+            for _ in range(3):
+                run_id = subprocess.run([sys.executable, "-m", "orchestrator.cli", "up", "-q", "--detach",
+                                         "--skip-checks"], cwd=d, capture_output=True, text=True,
+                                        check=True).stdout.strip()
+                assert wait_until(lambda: len(leftovers(run_id, "sleep")) == 4, 60), leftovers(run_id)
+                doc = json.loads(lab.exec(1, ["cat", f"/data/bench-crash/.orch/{run_id}/state.json"]).stdout)
+                t0 = time.perf_counter()
+                lab.exec(1, ["kill", "-9", str(doc["agent_pid"])])
+                assert wait_until(lambda: leftovers(run_id) == [], 60, interval=0.01)
+                times.append(time.perf_counter() - t0)
+        print(f"head crash (kill -9) to the last process of the run gone on every host (4 hosts): median "
+              f"{statistics.median(times) * 1000:.0f} ms of 3 ({', '.join(f'{t * 1000:.0f}' for t in times)} ms)")
+    finally:
+        lab.down()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lab", action="store_true", help="also the crash on a 4-host lab (root)")
+    ap.add_argument("--hosts", type=int, default=128)
+    args = ap.parse_args()
+    hostile(0)
+    joins(args.hosts)
+    crash_local()
+    if args.lab:
+        crash_lab()
+
+
+if __name__ == "__main__":
+    main()
