@@ -198,6 +198,7 @@ def test_torchrun_failing_worker_is_named_and_everything_stops(e2e_lab, tmp_path
         "r = os.environ['RANK']\n"
         "print(f'rank {r} of {os.environ[\"WORLD_SIZE\"]} local {os.environ[\"LOCAL_RANK\"]}', flush=True)\n"
         "if r == '2':\n"
+        "    time.sleep(3)  # once the others have started and said so: their logs are checked below\n"
         "    print('failing on purpose', flush=True); sys.exit(7)\n"
         "time.sleep(120)\n")
     healthy = healthy_up(e2e_lab, tmp_path, "torch-ddp/cluster.yaml", ["--hosts", "2"],
