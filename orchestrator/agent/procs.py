@@ -233,19 +233,7 @@ class Local:
     # ---- watching
     def poll(self):
         """Reap children, read wrapped ranks' reports, follow output. True when something changed."""
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            key = self.children.pop(pid, None)
-            if key is None:
-                continue
-            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-            self.ended(self.procs[key], code, sig)
+        self.reap()
         if self.launcher in WRAPPING_LAUNCHERS:
             self.read_wrapped()
         self.watch_output()
@@ -357,6 +345,7 @@ class Local:
         self.drop_secrets()
 
     def reap(self):
+        """Every child that has ended: its exit code or signal, from waitpid."""
         while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
