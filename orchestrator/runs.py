@@ -209,6 +209,9 @@ class Run:
         return self.data.get("ended") is not None
 
 
+RUN_VERSION = 1   # of run.json's layout (records before it have no "v" and read the same way)
+
+
 def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> Run:
     root = (cwd or Path.cwd()) / RUNS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -226,7 +229,10 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
     except (OSError, UnicodeDecodeError):
         cluster_text = None
+    from . import __version__
+
     data = {
+        "v": RUN_VERSION, "orch": __version__,
         "id": run_id, "name": cluster.name, "cluster_file": str(cluster.path),
         "cluster_text": cluster_text,
         "has_secrets": bool(secrets), "state": "starting", "started": time.time(), "ended": None,
@@ -259,6 +265,14 @@ def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
         data = json.loads((root / chosen / "run.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read run record {root / chosen / 'run.json'}: {exc}") from None
+    v = data.get("v") if isinstance(data, dict) else None
+    if isinstance(v, int) and v > RUN_VERSION:
+        from . import __version__
+
+        by = data.get("orch") or "a newer orch"
+        raise UsageError(f"run {chosen} was recorded by orch {by} (record format {v}); this orch {__version__} "
+                         f"reads formats up to {RUN_VERSION}", hint=f"run `orch status`, `logs` and `down` of it with "
+                                                                   f"orch {by} or newer")
     return Run(root, chosen, data)
 
 

@@ -44,3 +44,23 @@ def test_other_spellings(tmp_path):
                    "    AWS_KEY: 123\n    PLAIN: plain\n")
     assert masked_env(tmp_path, text) == {"HF_TOKEN": runs.MASK, "DB_PASSWORD": runs.MASK, "AWS_KEY": runs.MASK,
                                           "PLAIN": "plain"}
+
+
+def test_a_record_of_a_newer_format_names_the_orch_that_wrote_it(tmp_path):
+    """Version skew: `orch status/logs/down` of a run recorded by a newer orch say, in one line,
+    which version recorded it and what to do, instead of misreading it."""
+    import json as _json
+
+    import pytest as _pytest
+
+    from orchestrator.errors import UsageError
+    from orchestrator.runs import RUN_VERSION, RUNS_DIR, load_run
+
+    d = tmp_path / RUNS_DIR / "20991231-000000-abcd"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(_json.dumps({"v": RUN_VERSION + 1, "orch": "7.0.0", "id": d.name, "started": 1}))
+    with _pytest.raises(UsageError) as exc:
+        load_run(cwd=tmp_path)
+    assert "recorded by orch 7.0.0" in str(exc.value) and "orch 7.0.0 or newer" in exc.value.hint
+    (d / "run.json").write_text(_json.dumps({"id": d.name, "started": 1, "name": "old"}))   # before versioning
+    assert load_run(cwd=tmp_path).data["name"] == "old"
