@@ -1,6 +1,6 @@
 """The controller's part of a run: prepare -> distribute -> start -> follow -> stop -> gather -> record.
 
-Once started, a run supervises itself on the cluster (orchestrator/supervisor/agent.py):
+Once started, a run supervises itself on the cluster (orchestrator/agent):
 fail-fast, restarts, stalls, time-out and lost hosts are decided there, with or without a
 controller attached. The controller starts it, follows its events (one long-lived stream
 from one host: the head's state changes plus the followed rank's output, pushed as they

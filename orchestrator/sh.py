@@ -3,8 +3,8 @@ and the Secret values that text may carry. (Log listings and gathering are one p
 logs.GATHER_PY.)
 
 Every function returns a POSIX sh snippet with every value `shlex.quote`d; nothing here runs
-anything. (supervisor/agent.py runs alone on the hosts, stdlib only: it keeps its own Python
-reading of /proc/*/environ, `run_pids`.)
+anything. (The hosts' supervisor, orchestrator/agent, runs alone there, stdlib only: it keeps its own Python
+reading of /proc/*/environ, `procs.run_pids`.)
 
 A Secret is a str holding the real value: whatever runs a command (a script, an environment,
 the supervisor's configuration) gets the value by using it as any str. What is printed or
