@@ -40,9 +40,12 @@ _name_option = click.option("--name", default="lab", show_default=True, help="La
                    "host; root login still works.")
 @click.option("--bastion", is_flag=True, help="Put the hosts on a network this machine cannot reach, behind a bastion "
                                               "(host 0, a jump host); writes an ssh_config too.")
+@click.option("--dual-homed-head", is_flag=True,
+              help="Host 1 is the only host this machine reaches (network A) and the others' jump host: it "
+                   "is also on their network B, which this machine is not on; writes an ssh_config too.")
 @click.option("--replace", is_flag=True, help="Replace a lab of this name that is already up (everything on it stops).")
 def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...],
-           slurm: bool, ssh_port: int, user: str, bastion: bool, replace: bool) -> None:
+           slurm: bool, ssh_port: int, user: str, bastion: bool, dual_homed_head: bool, replace: bool) -> None:
     """Start N hosts; prints the inventory path. A lab of the same name that is up is replaced
     only with --replace (someone may be using it)."""
     lab = Lab(name)
@@ -58,15 +61,20 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
                             f"(`orch lab down --name {name}` removes it)")
     t0 = time.monotonic()
     lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm, ssh_port=ssh_port,
-           user=user, bastion=bastion)
+           user=user, bastion=bastion, dual_homed_head=dual_homed_head)
     st = lab.state()
-    where = (f"{st['hosts_subnet']} behind a bastion on {st['subnet']}" if st.get("bastion") else st["subnet"])
+    head = st.get("dual_homed_head")
+    where = (f"{st['hosts_subnet']} behind a bastion on {st['subnet']}" if st.get("bastion") else
+             f"{st['hosts_subnet']} (network B), host 1 also on {st['subnet']} (network A)" if head else
+             st["subnet"])
     click.echo(f"lab {name}: {n} hosts on {where} (bridge {st['bridge']}) up in {time.monotonic() - t0:.1f}s")
     if n <= 32:
         for rec in st["hosts"]:
             extra = " ".join(f"{k}={v}" for k, v in sorted(rec["versions"].items()))
             if rec["refuse_key"]:
                 extra += " refuse-key"
+            if head and rec["index"] == head["index"]:
+                extra += f" also {rec['back_address']} on network B: the jump host"
             click.echo(f"  {rec['name']:<14} {rec['address']:<15} {extra}".rstrip())
     if st.get("bastion"):
         b = st["bastion"]
@@ -75,6 +83,8 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
         click.echo(f"ssh: user {user}, port {ssh_port}")
     if st.get("bastion"):
         click.echo(f"ssh_config (every host by name, through the bastion): {lab.ssh_config_path}")
+    elif head:
+        click.echo(f"ssh_config (every host by name, the others through host 1): {lab.ssh_config_path}")
     click.echo(f"use it with any cluster file: orch up FILE -i {lab.inventory_path}", err=True)
     click.echo(str(lab.inventory_path))
     if slurm:
@@ -123,19 +133,27 @@ def lab_status(name: str, as_json: bool) -> None:
         return
     st = lab.state()
     if as_json:
-        b = st.get("bastion")
+        b, head = st.get("bastion"), st.get("dual_homed_head")
+        h1 = st["hosts"][0]
         click.echo(json.dumps({
             "name": name, "up": True, "status": st.get("status"), "subnet": st["subnet"], "bridge": st["bridge"],
             "bastion": {"name": b["name"], "subnet": b["subnet"], "bridge": b["bridge"]} if b else None,
-            "inventory": str(lab.inventory_path), "ssh_config": str(lab.ssh_config_path) if b else None,
+            "dual_homed_head": {"name": h1["name"], "address": h1["address"], "back_address": h1["back_address"],
+                                "subnet": head["subnet"], "bridge": head["bridge"]} if head else None,
+            "inventory": str(lab.inventory_path), "ssh_config": str(lab.ssh_config_path) if b or head else None,
             "hosts": [{"index": s.host.index, "name": s.host.name, "address": s.host.address, "netns": s.host.netns,
                        "netns_up": bool(s.netns and s.holder_alive), "sshd_pid": s.sshd_pid, "sshd": s.sshd_alive,
                        "link": s.link_up} for s in lab.status()]}))
         return
     click.echo(f"lab {name}: {st['subnet']} bridge {st['bridge']} status {st.get('status')}")
+    head = st.get("dual_homed_head")
     if st.get("bastion"):
         b = st["bastion"]
         click.echo(f"hosts on {b['subnet']} (bridge {b['bridge']}) behind the bastion {b['name']} (host 0)")
+    elif head:
+        h1 = st["hosts"][0]
+        click.echo(f"hosts on {head['subnet']} (bridge {head['bridge']}, network B); {h1['name']} also "
+                   f"{h1['back_address']} there: the only host on {st['subnet']} (network A), the others' jump host")
     rows = [("HOST", "ADDRESS", "NETNS", "SSHD", "LINK")]
     for s in lab.status():
         rows.append((
@@ -148,7 +166,7 @@ def lab_status(name: str, as_json: bool) -> None:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-    if st.get("bastion"):
+    if st.get("bastion") or head:
         click.echo(f"ssh_config: {lab.ssh_config_path}")
     click.echo(f"inventory: {lab.inventory_path}")
 

@@ -13,8 +13,9 @@
 # Why a venv under /opt and not this machine's python: lab hosts (`orch lab up`) see this
 # machine's root filesystem except /data, /tmp, /root (overlay), /opt/orch-lab and
 # /etc/hccn.conf, so /opt/orch-venvs is the same directory on every lab host; and the
-# python that runs orch (and that lab hosts find first on PATH) stays free of MindSpore,
-# so `orch check` version tests that expect "not installed" keep meaning what they say.
+# python3 lab hosts find on PATH (this machine's system python3, as on a real host) stays
+# free of MindSpore, so `orch check` version tests that expect "not installed" keep meaning
+# what they say.
 # Playbooks put "$ORCH_TRAIN_VENV/bin" first on PATH through job.env.
 #
 # The pip cache (~/.cache/pip) is used: a fresh venv from a warm cache takes ~1 min.

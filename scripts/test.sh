@@ -11,6 +11,10 @@ command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v ps >/dev/null 2>&1 || missing+=(procps)
+# lab hosts run this machine's system python3 (the first on a real host's standard PATH), never
+# the venv or pyenv python that runs orch (orchestrator/lab/system.py: host_python)
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v python3 >/dev/null 2>&1 \
+  || missing+=(python3)
 # the Slurm lab (orch lab up --slurm): slurmctld here, slurmd in every lab host
 { command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; } || missing+=(slurm-wlm)
 { command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ]; } || missing+=(munge)

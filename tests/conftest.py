@@ -1,8 +1,12 @@
 """Fixtures for every test directory that uses the simulated cluster (orchestrator/lab/).
 
 `lab`: a session-wide 3-host lab (name ``t<pid>``), torn down at the end.
-`lab_factory(letter, n, vary=..., refuse_key=..., slurm=...)`: more labs (name ``<letter><pid>``),
-each torn down at the end of the session (or earlier by the test).
+`dual_homed_lab`: a session-wide 3-host lab made with --dual-homed-head (name ``d<pid>``): host 1
+is the only host this machine reaches and the others' jump host (see the fixture).
+`lab_factory(letter, n, vary=..., refuse_key=..., slurm=..., **topology)`: more labs (name
+``<letter><pid>``), each torn down at the end of the session (or earlier by the test);
+`topology` is Lab.up's ssh_port, user, bastion, dual_homed_head (``fx_lab`` in tests/faults
+passes them on too).
 
 These skip only where this machine cannot make a lab (not root, not Linux, no network
 namespaces), saying why; with ``CI`` set in the environment they fail instead.
@@ -102,7 +106,7 @@ def lab_factory():
 
     def make(letter: str, n: int, vary=None, refuse_key=(), name: str | None = None, slurm: bool = False,
              **topology) -> Lab:
-        """`topology`: Lab.up's ssh_port, user, bastion."""
+        """`topology`: Lab.up's ssh_port, user, bastion, dual_homed_head."""
         if slurm:
             _require_slurm()
         lab = Lab(name or _name(letter))
@@ -125,3 +129,17 @@ def lab_factory():
 def lab(lab_factory):
     """A running 3-host lab shared by the whole session."""
     return lab_factory("t", 3)
+
+
+@pytest.fixture(scope="session")
+def dual_homed_lab(lab_factory):
+    """A running 3-host lab made with --dual-homed-head, shared by the whole session (tests that
+    need another size, --user or --ssh-port: ``lab_factory(letter, n, dual_homed_head=True, ...)``).
+
+    Network A (``lab.subnet``, this machine's bridge): this machine and host 1 only, at
+    ``lab.host(1).address`` (what the inventory lists, with no jump and no mpi_address).
+    Network B (``lab.hosts_subnet``, no address of this machine): host 1 again at
+    ``lab.peer_address(1)`` and hosts 2..3 at ``lab.host(i).address``, which this machine
+    reaches only through host 1 (inventory ``jump``, ssh_config ProxyJump, ``lab.ssh(i, ...)``).
+    ``tests.support.connect_from(lab, i, address, port)`` tells who reaches what."""
+    return lab_factory("d", 3, dual_homed_head=True)

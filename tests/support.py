@@ -148,6 +148,23 @@ def remote_ls(lab, i: int, pattern: str) -> list[str]:
     return res.stdout.split()
 
 
+def connect_from(lab, i: int, address: str, port: int, timeout: float = 3) -> str:
+    """From lab host i (inside its namespaces, with the hosts' system python3): "ok" if
+    address:port accepts a TCP connection, else why not, e.g. "[Errno 101] Network is
+    unreachable". For topologies: which host reaches which address (lab.peer_address(i) is
+    the one the other hosts reach host i by)."""
+    from orchestrator.lab.system import host_python
+
+    code = ("import socket, sys\n"
+            "try:\n"
+            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()\n"
+            "    print('ok')\n"
+            "except OSError as exc:\n"
+            "    print(exc)\n")
+    res = lab.exec(i, [host_python(), "-I", "-c", code, address, str(port), str(timeout)], timeout=timeout + 30)
+    return res.stdout.strip() or res.stderr.strip()
+
+
 def sshd_lines(lab, i: int) -> list[str]:
     try:
         return lab.sshd_log(i).read_text(errors="replace").splitlines()

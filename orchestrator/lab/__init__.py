@@ -17,7 +17,8 @@ Layout (NAME defaults to ``lab``; ORCH_LAB_ROOT defaults to /var/tmp/orch-lab)::
         inventory.yaml      usable unchanged as `inventory:` in a cluster.yaml
         id_ed25519(.pub)    the lab's user key (root on every host accepts it)
         known_hosts         every host's address and name with its host key
-        ssh_config          OpenSSH client config: every host by its name (ProxyJump with --bastion)
+        ssh_config          OpenSSH client config: every host by its name (ProxyJump with --bastion
+                            or --dual-homed-head)
         passwd, group       with --user: the copies bound over /etc/passwd and /etc/group
         h<i>/               host i: sshd_config, sshd.log, sshd.pid, host key,
                             data/ (-> /data), ssh/ (-> /root/.ssh), opt/ (-> /opt/orch-lab),
@@ -43,6 +44,16 @@ Options (orchestrator/lab/access.py has the details), each recorded in lab.json:
                 gets ``jump: USER@BASTION:PORT``; ``Lab.ssh_config_path`` (ssh -F FILE NAME-h1)
                 names every host with ProxyJump to the bastion. ``Lab.exec/ssh/sshd/link(0, ...)``,
                 status and down cover the bastion.
+  --dual-homed-head  (``dual_homed_head``: the hosts' network ``k``/``subnet``/``bridge``) the
+                launch host is the bastion: host 1 alone is on this machine's bridge (network A,
+                eth0 = 198.18.K.11) and also on the hosts' bridge ``ol-bh-NAME`` (network B,
+                198.18.M.0/24 reserved like the bastion's, ``unreachable`` here; eth1 = 198.18.M.11,
+                root-side veth ``olNAME-1b``), where hosts 2..N are (eth0 = 198.18.M.(10+i)). Host 1's
+                sshd listens on both addresses, no IP forwarding; every host's /etc/hosts names host 1
+                by its B address. The inventory lists host 1 by its A address (no ``jump``, no
+                ``mpi_address``) and hosts 2..N with ``jump: USER@HOST1:PORT``; ssh_config gives them
+                ProxyJump to host 1. ``Lab.jump_host`` is host 1, ``Lab.peer_address(1)`` its B
+                address; ``Lab.ssh(i, ...)`` goes through it; ``link down 1`` cuts network A only.
 
 Each host's uts+mount+pid namespaces are kept alive by a holder process, ``orch-lab-init``
 (the state dir's tiny python init, started as ``ip netns exec olab-NAME-i unshare --uts
@@ -74,15 +85,19 @@ are reaped (daemons it forks are the init's, as usual).
 
 PATH on a host (non-interactive ssh): sshd reads the per-host /root/.ssh/environment
 (PermitUserEnvironment yes), which sets
-``PATH=/opt/orch-lab/bin:<dir of the host python>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
+``PATH=/opt/orch-lab/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin``
 (plus PYTHONPATH=/opt/orch-lab/site / LD_LIBRARY_PATH=/opt/orch-lab/lib where a
---vary put something there). The host python (system.host_python) is the very interpreter
-that ran ``orch lab up``, or, when that one sits where hosts mount their own directory (a
-venv under /tmp), the interpreter it links to; it also runs each host's init. So ``python3``
-over ssh is that one unless ``--vary I:python=X`` puts a version shim first. Because bash sources
-~/.bashrc for ssh commands and this machine's /root/.bashrc prepends pyenv shims,
-each host's /root/.bashrc (in its /root overlay; the real file is untouched) returns
-early for non-interactive shells.
+--vary put something there): a real host's standard PATH. So ``python3`` over ssh is this
+machine's system python3 (system.host_python: the first on that PATH, /usr/bin/python3 on
+Debian; ``apt-get install python3`` where there is none), with its standard library and
+nothing of the controller's: never the venv or pyenv python that runs orch, so orch, paramiko
+and pydantic are not importable on a host, as on a real one. It also runs each host's init
+and is the real interpreter behind a ``--vary I:python=X`` version shim. What a job needs
+beyond that (MindSpore, torch, mpi4py) it names itself, as on a real cluster: the playbooks
+and tests/e2e put /opt/orch-venvs/train/bin (scripts/install-e2e-deps.sh) first on PATH
+through ``job.env``. Because bash sources ~/.bashrc for ssh commands and this machine's
+/root/.bashrc prepends pyenv shims, each host's /root/.bashrc (in its /root overlay; the
+real file is untouched) returns early for non-interactive shells.
 
 Versions (``--vary I:TOOL=VERSION``, ``--vary '*:TOOL=VERSION'`` or ``--all TOOL=VERSION``;
 a host's own entry wins over ``*``):
@@ -93,12 +108,13 @@ a host's own entry wins over ``*``):
               overlay over /usr/bin with whiteouts): ``command -v mpirun`` fails.
               (Covering the files with a non-executable bind mount is not enough:
               bash's ``command -v`` still prints a non-executable match.)
-  python=V    /opt/orch-lab/bin/python3 (and python) answer --version/-V with V.
+  python=V    /opt/orch-lab/bin/python3 (and python) answer --version/-V with V (and run the
+              system python3 otherwise).
   nccl=V      empty /opt/orch-lab/lib/libnccl.so.V + libnccl.so.<major> symlink.
   other=V     any Python distribution (mindspore, torch...): a fake
               /opt/orch-lab/site/<name>-V.dist-info/METADATA.
-  other=none  no shim; if this machine's python has it installed under /root, its
-              dist-info is removed inside that host's /root overlay.
+  other=none  no shim; if the hosts' python3 sees it installed under /root (pip --user), its
+              dist-info is removed inside that host's /root overlay (elsewhere: an error).
 
 mpirun across lab hosts works with the stock ssh agent, run on a lab host::
 

@@ -1,7 +1,7 @@
 """How people and orch reach a lab, as pure text: the inventory, known_hosts, the OpenSSH
-client config, the system ssh argv, and the reachability probe run from the bastion. No I/O.
+client config, the system ssh argv, and the reachability probe run from the jump host. No I/O.
 
-The topologies (`orch lab up N --ssh-port P --user NAME --bastion`) show here:
+The topologies (`orch lab up N --ssh-port P --user NAME --bastion | --dual-homed-head`) show here:
 
 --ssh-port P  every sshd (hosts and bastion) listens on P. The lab's known_hosts names every
               host as ``[address]:P`` / ``[name]:P`` (OpenSSH's form for a port other than 22);
@@ -20,6 +20,18 @@ The topologies (`orch lab up N --ssh-port P --user NAME --bastion`) show here:
               bridge and the hosts' bridge), its own sshd (MaxStartups 10:30:100, LogLevel
               VERBOSE), IP forwarding off. The inventory gets ``jump: USER@BASTION:PORT``, and
               <state dir>/ssh_config names every host by its name with ProxyJump to the bastion.
+--dual-homed-head
+              the same two networks, but the jump host is host 1, a training host (a launch
+              host that is also the bastion): network A is this machine's bridge, where host 1
+              alone has an address (eth0, 198.18.K.11); network B, the training network, is
+              the hosts' bridge (198.18.M.0/24, nothing of this machine's on it, an
+              ``unreachable`` route to it here), with host 1's second NIC (eth1, 198.18.M.11)
+              and hosts 2..N (eth0, 198.18.M.(10+i)). Host 1's sshd listens on both addresses
+              (MaxStartups 10:30:100, as the bastion's), IP forwarding off, and every host's
+              /etc/hosts names host 1 by its network-B address. The inventory lists host 1 by
+              its network-A address with no ``jump`` and no ``mpi_address`` (how the others
+              reach it is for orch to find out), and hosts 2..N with ``jump: USER@HOST1:PORT``;
+              ssh_config gives hosts 2..N ProxyJump to host 1's alias.
 """
 
 from __future__ import annotations
@@ -49,17 +61,29 @@ def yaml_str(value: str) -> str:
 
 
 def inventory_yaml(name: str, subnet: str, hosts: Sequence[LabHost], key: Path, known_hosts: Path, *,
-                   user: str = "root", port: int = SSH_PORT, jump: str | None = None) -> str:
-    """`jump` (USER@ADDRESS:PORT of a bastion) goes into the defaults: every host is behind it."""
-    extra = f", jump: {yaml_str(jump)}" if jump else ""
+                   user: str = "root", port: int = SSH_PORT, jump: str | None = None,
+                   head_jump: bool = False) -> str:
+    """`jump` (USER@ADDRESS:PORT of the jump host) goes into the defaults (a bastion: every host
+    is behind it) or, with `head_jump` (a dual-homed head, hosts[0]), onto every host but the
+    first, which is listed by the address this machine reaches it by, without mpi_address."""
+    extra = f", jump: {yaml_str(jump)}" if jump and not head_jump else ""
     lines = [
         f"# orch lab {name!r}: {len(hosts)} simulated hosts on {subnet}; made by `orch lab up`,",
         "# removed by `orch lab down`. Usable unchanged as `inventory:` in a cluster.yaml.",
+    ]
+    if head_jump:
+        front = hosts[0].address.rsplit(".", 1)[0] + ".0/24"
+        lines += [f"# {hosts[0].name} is also on this machine's network, {front}, and listed by its address there:",
+                  "# the only host this machine reaches, and the others' jump host; they reach it on",
+                  f"# {subnet} only (no mpi_address: which address that is, is for orch to find out)."]
+    lines += [
         f"defaults: {{user: {yaml_str(user)}, port: {port}, identity_file: {key}, "
         f"known_hosts: {known_hosts}, slots: {SLOTS}{extra}}}",
         "hosts:",
     ]
-    lines += [f"  - {{address: {h.address}, name: {h.name}}}" for h in hosts]
+    for n, h in enumerate(hosts):
+        via = f", jump: {yaml_str(jump)}" if jump and head_jump and n else ""
+        lines.append(f"  - {{address: {h.address}, name: {h.name}{via}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -85,9 +109,10 @@ def _cfg_value(value: str) -> str:
 
 
 def ssh_client_config(lab: str, hosts: Sequence, bastion, *, user: str, port: int, key: Path,
-                      known_hosts: Path, state_dir: Path) -> str:
+                      known_hosts: Path, state_dir: Path, head_jump: bool = False) -> str:
     """An OpenSSH client config (ssh -F FILE ALIAS): every host (and the bastion) by its lab
-    name; with a bastion, every host has ProxyJump to the bastion's alias. `hosts`/`bastion`
+    name; with a bastion, every host has ProxyJump to the bastion's alias; with `head_jump` (a
+    dual-homed head), every host but the first has ProxyJump to the first's. `hosts`/`bastion`
     are LabHost records."""
     lines = [
         f"# orch lab {lab!r}: OpenSSH client config; made by `orch lab up`, removed by `orch lab down`.",
@@ -113,8 +138,9 @@ def ssh_client_config(lab: str, hosts: Sequence, bastion, *, user: str, port: in
 
     if bastion is not None:
         block(bastion.name, bastion.address, None)
-    for h in hosts:
-        block(h.name, h.address, bastion.name if bastion is not None else None)
+    for n, h in enumerate(hosts):
+        jump = bastion.name if bastion is not None else hosts[0].name if head_jump and n else None
+        block(h.name, h.address, jump)
     return "\n".join(lines) + "\n"
 
 
@@ -139,9 +165,9 @@ def ssh_argv(address: str, *, key: Path, known_hosts: Path, port: int, user: str
     return argv
 
 
-# Run with this machine's python inside the bastion's network namespace (nsenter --net):
+# Run with this machine's python inside the jump host's network namespace (nsenter --net):
 # argv = deadline-seconds ADDR:PORT...; exits 0 once every target accepts a TCP connection,
-# else 1 naming those that did not. One process for every host behind the bastion.
+# else 1 naming those that did not. One process for every host behind the jump host.
 REACH_PROBE = r"""
 import socket, sys, time
 deadline = time.monotonic() + float(sys.argv[1])

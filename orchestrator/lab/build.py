@@ -3,6 +3,7 @@ each host's init and sshd, then the inventory and ssh_config. `lab` is a Lab (na
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import access, network, processes, render, state as labstate, versions
-from .model import BASTION_MAX_STARTUPS, SSH_PORT, USER_ID, HostPlan, LabHost
+from .model import BASTION_INDEX, BASTION_MAX_STARTUPS, SSH_PORT, USER_ID, HostPlan, LabHost
 from .system import host_python, parallel, run, write
 
 if TYPE_CHECKING:
@@ -20,8 +21,10 @@ if TYPE_CHECKING:
 def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[int], tools: dict) -> None:
     """Make the lab `state` describes (saving the pids into it); `tools`: preflight's paths."""
     sd = lab.state_dir
-    port, user, brec = state["ssh_port"], state["user"], state.get("bastion")
-    plans = [HostPlan(h, lab.host_dir(h.index), versions.host_versions(vary, h.index), h.index in refuse)
+    port, user, brec, jrec = state["ssh_port"], state["user"], state.get("bastion"), labstate.jump(state)
+    head = jrec["index"] if jrec and not brec else None  # a dual-homed head: host 1 is the jump host
+    plans = [HostPlan(h, lab.host_dir(h.index), versions.host_versions(vary, h.index), h.index in refuse,
+                      back_address=jrec["back_address"] if h.index == head else None)
              for h in hosts]
     bplan = HostPlan(labstate.host_from(brec), lab.host_dir(brec["index"]),
                      back_address=brec["back_address"]) if brec else None
@@ -50,7 +53,10 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
         base_hosts = Path("/etc/hosts").read_text()
     except OSError:
         base_hosts = "127.0.0.1 localhost\n"
-    hosts_text = render.etc_hosts(base_hosts, lab.name, hosts,
+    # every host names the others by the address it reaches them by: a dual-homed head's on network B
+    hosts_text = render.etc_hosts(base_hosts, lab.name,
+                                  [dataclasses.replace(p.host, address=p.back_address) if p.back_address else p.host
+                                   for p in plans],
                                   (bplan.back_address, bplan.host.name) if bplan else None)
     try:
         base_bashrc = Path("/root/.bashrc").read_text()
@@ -58,19 +64,18 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
         base_bashrc = ""
     bashrc = render.bashrc(base_bashrc)
     python = host_python()
-    pydir = os.path.dirname(python)
     need_openmpi_version = any(v.get("openmpi", "none") != "none" for v in (p.versions for p in plans))
     real_ompi = versions.openmpi_real_version(tools["mpirun"]) if need_openmpi_version else ""
-    hide_exes = (versions.openmpi_names(render.path_dirs(pydir))
+    hide_exes = (versions.openmpi_names(render.path_dirs())
                  if any(p.versions.get("openmpi") == "none" for p in plans) else {})
 
     write(lab.init_path, render.init_script(python), 0o755)
     for p in every:
-        write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, pydir, real_ompi, hide_exes, tools,
+        write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, real_ompi, hide_exes, tools,
                    port=port, user=user)
 
     # network: bridge(s), namespaces, veths in one `ip -batch`
-    network.create(network.up_batch(lab.bridge, state["k"], hosts, brec, v6=os.path.isdir("/proc/sys/net/ipv6")))
+    network.create(network.up_batch(lab.bridge, state["k"], hosts, jrec, v6=os.path.isdir("/proc/sys/net/ipv6")))
 
     # holders: per host, in parallel
     holders = parallel(lambda p: processes.start_holder(p, tools["unshare"]), every, workers=8)
@@ -85,18 +90,19 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
         rec["sshd_pid"] = processes.wait_sshd_pid(lab, p.host, deadline)
     processes.await_reachable(lab, [p.host for p in every], deadline)
 
-    jump = f"{user}@{bplan.host.address}:{port}" if bplan else None
+    jump = f"{user}@{jrec['address']}:{port}" if jrec else None
     write(lab.inventory_path, access.inventory_yaml(lab.name, state["hosts_subnet"], hosts, lab.key_path,
-                                                    lab.known_hosts_path, user=user, port=port, jump=jump))
+                                                    lab.known_hosts_path, user=user, port=port, jump=jump,
+                                                    head_jump=head is not None))
     write(lab.ssh_config_path, access.ssh_client_config(
         lab.name, hosts, bplan.host if bplan else None, user=user, port=port, key=lab.key_path,
-        known_hosts=lab.known_hosts_path, state_dir=lab.state_dir))
+        known_hosts=lab.known_hosts_path, state_dir=lab.state_dir, head_jump=head is not None))
     state["status"] = "up"
     labstate.save(lab.state_path, state)
 
 
 def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, hosts_text: str, bashrc: str,
-               pydir: str, real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
+               real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
                port: int = SSH_PORT, user: str = "root") -> None:
     """Host p's dir: data/, tmp/, ssh/ (root's ~/.ssh), opt/ (--vary), home/ (--user), its
     /etc files, sshd_config and setup.sh."""
@@ -126,9 +132,11 @@ def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, 
     hide_dists = versions.install(p, opt, tools["mpirun"], real_ompi)
     has_site = any((opt / "site").iterdir())
     has_lib = any((opt / "lib").iterdir())
-    write(ssh / "environment", render.host_path_env(pydir, has_site, has_lib), 0o600)
-    if p.back_address:
-        write(d / "sshd_config", render.sshd_config(h, d, port, BASTION_MAX_STARTUPS))
+    write(ssh / "environment", render.host_path_env(has_site, has_lib), 0o600)
+    if p.back_address:  # a jump host: OpenSSH's own MaxStartups (a connection storm meets the real limit)
+        # a dual-homed head is a training host: the others reach its sshd on network B too
+        also = (p.back_address,) if h.index != BASTION_INDEX else ()
+        write(d / "sshd_config", render.sshd_config(h, d, port, BASTION_MAX_STARTUPS, also))
     else:
         write(d / "sshd_config", render.sshd_config(h, d, port))
 

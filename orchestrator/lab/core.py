@@ -14,8 +14,8 @@ from typing import Iterable, Mapping, Sequence
 from ..errors import LabError
 from . import access, build, mounts, network, processes, render, state as labstate, teardown
 from . import slurm as labslurm  # up() has a flag named slurm
-from .model import (BASTION_INDEX, DEFAULT_ROOT, HOLDER_COMM, HOST_PREFIX, MAX_HOSTS, NETNS_DIR, SLOTS,
-                    SSH_PORT, SUBNET_PREFIX, HostStatus, LabHost, validate_name, validate_port, validate_user)
+from .model import (BASTION_INDEX, DEFAULT_ROOT, HEAD_INDEX, HOLDER_COMM, HOST_PREFIX, MAX_HOSTS, NETNS_DIR,
+                    SLOTS, SSH_PORT, SUBNET_PREFIX, HostStatus, LabHost, validate_name, validate_port, validate_user)
 from .pids import holder_alive, pid_alive, root_pid
 from .system import DOWN_TOOLS, UP_TOOLS, host_python, nsenter_run, preflight, write
 from .versions import parse_vary
@@ -36,12 +36,14 @@ class Lab:
 
     @property
     def bridge(self) -> str:
-        """This machine's bridge (198.18.K.1): the hosts', or the bastion's front with --bastion."""
+        """This machine's bridge (198.18.K.1): the hosts', or network A with --bastion (the bastion's
+        front) or --dual-homed-head (host 1's front)."""
         return f"ol-br-{self.name}"
 
     @property
     def hosts_bridge_name(self) -> str:
-        """The bridge of the hosts behind a bastion (no address of this machine on it)."""
+        """The bridge of the hosts behind a bastion or a dual-homed head (network B; no address of
+        this machine on it)."""
         return f"ol-bh-{self.name}"
 
     def netns_name(self, i: int) -> str:
@@ -60,9 +62,10 @@ class Lab:
     def bastion_name(self) -> str:
         return f"{self.name}-bastion"
 
-    def back_veth_name(self) -> str:
-        """Root-side veth of the bastion's NIC on the hosts' bridge (its front one is veth_name(0))."""
-        return f"ol{self.name}-0b"
+    def back_veth_name(self, i: int = BASTION_INDEX) -> str:
+        """Root-side veth of a jump host's NIC on the hosts' bridge (the bastion's, i = 0, or a
+        dual-homed head's, i = 1); its front one, on this machine's bridge, is veth_name(i)."""
+        return f"ol{self.name}-{i}b"
 
     @property
     def inventory_path(self) -> Path:
@@ -89,7 +92,8 @@ class Lab:
     @property
     def ssh_config_path(self) -> Path:
         """An OpenSSH client config naming every host (and the bastion) by its lab name:
-        ``ssh -F <this> NAME-h1 hostname`` (through the bastion with --bastion)."""
+        ``ssh -F <this> NAME-h2 hostname`` (through the bastion with --bastion, through host 1
+        with --dual-homed-head)."""
         return self.state_dir / "ssh_config"
 
     @property
@@ -124,12 +128,14 @@ class Lab:
 
     @property
     def subnet(self) -> str:
-        """The subnet of this machine's bridge (the hosts', unless they are behind a bastion)."""
+        """The subnet of this machine's bridge (the hosts', unless they are behind a bastion or
+        a dual-homed head: then network A, the bastion's or host 1's front)."""
         return self.state()["subnet"]
 
     @property
     def hosts_subnet(self) -> str:
-        """The subnet the hosts are on (behind the bastion with --bastion)."""
+        """The subnet the hosts are on (behind the bastion with --bastion; network B, the
+        training network, with --dual-homed-head)."""
         st = self.state()
         return st.get("hosts_subnet") or st["subnet"]
 
@@ -148,25 +154,48 @@ class Lab:
         rec = self.state().get("bastion")
         return labstate.host_from(rec) if rec else None
 
+    @property
+    def jump_host(self) -> LabHost | None:
+        """The host this machine enters the lab through (the bastion, or host 1 of a lab made
+        with --dual-homed-head), or None when it reaches every host itself."""
+        rec = labstate.jump(self.state())
+        return labstate.host_from(rec) if rec else None
+
     def host(self, i: int) -> LabHost:
-        """Host i (1..N); 0 is the bastion of a lab made with --bastion."""
+        """Host i (1..N); 0 is the bastion of a lab made with --bastion. Its address is the one
+        this machine reaches it by (host 1's network-A one with --dual-homed-head)."""
         return labstate.host_from(labstate.record(self.state(), i, self.name))
+
+    def peer_address(self, i: int) -> str:
+        """The address the other lab hosts reach host i by: its address on the hosts' network
+        (host 1's network-B address with --dual-homed-head, the bastion's inner one), which is
+        host(i).address for every other host."""
+        rec = labstate.record(self.state(), i, self.name)
+        return rec.get("back_address") or rec["address"]
 
     # ---- up
 
     def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
-           slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False) -> "Lab":
+           slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False,
+           dual_homed_head: bool = False) -> "Lab":
         """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
         returns self. `ssh_port`: every sshd listens there; `user`: the inventory's user, an
         ordinary account (uid 4300) on every host; `bastion`: the hosts are reachable only
-        through a bastion host (see orchestrator/lab/access.py)."""
+        through a bastion host; `dual_homed_head`: only host 1 is reachable from here (network
+        A), and it is on the hosts' network B too, their way in (see orchestrator/lab/access.py)."""
         ssh_port = validate_port(ssh_port)
         user = validate_user(user)
-        if slurm and bastion:
-            raise LabError("a lab cannot have both --slurm and --bastion",
-                           hint="Slurm's controller runs on this machine and must reach every slurmd; "
-                                "drop one of the two")
+        if bastion and dual_homed_head:
+            raise LabError("a lab cannot have both --bastion and --dual-homed-head",
+                           hint="--bastion: a jump host that is no training host; --dual-homed-head: host 1 "
+                                "is both; pick one")
+        for other, flag in ((bastion, "--bastion"), (dual_homed_head, "--dual-homed-head")):
+            if slurm and other:
+                raise LabError(f"a lab cannot have both --slurm and {flag}",
+                               hint="Slurm's controller runs on this machine and must reach every slurmd; "
+                                    "drop one of the two")
         tools = preflight(UP_TOOLS + (tuple(labslurm.TOOLS) if slurm else ()))
+        python = host_python()  # the hosts' python3: this machine's system one (LabError if none)
         if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
         plan_vary = parse_vary(vary)
@@ -189,17 +218,19 @@ class Lab:
         self.down()
         with mounts.locked(self.root):
             k = network.pick_subnet(self.root, self.name)
-            m = network.pick_subnet(self.root, self.name, also_used={k}, salt="b") if bastion else k
+            behind = bastion or dual_homed_head  # the hosts are on a second network, this machine not
+            m = network.pick_subnet(self.root, self.name, also_used={k}, salt="b") if behind else k
             self.state_dir.mkdir(mode=0o755)
             created = mounts.claim(self.root, ("/home",) if user != "root" else ())
             hosts = [
-                LabHost(i, self.host_name(i), f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + i}",
+                LabHost(i, self.host_name(i),
+                        f"{SUBNET_PREFIX}.{k if dual_homed_head and i == HEAD_INDEX else m}.{HOST_PREFIX + i}",
                         self.netns_name(i), self.veth_name(i))
                 for i in range(1, n + 1)
             ]
             state = labstate.new(self, hosts, k=k, m=m, ssh_port=ssh_port, user=user, bastion=bastion,
-                                 vary=plan_vary, refuse=refuse, created=created, python=host_python(),
-                                 now=time.time())
+                                 dual_homed_head=dual_homed_head, vary=plan_vary, refuse=refuse,
+                                 created=created, python=python, now=time.time())
             labstate.save(self.state_path, state)
         try:
             if passwd is not None:
@@ -252,7 +283,8 @@ class Lab:
 
     def link(self, i: int, up: bool) -> None:
         """Take host i's link down (it vanishes from the network) or bring it back. The bastion's
-        (i = 0) is its NIC on this machine's bridge: down, no host can be reached from here."""
+        (i = 0) is its NIC on this machine's bridge: down, no host can be reached from here; so
+        is host 1's with --dual-homed-head (its network-B NIC stays up)."""
         preflight(("ip",))
         network.set_link(self.host(i), up)
 
@@ -282,14 +314,14 @@ class Lab:
     def ssh_argv(self, i: int, command: str | None = None, *, connect_timeout: int = 5,
                  user: str | None = None) -> list[str]:
         """The system ssh client's argv to reach host i (0: the bastion) as `user` (default root)
-        with the lab's key and port (reads nothing in ~/.ssh); through the bastion, as the same
-        user, when the lab has one."""
+        with the lab's key and port (reads nothing in ~/.ssh); through the jump host (the
+        bastion, or host 1 with --dual-homed-head), as the same user, when the lab has one."""
         state = self.state()
         h = labstate.host_from(labstate.record(state, i, self.name))
-        brec = state.get("bastion")
+        jrec = labstate.jump(state)
         return access.ssh_argv(h.address, key=self.key_path, known_hosts=self.known_hosts_path,
                                port=state.get("ssh_port") or SSH_PORT, user=user or "root",
-                               bastion=brec["address"] if brec and i != brec["index"] else None,
+                               bastion=jrec["address"] if jrec and i != jrec["index"] else None,
                                command=command, connect_timeout=connect_timeout)
 
     def ssh(self, i: int, command: str, *, timeout: float = 30, connect_timeout: int = 5,

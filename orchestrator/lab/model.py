@@ -27,6 +27,7 @@ HOLDER_COMMS = (HOLDER_COMM, "sleep")
 
 USER_ID = 4300              # uid and gid of the --user account on every host
 BASTION_INDEX = 0           # Lab.host(0), Lab.exec(0, ...), `orch lab sshd stop 0`: the bastion
+HEAD_INDEX = 1              # --dual-homed-head: the host on both networks, the others' way in
 BASTION_MAX_STARTUPS = "10:30:100"  # OpenSSH's default: a connection storm meets the real limit
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
 # what every lab host mounts a directory of its own over (render.setup_script): this machine's
@@ -71,7 +72,7 @@ class HostPlan:
     dir: Path
     versions: dict[str, str] = field(default_factory=dict)
     refuse_key: bool = False
-    back_address: str | None = None  # the bastion's address on the hosts' bridge (bastion only)
+    back_address: str | None = None  # the jump host's address on the hosts' bridge (the bastion, a dual-homed head)
 
 
 def host_visible(path: str) -> bool:

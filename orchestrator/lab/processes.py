@@ -127,7 +127,7 @@ def wait_sshd_pid(lab: Lab, h: LabHost, deadline: float, init: int | None = None
 
 def await_reachable(lab: Lab, hosts: list[LabHost], deadline: float) -> None:
     st = lab.state()
-    network.await_reachable(hosts, int(st.get("ssh_port") or SSH_PORT), st.get("bastion"), deadline, lab.name)
+    network.await_reachable(hosts, int(st.get("ssh_port") or SSH_PORT), state.jump(st), deadline, lab.name)
 
 
 def log_tail(lab: Lab, i: int, lines: int = 3) -> str:

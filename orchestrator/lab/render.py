@@ -39,15 +39,11 @@ def bashrc(base: str) -> str:
             "case $- in *i*) ;; *) return ;; esac\n" + base)
 
 
-def host_path_env(pydir: str, site: bool, lib: bool) -> str:
-    """Contents of a host's ~/.ssh/environment."""
-    parts = ["/opt/orch-lab/bin"]
-    if pydir not in parts:
-        parts.append(pydir)
-    for p in SBIN_PATH.split(":"):
-        if p not in parts:
-            parts.append(p)
-    out = [f"PATH={':'.join(parts)}"]
+def host_path_env(site: bool, lib: bool) -> str:
+    """Contents of a host's ~/.ssh/environment: PATH is the --vary shims, then a real host's
+    standard PATH (so ``python3`` is this machine's system python3, system.host_python: never
+    the controller's venv or pyenv); PYTHONPATH/LD_LIBRARY_PATH only where --vary put something."""
+    out = [f"PATH=/opt/orch-lab/bin:{SBIN_PATH}"]
     if site:
         out.append("PYTHONPATH=/opt/orch-lab/site")
     if lib:
@@ -55,15 +51,17 @@ def host_path_env(pydir: str, site: bool, lib: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def path_dirs(pydir: str) -> list[str]:
-    """The dirs of a host's non-interactive PATH (before any --vary shim)."""
-    return host_path_env(pydir, False, False).split("=", 1)[1].strip().split(":")
+def path_dirs() -> list[str]:
+    """The dirs of a host's non-interactive PATH."""
+    return host_path_env(False, False).split("=", 1)[1].strip().split(":")
 
 
-def sshd_config(host: LabHost, hdir: Path, port: int = SSH_PORT, max_startups: str = "200:30:400") -> str:
+def sshd_config(host: LabHost, hdir: Path, port: int = SSH_PORT, max_startups: str = "200:30:400",
+                also: Sequence[str] = ()) -> str:
+    """`also`: more addresses to listen on (a dual-homed head's on the hosts' network)."""
     return "\n".join([
         f"# sshd of orch lab host {host.name}",
-        f"ListenAddress {host.address}",
+        *(f"ListenAddress {a}" for a in (host.address, *also)),
         f"Port {port}",
         f"HostKey {hdir}/ssh_host_ed25519_key",
         f"PidFile {hdir}/sshd.pid",
@@ -158,7 +156,8 @@ def setup_script(p: HostPlan, *, state_dir: Path, init_path: Path, user: str = "
         "ip link set eth0 up",
     ]
     if p.back_address:
-        # the bastion: a second NIC on the hosts' network, and no forwarding between the two
+        # a jump host (the bastion, a dual-homed head): a second NIC on the hosts' network, and no
+        # forwarding between the two
         # (a new network namespace may inherit ip_forward=1 from this machine's)
         script += [
             f"ip addr add {p.back_address}/24 dev eth1",
@@ -194,8 +193,8 @@ def setup_script(p: HostPlan, *, state_dir: Path, init_path: Path, user: str = "
             + q(f"lowerdir=/home,upperdir={rootov / 'homeup'},workdir={rootov / 'homework'}") + " /home",
             f"mkdir -p {q('/home/' + user)}",
             f"mount --bind {q(str(d / 'home'))} {q('/home/' + user)}",
-            # the user may run this machine's python (under /root, say pyenv's); /root's own
-            # mode changes only in this host's overlay
+            # the user may run what lives under /root (a venv like /opt/orch-venvs/train may link
+            # to pyenv's python there); /root's own mode changes only in this host's overlay
             "chmod 711 /root",
         ]
     if p.versions.get("openmpi") == "none":

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from ..errors import LabError
 from .system import write
-from .model import BASTION_INDEX, HOST_PREFIX, STATE_VERSION, SUBNET_PREFIX, LabHost
+from .model import BASTION_INDEX, HEAD_INDEX, HOST_PREFIX, STATE_VERSION, SUBNET_PREFIX, LabHost
 from .versions import host_versions
 
 
@@ -54,15 +54,42 @@ def record(state: dict, i: int, lab: str) -> dict:
     raise LabError(f"lab {lab!r} has no host {i!r}", hint=hint)
 
 
+def jump(state: dict) -> dict | None:
+    """The host the lab is entered through, or None when this machine reaches every host: the
+    bastion's record (--bastion), or a copy of host 1's with the hosts' network in it
+    (--dual-homed-head). Either way it has the host's keys (index, name, address on this
+    machine's bridge, netns, veth), ``back_address``/``back_veth`` (its NIC on the hosts'
+    network) and that network's ``k``, ``subnet`` and ``bridge``."""
+    if state.get("bastion"):
+        return state["bastion"]
+    net = state.get("dual_homed_head")
+    if net:
+        return {**state["hosts"][net["index"] - 1], **net}
+    return None
+
+
+def octets(state: dict) -> set[int]:
+    """The third octets of every 198.18.K.0/24 the lab holds (this machine's bridge's, and the
+    hosts' network behind a jump host)."""
+    out = {int(state["k"])}
+    j = jump(state)
+    if j:
+        out.add(int(j["k"]))
+    return out
+
+
 def all_records(state: dict) -> list[dict]:
     """Every host's record, the bastion's (if any) last."""
     return list(state.get("hosts", [])) + ([state["bastion"]] if state.get("bastion") else [])
 
 
 def new(lab, hosts: list[LabHost], *, k: int, m: int, ssh_port: int, user: str, bastion: bool,
-        vary: Mapping, refuse: set[int], created: list[str], python: str, now: float) -> dict:
+        vary: Mapping, refuse: set[int], created: list[str], python: str, now: float,
+        dual_homed_head: bool = False) -> dict:
     """The state of a lab `up` is making ("starting"): `lab` names things (a Lab), `k` and `m`
-    are the third octets of its subnet and of the hosts' (the same without a bastion)."""
+    are the third octets of its subnet and of the hosts' (the same without a bastion or a
+    dual-homed head). `hosts` have their addresses: with `dual_homed_head`, host 1's on this
+    machine's subnet (its second one, on the hosts', is made here)."""
     state = {
         "version": STATE_VERSION,
         "name": lab.name,
@@ -75,6 +102,7 @@ def new(lab, hosts: list[LabHost], *, k: int, m: int, ssh_port: int, user: str, 
         "ssh_port": ssh_port,
         "user": user,
         "bastion": None,
+        "dual_homed_head": None,
         "created_at": now,
         "python": python,
         "mountpoints_created": created,
@@ -85,14 +113,21 @@ def new(lab, hosts: list[LabHost], *, k: int, m: int, ssh_port: int, user: str, 
             for h in hosts
         ],
     }
+    # the hosts' network behind the jump host: the lab's second, reserved subnet
+    hosts_net = dict(k=m, subnet=f"{SUBNET_PREFIX}.{m}.0/24", bridge=lab.hosts_bridge_name)
     if bastion:
         b = BASTION_INDEX
         state["bastion"] = dict(
             index=b, name=lab.bastion_name(), address=f"{SUBNET_PREFIX}.{k}.{HOST_PREFIX + b}",
             netns=lab.netns_name(b), veth=lab.veth_name(b), holder_pid=None, sshd_pid=None,
             versions={}, refuse_key=False,
-            # its NIC on the hosts' network, which is the lab's second, reserved subnet
-            back_address=f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + b}", back_veth=lab.back_veth_name(),
-            k=m, subnet=f"{SUBNET_PREFIX}.{m}.0/24", bridge=lab.hosts_bridge_name,
+            # its NIC on the hosts' network
+            back_address=f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + b}", back_veth=lab.back_veth_name(b),
+            **hosts_net,
         )
+    elif dual_homed_head:
+        head = state["hosts"][HEAD_INDEX - 1]
+        head.update(back_address=f"{SUBNET_PREFIX}.{m}.{HOST_PREFIX + HEAD_INDEX}",
+                    back_veth=lab.back_veth_name(HEAD_INDEX))
+        state["dual_homed_head"] = dict(index=HEAD_INDEX, **hosts_net)
     return state

@@ -40,18 +40,24 @@ DOWN_TOOLS = ("ip",)
 
 
 def host_python() -> str:
-    """The python lab hosts run for the lab's own init and python shims, and find first on
-    their PATH: the one running orch, or, when it sits where hosts mount their own directory
-    (a venv under /tmp, say), the interpreter it links to (the venv's base: stdlib is all a
-    host needs of it)."""
-    exe = os.path.abspath(sys.executable)
-    for path in (exe, os.path.realpath(exe)):
-        if host_visible(path) and not re.search(r"\s", path) and len(path) <= 200:
-            return path
-    raise LabError(f"lab hosts cannot run this python ({exe}, which is {os.path.realpath(exe)}): hosts mount "
-                   f"their own {', '.join(HOST_PRIVATE)}, and a #! line takes no spaces",
-                   hint="run orch from a python outside those directories, e.g. a venv made with "
-                        "`python3 -m venv /opt/orch-venv` (or a clone elsewhere than /tmp)")
+    """The python3 lab hosts run: the first python3 on their standard PATH (SBIN_PATH), this
+    machine's system python3 (Debian's /usr/bin/python3), with its standard library and
+    nothing of the controller's. Never the python running orch (a venv, pyenv): a real host has
+    only its own python3, so orch, paramiko or pydantic must not be importable on a lab host,
+    or code that imports them there would pass in the lab and fail on a cluster. It is what
+    ``python3`` runs over ssh (unless a ``--vary I:python=X`` shim comes first), the lab's init
+    and the real interpreter behind that shim."""
+    found = shutil.which("python3", path=SBIN_PATH)
+    if found is None:
+        raise LabError(f"orch lab needs this machine's system python3 (none in {SBIN_PATH}): lab hosts run it, "
+                       "never the python that runs orch",
+                       hint="install it: apt-get install python3")
+    path = os.path.abspath(found)
+    if not host_visible(path) or re.search(r"\s", path) or len(path) > 200:
+        raise LabError(f"lab hosts cannot run the system python3 {path}: hosts mount their own "
+                       f"{', '.join(HOST_PRIVATE)}, and a #! line takes no spaces",
+                       hint="install python3 in /usr/bin: apt-get install python3")
+    return path
 
 
 def which(tool: str) -> str | None:

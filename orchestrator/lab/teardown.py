@@ -99,11 +99,12 @@ def down(lab: Lab) -> bool:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.02)
 
-    # 2. network: veths, bridges, namespaces (the bastion's too: netns -0, veths -0 and -0b,
-    # the hosts' bridge, the unreachable route to their subnet)
+    # 2. network: veths, bridges, namespaces (a jump host's too: the bastion's netns -0 and veths
+    # -0 and -0b, or a dual-homed head's back veth -1b; the hosts' bridge, the unreachable route
+    # to their subnet)
     route = None
-    with contextlib.suppress(KeyError, TypeError):
-        route = state["bastion"]["subnet"]
+    with contextlib.suppress(KeyError, TypeError, IndexError):
+        route = labstate.jump(state)["subnet"]
     if network.remove(lab.name, (lab.bridge, lab.hosts_bridge_name), route):
         found = True
 

@@ -4,15 +4,16 @@ What a version means is in the package docs (orchestrator/lab/__init__.py, "Vers
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import LabError
 from .model import HostPlan
+from .render import SBIN_PATH
 from .system import host_python, listdir, run, which, write
 
 _DIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -66,7 +67,7 @@ def _check_tool(tool: str, version: str) -> None:
     if not _VERSION_RE.fullmatch(version or ""):
         raise LabError(f"bad version {version!r} for {tool} in --vary", hint="e.g. 4.0.3, or none")
     if tool.lower() == "python" and version == "none":
-        raise LabError("--vary python=none is not supported", hint="a lab host always has this machine's python")
+        raise LabError("--vary python=none is not supported", hint="a lab host always has this machine's system python3")
 
 
 def host_versions(vary: Mapping[int | str, Mapping[str, str]], index: int) -> dict[str, str]:
@@ -143,13 +144,27 @@ def openmpi_names(pathdirs: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def host_sys_path() -> list[str]:
+    """sys.path of the hosts' python3 (system.host_python) as a host runs it: root's HOME,
+    the standard PATH, no PYTHONPATH. Read once per `up` (only when a TOOL=none asks)."""
+    python = host_python()
+    if python not in _SYS_PATH:
+        res = run([python, "-c", "import json, sys; print(json.dumps(sys.path))"], timeout=30, cwd="/",
+                  env={"HOME": "/root", "PATH": SBIN_PATH, "LC_ALL": "C"}, what=f"{python}: sys.path")
+        _SYS_PATH[python] = [x for x in json.loads(res.stdout) if x]
+    return _SYS_PATH[python]
+
+
+_SYS_PATH: dict[str, list[str]] = {}
+
+
 def installed_dist_dirs(name: str) -> list[Path]:
-    """dist-info dirs of `name` visible to this python (for name=none hiding)."""
+    """dist-info dirs of `name` the hosts' python3 sees (for name=none hiding)."""
     out = []
     norm = dist_key(name).lower()
-    for base in sys.path:
+    for base in host_sys_path():
         try:
-            entries = os.listdir(base or ".")
+            entries = os.listdir(base)
         except OSError:
             continue
         for entry in entries:
@@ -157,7 +172,7 @@ def installed_dist_dirs(name: str) -> list[Path]:
                 stem = entry.rsplit(".", 1)[0]
                 dname = dist_key(stem.split("-")[0]).lower()
                 if dname == norm:
-                    out.append(Path(base or ".").resolve() / entry)
+                    out.append(Path(base).resolve() / entry)
     return out
 
 

@@ -21,7 +21,7 @@ from orchestrator.errors import LabError
 from orchestrator.lab import Lab, render as labrender, system as labsys
 from orchestrator.launchers import RUN_VAR
 from orchestrator.supervisor import sweep_script
-from tests.support import budget, orch, timed, wait_until
+from tests.support import budget, connect_from, lab_cluster, orch, timed, wait_until
 
 pytestmark = pytest.mark.lab
 orch_lab = partial(orch, "lab", timeout=120, text=True)  # `orch lab ARGS`, output as text
@@ -101,17 +101,22 @@ def test_hosts_ssh_to_each_other(lab):
     assert res.stdout.split() == [h2.name, h3.name]
 
 
-def test_ssh_sessions_get_this_python(lab):
-    """Hosts run this python, or, from a venv they cannot see (under /tmp, which each host
-    mounts its own), the interpreter it links to."""
-    # (not `import orchestrator`: the checkout may live under /tmp, which is private per host)
-    from orchestrator.lab.system import host_python
-
-    res = system_ssh(lab, 2, "python3 -c 'import sys; print(sys.executable)'; echo $PATH")
-    assert res.returncode == 0, res.stderr
-    exe, path = res.stdout.split()
-    assert os.path.realpath(exe) == os.path.realpath(sys.executable)
-    assert path.split(":")[:2] == ["/opt/orch-lab/bin", os.path.dirname(host_python())]
+def test_ssh_sessions_get_the_system_python3_not_the_controllers(lab):
+    """A host's python3 is this machine's system one (standard library only), as on a real
+    host: never the controller's venv or pyenv python, so orch, paramiko and pydantic are not
+    importable there (an import a real host lacks fails in the lab too)."""
+    system = labsys.host_python()
+    assert os.path.dirname(system) in labrender.SBIN_PATH.split(":")
+    probe = ("command -v python3; echo \"$PATH\"; "
+             "python3 -c 'import sys; print(sys.executable); print(sys.prefix == sys.base_prefix)'; "
+             "for m in orchestrator paramiko pydantic; do "
+             "python3 -c \"import $m\" 2>/dev/null && echo \"$m: yes\" || echo \"$m: no\"; done")
+    for i in (1, 3):
+        res = system_ssh(lab, i, probe)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == [
+            system, f"/opt/orch-lab/bin:{labrender.SBIN_PATH}", system, "True",  # True: not a venv
+            "orchestrator: no", "paramiko: no", "pydantic: no"], res.stdout
 
 
 def test_mpirun_runs_across_two_lab_hosts(lab):
@@ -290,8 +295,9 @@ def test_vary_shows_through_ssh(varied):
     out = {i: system_ssh(lab, i, PROBE) for i in (1, 2, 3)}
     assert all(res.returncode == 0 for res in out.values()), {i: o.stderr for i, o in out.items()}
     h1, h2, h3 = (out[i].stdout.splitlines() for i in (1, 2, 3))
+    system_python = subprocess.run([labsys.host_python(), "--version"], capture_output=True, text=True).stdout.strip()
     real_mpirun = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    assert h1 == ["2.10.0", "Python " + ".".join(map(str, sys.version_info[:3])), real_mpirun, "has-mpirun",
+    assert h1 == ["2.10.0", system_python, real_mpirun, "has-mpirun",
                   "no-nccl"]
     assert h2 == ["2.2.14", "Python 3.10.14", "mpirun (Open MPI) 4.0.3", "has-mpirun",
                   "libnccl.so.2", "libnccl.so.2.18.3"]
@@ -557,9 +563,108 @@ def test_bastion_lab_from_the_cli_and_down_leaves_nothing(lab_factory):
         lab.down()
 
 
+# --------------------------------------------------------------------------- --dual-homed-head
+
+
+def test_dual_homed_head_only_host_1_is_reachable_and_the_others_through_it(dual_homed_lab, tmp_path):
+    """Network A: this machine and host 1. Network B: host 1 again and hosts 2..3, which this
+    machine reaches only through host 1 (the inventory's jump, ssh_config's ProxyJump), and
+    which reach host 1 on its B address only."""
+    lab = dual_homed_lab
+    h1, st = lab.host(1), lab.state()
+    a_net, b_net = st["subnet"], st["hosts_subnet"]
+    assert a_net != b_net and lab.subnet == a_net and lab.hosts_subnet == b_net
+    a_pre, b_pre = a_net.rsplit(".", 1)[0] + ".", b_net.rsplit(".", 1)[0] + "."
+    head_b = lab.peer_address(1)
+    assert (h1.address, head_b) == (a_pre + "11", b_pre + "11") and lab.jump_host == h1
+    others = lab.hosts[1:]
+    assert [h.address for h in others] == [b_pre + "12", b_pre + "13"]
+    assert all(lab.peer_address(h.index) == h.address for h in others)
+
+    # the controller: host 1 on A, directly; nothing on B
+    res = system_ssh(lab, 1, "hostname; ip -4 -o addr show | awk '{print $2, $4}'")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:4] == [h1.name, "lo 127.0.0.1/8", f"eth0 {h1.address}/24", f"eth1 {head_b}/24"]
+    for address in [head_b] + [h.address for h in others]:
+        with pytest.raises(OSError):
+            socket.create_connection((address, 22), timeout=3).close()
+    assert system_ssh(lab, 2, "true", connect_timeout=3).returncode == 255
+    # ... but hosts 2..3 through host 1, by the lab's helpers and by ssh_config's aliases
+    before = accepted(lab, 1)
+    for h in others:
+        assert lab.ssh(h.index, "hostname").stdout.strip() == h.name
+        res = cfg_ssh(lab, h.name, "hostname; ip -4 -o addr show dev eth0")
+        assert res.returncode == 0 and res.stdout.split()[0] == h.name and f"{h.address}/24" in res.stdout, res.stderr
+        assert f" {a_pre}" not in res.stdout  # hosts 2..3 have no address on A
+    assert accepted(lab, 1) == before + 2 * len(others)  # each of those went through host 1's sshd
+
+    # host 2 reaches host 1 on B (its sshd listens there), never on A; nor this machine
+    assert connect_from(lab, 2, head_b, 22) == "ok"
+    assert "unreachable" in connect_from(lab, 2, h1.address, 22)
+    assert "unreachable" in connect_from(lab, 2, st["gateway"], 22)
+    assert connect_from(lab, 1, lab.host(3).address, 22) == "ok"
+    assert lab.exec(1, ["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() == "0"
+    # over ssh as mpirun would: host 2 names host 1 by its B address (/etc/hosts, known_hosts)
+    res = lab.ssh(2, f"getent hosts {h1.name}; ssh {h1.name} hostname; ssh {head_b} hostname; "
+                     f"ssh -o ConnectTimeout=3 {h1.address} true 2>&1 | tail -1")
+    lines = res.stdout.splitlines()
+    assert [lines[0].split(), *lines[1:3]] == [[head_b, h1.name], h1.name, h1.name], res.stdout + res.stderr
+    assert "unreachable" in lines[3], lines
+
+    # the inventory: host 1 by its A address, no jump, no mpi_address; the others through it
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    assert "jump" not in inv["defaults"]
+    assert inv["hosts"] == [{"address": h1.address, "name": h1.name}] + [
+        {"address": h.address, "name": h.name, "jump": f"root@{h1.address}:22"} for h in others]
+    cluster = lab_cluster(lab, tmp_path)
+    assert [(h.address, h.mpi_address, [j.address for j in h.jump]) for h in cluster.hosts] == [
+        (h1.address, None, [])] + [(h.address, None, [h1.address]) for h in others]
+    known = lab.known_hosts_path.read_text()
+    assert f"{h1.address},{head_b},{h1.name} ssh-ed25519 " in known
+
+    # status names the topology
+    r = orch_lab("status", "--name", lab.name)
+    assert r.returncode == 0 and f"{h1.name} also {head_b} there" in r.stdout and "ssh_config:" in r.stdout, r.stdout
+    doc = json.loads(orch_lab("status", "--name", lab.name, "--json").stdout)
+    assert doc["dual_homed_head"] == {"name": h1.name, "address": h1.address, "back_address": head_b,
+                                      "subnet": b_net, "bridge": f"ol-bh-{lab.name}"}
+    assert doc["bastion"] is None and doc["ssh_config"] == str(lab.ssh_config_path)
+    assert all(s.ok for s in lab.status())
+
+
+def test_dual_homed_head_from_the_cli_as_a_user_on_a_port_and_down_leaves_nothing(lab_factory):
+    name = hb_name("h")
+    lab = Lab(name)
+    try:
+        r = orch_lab("up", "2", "--name", name, "--dual-homed-head", "--user", USER, "--ssh-port", str(PORT))
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.strip().splitlines()
+        assert out[-1] == str(lab.inventory_path) and str(lab.ssh_config_path) in out[-2], out
+        h1, h2 = lab.host(1), lab.host(2)
+        assert f"also {lab.peer_address(1)} on network B" in r.stdout
+        inv = yaml.safe_load(lab.inventory_path.read_text())
+        assert inv["hosts"][1]["jump"] == f"{USER}@{h1.address}:{PORT}" and "jump" not in inv["hosts"][0]
+        res = cfg_ssh(lab, h2.name, f"id -un; hostname; ssh -p {PORT} {h1.name} hostname")
+        assert res.returncode == 0 and res.stdout.split() == [USER, h2.name, h1.name], res.stderr
+        route = lab.hosts_subnet
+        left = bastion_leftovers(name, lab.state_dir, route)
+        assert f"link ol{name}-1b" in left and f"link ol-bh-{name}" in left and f"route unreachable {route}" in left
+
+        r = orch_lab("down", "--name", name)
+        assert r.returncode == 0, r.stderr
+        assert bastion_leftovers(name, lab.state_dir, route) == []
+        assert name not in labmod.list_labs()
+    finally:
+        lab.down()
+
+
 def test_option_errors():
     with pytest.raises(LabError, match="--slurm and --bastion"):
         Lab(hb_name("z")).up(1, slurm=True, bastion=True)
+    with pytest.raises(LabError, match="--bastion and --dual-homed-head"):
+        Lab(hb_name("z")).up(2, bastion=True, dual_homed_head=True)
+    with pytest.raises(LabError, match="--slurm and --dual-homed-head"):
+        Lab(hb_name("z")).up(2, slurm=True, dual_homed_head=True)
     with pytest.raises(LabError, match="bad ssh port"):
         Lab(hb_name("z")).up(1, ssh_port=70000)
     with pytest.raises(LabError, match="bad lab user name"):

@@ -71,14 +71,13 @@ def test_bashrc_returns_early_for_non_interactive_shells(tmp_path):
         assert res.stdout.splitlines()[-1] == f"seen={seen}", (flags, res.stdout, res.stderr)
 
 
-def test_host_path_env_puts_shims_then_the_python_dir_first():
-    assert render.host_path_env("/opt/py/bin", False, False) == (
-        "PATH=/opt/orch-lab/bin:/opt/py/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-    text = render.host_path_env("/usr/bin", True, True)  # no dir twice
-    assert text.splitlines() == [
-        "PATH=/opt/orch-lab/bin:/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin:/bin",
-        "PYTHONPATH=/opt/orch-lab/site", "LD_LIBRARY_PATH=/opt/orch-lab/lib"]
-    assert render.path_dirs("/usr/bin")[:2] == ["/opt/orch-lab/bin", "/usr/bin"]
+def test_host_path_env_is_the_shims_then_a_real_hosts_standard_path():
+    """No directory of the controller's python (its venv, pyenv) on a host's PATH."""
+    std = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert render.host_path_env(False, False) == f"PATH=/opt/orch-lab/bin:{std}\n"
+    assert render.host_path_env(True, True).splitlines() == [
+        f"PATH=/opt/orch-lab/bin:{std}", "PYTHONPATH=/opt/orch-lab/site", "LD_LIBRARY_PATH=/opt/orch-lab/lib"]
+    assert render.path_dirs() == ["/opt/orch-lab/bin", *std.split(":")]
 
 
 def test_sshd_config_listens_on_the_host_address_and_port():
@@ -88,6 +87,9 @@ def test_sshd_config_listens_on_the_host_address_and_port():
                  "PermitUserEnvironment yes", "MaxStartups 10:30:100", "LogLevel VERBOSE"):
         assert line in lines
     assert "Port 22" in render.sshd_config(H1, Path("/x")).splitlines()
+    both = render.sshd_config(H1, Path("/x"), also=["198.18.9.11"]).splitlines()  # a dual-homed head
+    assert [ln for ln in both if ln.startswith("ListenAddress")] == ["ListenAddress 198.18.7.11",
+                                                                      "ListenAddress 198.18.9.11"]
 
 
 def test_passwd_and_group_get_the_lab_user_and_refuse_a_clash():
@@ -162,6 +164,20 @@ def test_inventory_yaml_reads_back_with_jump_user_and_port():
     assert plain["defaults"]["user"] == "root" and plain["defaults"]["port"] == 22 and "jump" not in plain["defaults"]
 
 
+def test_inventory_of_a_dual_homed_head_jumps_to_host_1_for_the_others_only():
+    """Host 1 by the address this machine reaches it by, no jump, no mpi_address; the others
+    through it."""
+    head = LabHost(1, "t1-h1", "198.18.9.11", "olab-t1-1", "olt1-1")
+    text = access.inventory_yaml("t1", "198.18.7.0/24", [head, H2], Path("/k"), Path("/kh"), user="train",
+                                 port=2222, jump="train@198.18.9.11:2222", head_jump=True)
+    inv = yaml.safe_load(text)
+    assert "jump" not in inv["defaults"] and inv["defaults"]["user"] == "train"
+    assert inv["hosts"] == [{"address": "198.18.9.11", "name": "t1-h1"},
+                            {"address": "198.18.7.12", "name": "t1-h2", "jump": "train@198.18.9.11:2222"}]
+    assert "mpi_address" not in text.split("defaults:")[1]
+    assert "198.18.9.0/24" in text  # the header says which network host 1 is listed on
+
+
 def test_known_hosts_bracket_a_port_other_than_22():
     entries = [(["198.18.7.11", "t1-h1"], "ssh-ed25519 AAAA")]
     assert access.known_hosts_text(entries, 22) == "198.18.7.11,t1-h1 ssh-ed25519 AAAA\n"
@@ -181,6 +197,31 @@ def test_ssh_client_config_names_every_host_with_proxyjump_behind_a_bastion():
         assert '    IdentityFile "/my lab/key"' in block and block.rstrip().endswith("ProxyJump t1-bastion")
     assert "ProxyJump" not in access.ssh_client_config("t1", [H1], None, user="root", port=22, key=Path("/k"),
                                                        known_hosts=Path("/kh"), state_dir=Path("/lab"))
+
+
+def test_ssh_client_config_of_a_dual_homed_head_jumps_through_host_1():
+    text = access.ssh_client_config("t1", [H1, H2], None, user="root", port=22, key=Path("/k"),
+                                    known_hosts=Path("/kh"), state_dir=Path("/lab"), head_jump=True)
+    blocks = text.split("\n\n")
+    assert blocks[1].startswith("Host t1-h1\n") and "ProxyJump" not in blocks[1]
+    assert blocks[2].startswith("Host t1-h2\n") and blocks[2].rstrip().endswith("ProxyJump t1-h1")
+
+
+def test_network_of_a_dual_homed_head_gives_host_1_two_nics_the_others_one():
+    from orchestrator.lab import network
+
+    head = LabHost(1, "t1-h1", "198.18.9.11", "olab-t1-1", "olt1-1")
+    jump = {"index": 1, "netns": "olab-t1-1", "veth": "olt1-1", "back_veth": "olt1-1b", "bridge": "ol-bh-t1",
+            "subnet": "198.18.7.0/24"}
+    lines = network.up_batch("ol-br-t1", 9, [head, H2], jump, v6=True)
+    assert "addr add 198.18.9.1/24 dev ol-br-t1" in lines and "route add unreachable 198.18.7.0/24" in lines
+    assert lines.count("netns add olab-t1-1") == 1 and "netns add olab-t1-2" in lines
+    assert "link set olt1-1 master ol-br-t1 up" in lines and "link set olt1-1b master ol-bh-t1 up" in lines
+    assert "link add olt1-1b type veth peer name eth1 netns olab-t1-1" in lines
+    assert "link set olt1-2 master ol-bh-t1 up" in lines and not any("olt1-2 master ol-br" in x for x in lines)
+    # this machine has no IPv6 link-local address on the hosts' network either
+    assert {"link set ol-bh-t1 addrgenmode none", "link set olt1-1b addrgenmode none",
+            "link set olt1-2 addrgenmode none"} <= set(lines)
 
 
 def test_ssh_argv_goes_through_the_bastion_as_the_same_user():
@@ -265,31 +306,31 @@ def test_slurm_inventory_reads_back():
     assert inv["defaults"] == {"user": "root", "identity_file": "/lab/key", "known_hosts": "/lab/kh", "slots": 2}
 
 
-def test_hosts_run_a_python_they_can_see(tmp_path, monkeypatch):
-    """A venv under /tmp (hosts mount their own /tmp) is run through the interpreter it links to;
-    one hosts cannot see at all is an error that says why and what to do."""
+def test_hosts_run_the_system_python3_never_the_controllers(tmp_path, monkeypatch):
+    """The hosts' python3 is the first on a real host's standard PATH (render.SBIN_PATH), whatever
+    python runs orch (a venv, pyenv) and whatever PATH orch runs with; none there is an error
+    naming the package."""
     import os
+    import shutil
     import sys
 
-    from orchestrator.errors import LabError
     from orchestrator.lab import system
-    from orchestrator.lab.model import host_visible
 
-    assert not host_visible("/tmp/x/.venv/bin/python") and not host_visible("/data/py")
-    assert host_visible("/usr/bin/python3") and host_visible("/tmpx/python") and host_visible("/root/.pyenv/python3")
-    base = os.path.realpath(sys.executable)
+    expect = shutil.which("python3", path=render.SBIN_PATH)
+    if expect is None:
+        pytest.skip("this machine has no system python3")
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
-    (venv / "python").symlink_to(base)
-    monkeypatch.setattr(sys, "executable", str(venv / "python"))
-    assert str(venv).startswith("/tmp/"), "the test needs a tmp_path under /tmp"
-    assert system.host_python() == base
-    (tmp_path / "real-python").write_text("")
-    (venv / "python").unlink()
-    (venv / "python").symlink_to(tmp_path / "real-python")
+    (venv / "python3").symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(venv / "python3"))
+    monkeypatch.setenv("PATH", f"{venv}:{os.environ.get('PATH', '')}")
+    assert system.host_python() == expect
+    assert os.path.dirname(expect) in render.SBIN_PATH.split(":")
+
+    monkeypatch.setattr(system, "SBIN_PATH", str(tmp_path / "nothing-here"))
     with pytest.raises(LabError) as e:
         system.host_python()
-    assert "lab hosts cannot run this python" in e.value.message and "/tmp" in e.value.message
+    assert "system python3" in e.value.message and "apt-get install python3" in e.value.hint
 
 
 def test_lab_files_are_written_atomically_at_their_mode(tmp_path, monkeypatch):
