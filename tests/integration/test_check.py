@@ -325,3 +325,41 @@ def test_reach_at_the_launch_hosts_other_address(lab, tmp_path):
     assert r["message"].startswith(f"cannot reach the launch host {h1} by TCP at {launch} (its address on "
                                    "job.interface): invalid argument; ")
     assert f"it does reach {h1} at {other}: set `mpi_address: {other}` on {h1}" in r["message"]
+
+
+def test_reach_finds_the_dual_homed_launch_hosts_training_network(dual_homed_lab, tmp_path):
+    """The launch host is on two networks (`orch lab up --dual-homed-head`): this machine reaches
+    it on A, the other hosts only on B, and the inventory names it by its A address with no
+    mpi_address. Reach: the others cannot reach A but find B, the address the run's supervisors
+    and MASTER_ADDR will use, and say so; with mpi_address pinning A, a fail whose fix is B."""
+    lab = dual_homed_lab
+    h1 = lab.host_name(1)
+    a, b = lab.host(1).address, lab.peer_address(1)
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    assert inv["hosts"][0]["address"] == a and "mpi_address" not in inv["hosts"][0]
+    # host 1 is the launch host only when its A address sorts first; the lab picks A and B as it
+    # may, so the inventory orders the hosts by super_pod_id (which comes first when every host has one)
+    for i, rec in enumerate(inv["hosts"]):
+        rec["super_pod_id"] = 0 if i == 0 else 1
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
+    f = write(lab, tmp_path, launcher="ranktable")
+    res, _ = orch_check(f, "-i", str(tmp_path / "inventory.yaml"), "--json")
+    doc = results(res)
+    r = {x["host"]: x for x in by(doc, "reach")}
+    assert r[h1]["status"] == "pass"
+    for i in (2, 3):
+        got = r[lab.host_name(i)]
+        assert got["status"] == "pass", got
+        assert got["message"].startswith(f"reaches the launch host {h1} by TCP at {b}, not at {a} (its cluster "
+                                         "address: network is unreachable)"), got
+        assert f"`mpi_address: {b}` on {h1} pins it" in got["message"]
+    inv["hosts"][0]["mpi_address"] = a
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
+    res, _ = orch_check(f, "-i", str(tmp_path / "inventory.yaml"), "--json")
+    assert res.returncode == 1
+    for got in by(results(res), "reach"):
+        if got["host"] != h1:
+            assert got["status"] == "fail"
+            assert got["message"].startswith(f"cannot reach the launch host {h1} by TCP at {a} (its mpi_address): "
+                                             f"network is unreachable; it does reach {h1} at {b}: set "
+                                             f"`mpi_address: {b}` on {h1}"), got
