@@ -88,7 +88,7 @@ class CheckPlan:
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
     prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (checks.prepare)
     reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
-    reach: ReachTarget | None = None  # check reach: the launch host's listener, once its probe told (checks.reach.Relay)
+    reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
 
     def script(self, host: Host) -> str:
         """The one probe script for this host (pure)."""

@@ -90,7 +90,8 @@ def one(x):
    y=c.recv(%(lim)d-len(b))
    if not y:break
    b+=y
-  r[x]="ok" if eq(b.split(b"\n")[0],to) else ("connected, but something else answers on the port" if b else "connected, but closed without an answer")
+  r[x]="ok" if eq(b.split(b"\n")[0],to) else "connected, but "+("something else answers on the port" if b else
+   "closed without an answer")
  except socket.timeout:r[x]="connected, but no answer within %%gs"%%t
  except OSError as e:r[x]="connected, then "+(e.strerror or str(e)).lower()
  finally:c.close()
@@ -155,8 +156,8 @@ def listen_body(plan) -> str:
     args = " ".join(str(a) for a in (len(_others(plan)), f"{reach_cap(plan):g}", f"{GRACE:g}", f"{PEER_TIMEOUT:g}",
                                       READ_LIMIT))
     parts.append(f"p=$({ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} $T {' '.join(PY)} -c {q(LISTEN_PY)} {args} 2>&1) "
-                 "&& [ -n \"$p\" ] || { printf 'nolisten %s\\n' \"$(printf '%s' \"$p\" | tr '\\n' ' ' | cut -c1-300)\"; "
-                 "exit 1; }\necho \"listen $p\"")
+                 "&& [ -n \"$p\" ] || { printf 'nolisten %s\\n' "
+                 "\"$(printf '%s' \"$p\" | tr '\\n' ' ' | cut -c1-300)\"; exit 1; }\necho \"listen $p\"")
     return "\n".join(parts)
 
 

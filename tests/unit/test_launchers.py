@@ -117,7 +117,8 @@ def test_torchrun_one_per_host_static_rendezvous_wrapped_workers():
     plan = make_plan(c)
     launch = launchers.build(c, plan, "RID", root={})
     [p1], [p2] = launch.procs["h1"], launch.procs["h2"]
-    assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1", f"--master-addr={launchers.HEAD_ADDR}",
+    assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                       f"--master-addr={launchers.HEAD_ADDR}",
                        "--master-port=29500", "--max-restarts=0", "--no-python",
                        "python3", "-S", "/data/job/.orch/RID/agent.py", "rank", "--", "python", "train.py", "--lr", "1")
     assert p1.key == "torchrun.h1" and p1.log == "torchrun.log" and p1.env["ORCH_RANK_OUTPUT"] == "1"

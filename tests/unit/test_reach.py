@@ -84,7 +84,8 @@ def judge(c: Cluster, name: str, i: int = 2) -> checks.CheckResult:
 
 def test_reaches_the_address_the_run_uses():
     r = judge(cluster(), "to-both-ok.txt")
-    assert r.status == "pass" and r.message == f"reaches the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster address)"
+    assert r.status == "pass"
+    assert r.message == f"reaches the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster address)"
 
 
 def test_another_address_passes_when_nothing_is_pinned_and_says_which():
@@ -102,7 +103,8 @@ def test_another_address_passes_when_nothing_is_pinned_and_says_which():
 def test_pinned_fails_and_names_the_address_that_works(hosts, job, where):
     r = judge(cluster(hosts, **job), "to-blackhole-other-ok.txt")
     assert r.status == "fail"
-    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} ({where}): invalid argument;")
+    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} ({where}): "
+                                "invalid argument;")
     assert "it does reach rchx1-h1 at 198.18.149.200: set `mpi_address: 198.18.149.200` on rchx1-h1" in r.message
 
 
@@ -112,7 +114,8 @@ def test_pinned_fails_and_names_the_address_that_works(hosts, job, where):
 def test_nothing_reached_names_host_address_and_fix(name, why):
     r = judge(cluster(), name)
     assert r.status == "fail" and r.host == "rchx1-h2"
-    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster address): {why}; ")
+    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster "
+                                f"address): {why}; ")
     assert "`mpi_address: <an address of rchx1-h1 the hosts reach>` on rchx1-h1" in r.message
     assert "`job.interface: <rchx1-h1's NIC on the hosts' network>`" in r.message
 
@@ -211,7 +214,7 @@ def test_listener_cap_grows_with_fanout_rounds_and_is_bounded():
     assert reach.reach_cap(checks.make_check_plan(huge)) == reach.MAX_CAP
 
 
-# --------------------------------------------------------------------------- the listener and the test, for real (loopback)
+# --------------------------------------------------------------------------- for real, on loopback
 
 
 def sh(script: str, timeout: float = 30) -> str:
@@ -329,7 +332,7 @@ def test_no_python_on_the_launch_host():
     assert got.port is None and "not found" in got.error
 
 
-# --------------------------------------------------------------------------- run_checks: the others wait for the listener
+# --------------------------------------------------------------------------- run_checks: the others wait
 
 
 class Canned(Transport):
