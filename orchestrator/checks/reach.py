@@ -300,8 +300,10 @@ def _tried(pairs) -> str:
 
 
 def judge_reach(plan, host: Host, sec: Section) -> CheckResult:
-    """Another host: does it reach the launch host by TCP at the address the run uses (pinned),
-    or at one of its addresses (not pinned)? Else: which were tried, how each failed, the fix."""
+    """Another host: does it reach the launch host by TCP at the address the run uses (pass)?
+    Unpinned, at another of its addresses (warn: the run works, the cluster address is no good
+    from here; mpi_address pins the one that is)? Else (fail): which were tried, how each failed,
+    the fix."""
     got = probes.parse_reach(sec.body)
     launch = plan.launch.name
     if got is None:
@@ -315,11 +317,11 @@ def judge_reach(plan, host: Host, sec: Section) -> CheckResult:
              "local": "this machine", "single": "its address"}.get(head.why, "its cluster address")
     if first_why == "ok":
         return result(SECTION, host, "pass", f"reaches the launch host {launch} by TCP at {first} ({where})")
-    if ok and not head.pinned:
-        return result(SECTION, host, "pass",
+    if ok and not head.pinned:  # the run works (its supervisors find it): a warning, so that the table says so
+        return result(SECTION, host, "warn",
                       f"reaches the launch host {launch} by TCP at {ok[0]}, not at {first} ({where}: {first_why}): the "
-                      f"run's supervisors and MASTER_ADDR use the address that answers; `mpi_address: {ok[0]}` on "
-                      f"{launch} pins it")
+                      f"run's supervisors and MASTER_ADDR use the address that answers, hostfiles and rank tables "
+                      f"still name {first}; `mpi_address: {ok[0]}` on {launch} makes them all use it")
     others = got.tried[1:]
     msg = (f"cannot reach the launch host {launch} by TCP at {first} ({where}): {first_why}"
            + (f" (tried too: {_tried(others)})" if others and not ok else ""))

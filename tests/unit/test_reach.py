@@ -88,12 +88,13 @@ def test_reaches_the_address_the_run_uses():
     assert r.message == f"reaches the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster address)"
 
 
-def test_another_address_passes_when_nothing_is_pinned_and_says_which():
+def test_another_address_does_when_nothing_is_pinned_and_a_warning_says_which():
     r = judge(cluster(), "to-blackhole-other-ok.txt")
-    assert r.status == "pass"
+    assert r.status == "warn"
     assert r.message.startswith(f"reaches the launch host rchx1-h1 by TCP at 198.18.149.200, not at {LAUNCH} "
                                 "(its cluster address: invalid argument)")
-    assert "`mpi_address: 198.18.149.200` on rchx1-h1 pins it" in r.message
+    assert "hostfiles and rank tables still name 198.18.149.11" in r.message
+    assert "`mpi_address: 198.18.149.200` on rchx1-h1 makes them all use it" in r.message
 
 
 @pytest.mark.parametrize("hosts, job, where", [
