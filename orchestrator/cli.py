@@ -265,6 +265,11 @@ def _plan_print(cluster, rp) -> None:
 
     click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
                f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.cluster_address})")
+    if len(rp.hosts) > 1:
+        from .launchers import head_reach
+
+        click.echo(f"the other hosts reach {rp.launch_host.name} at "
+                   f"{head_reach(cluster, rp.launch_host, rp.hosts).describe(rp.launch_host.name)}")
     console = _console()
     if rp.size <= PLAN_TABLE_MAX_RANKS:
         table = Table("rank", "host", "address", "local rank", "device")

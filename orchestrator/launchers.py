@@ -19,16 +19,20 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from . import render, sh
 from .plan import RankPlan
-from .model import Cluster
+from .model import Cluster, Host
 
 # the names the hosts' supervisor uses too: one copy, in the agent package
 from .agent.layout import AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, LOCK, RANK_DIRS_VAR, RANK_OUTPUT_VAR, RUN_VAR
 from .agent.layout import ATTEMPT_DIR_TOKEN as ATTEMPT_DIR
 from .agent.layout import ORCH_DIR
+# In an argv or env value: the launch host's address as the other hosts reached it (torchrun's and
+# msrun's master address, MASTER_ADDR), when the cluster file does not pin one (HeadReach.pinned);
+# each host's supervisor puts in the address its connection to the head's supervisor worked on.
+HEAD_ADDR = HEAD_ADDR_TOKEN
 # orch's own python on the hosts (the supervisor, each rank's `agent.py rank` wrapper, the sync
 # receiver, gather, prepare's probe) needs nothing but the standard library: without `site` (-S),
 # each start skips the site-packages' .pth files (a third of it, often more)
@@ -64,14 +68,62 @@ class Proc:
 
 
 @dataclass(frozen=True)
+class HeadReach:
+    """Where the other hosts reach the launch host (its supervisor, torchrun's and msrun's master,
+    MASTER_ADDR): `addresses` in the order they try them. `pinned`: the cluster file decides it
+    (`why`: mpi_address, job.interface) or there is nothing to choose (every host is this machine,
+    or there is one host); that one address is all they try and commands hold it as is. Otherwise
+    the head's supervisor adds its other addresses and commands hold HEAD_ADDR (`rendered`)."""
+
+    addresses: tuple[str, ...]
+    pinned: bool
+    why: str  # mpi_address | local | interface | single | cluster
+
+    @property
+    def rendered(self) -> str:
+        """What commands and environments hold for the launch host's address."""
+        return self.addresses[0] if self.pinned else HEAD_ADDR
+
+    def describe(self, launch: str) -> str:
+        """For `orch plan` and `orch check`: where the other hosts reach `launch`, in words."""
+        first = self.addresses[0]
+        if not self.pinned:
+            return (f"the first of {launch}'s addresses they reach, its cluster address {first} first "
+                    f"(commands hold {HEAD_ADDR} for it); `mpi_address` on {launch} or `job.interface` pins one")
+        return {"mpi_address": f"{first} (its mpi_address)", "local": f"{first} (every host is this machine)",
+                "interface": f"{first} (its address on job.interface)",
+                "single": f"{first} (the only host)"}.get(self.why, first)
+
+
+def head_reach(cluster: Cluster, launch: Host, hosts: Sequence[Host], interface_address: str | None = None
+               ) -> HeadReach:
+    """The one rule for where the other hosts reach the launch host: its mpi_address; 127.0.0.1
+    when every host is this machine; its address on job.interface (`interface_address`, as
+    prepare read it there; unknown to `orch plan`, which shows a placeholder); the only host's
+    address; else its cluster address, unpinned (the head's supervisor offers its others too)."""
+    if launch.mpi_address:
+        return HeadReach((launch.mpi_address,), True, "mpi_address")
+    if all(h.connection == "local" for h in hosts):
+        return HeadReach(("127.0.0.1",), True, "local")
+    if cluster.job.interface:
+        shown = interface_address or f"<{launch.name}'s address on job.interface {cluster.job.interface}>"
+        return HeadReach((shown,), True, "interface")
+    if len(hosts) == 1:
+        return HeadReach((launch.cluster_address,), True, "single")
+    return HeadReach((launch.cluster_address,), False, "cluster")
+
+
+@dataclass(frozen=True)
 class Launch:
-    """What a launcher needs on each host: the processes its supervisor starts, the files."""
+    """What a launcher needs on each host: the processes its supervisor starts, the files, and
+    where the other hosts reach the launch host."""
 
     procs: Mapping[str, tuple[Proc, ...]]
     files: Mapping[str, Mapping[str, bytes]] = field(default_factory=dict)   # host -> {relpath: bytes}
     # host -> {NAME: secret value}: what `agent.py rank` adds to each rank's environment there
     # (mpirun: secrets never travel on Open MPI's wire)
     secret_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    head: HeadReach | None = None
 
 
 def _wrapped(rdir: str, command) -> list[str]:
@@ -92,10 +144,14 @@ def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str,
 
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
-          interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False) -> Launch:
+          interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False,
+          head_interface_address: str | None = None) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
-    (default: a name the cluster file gives; `auto` is only known on the hosts)."""
+    (default: a name the cluster file gives; `auto` is only known on the hosts);
+    head_interface_address: the launch host's address on job.interface, as prepare read it."""
     job = cluster.job
+    head_at = head_reach(cluster, plan.launch_host, plan.hosts, head_interface_address)
+    master = head_at.rendered
     if interfaces is None:
         interfaces = {h: v for h, v in planned_interfaces(cluster, plan).items() if v[0] != AUTO_INTERFACE}
     # NCCL/HCCL/Gloo pinned to job.interface; the user's own values (job/host env) win
@@ -128,13 +184,12 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
             data = render.rank_table(cluster, plan, device_ips or {}, aarch64).encode()
             for h in plan.hosts:
                 files[h.name][render.RANK_TABLE] = data
-        head = plan.launch_host
         for r in plan.ranks:
             env = {**if_env[r.host], **render.rank_env(cluster, plan, r, table)}
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)
             # torch/gloo-style names too, so one script runs under any launcher
-            env.setdefault("MASTER_ADDR", head.cluster_address)
+            env.setdefault("MASTER_ADDR", master)
             env.setdefault("MASTER_PORT", str(job.master_port))
             env.update({"RANK": str(r.rank), "WORLD_SIZE": str(plan.size), "LOCAL_RANK": str(r.local_rank)})
             env.update(stall_env)
@@ -143,18 +198,18 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     elif job.launcher == "msrun":
         n = len(render.msrun_script(job.command))
         for h in plan.hosts:
-            argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR)
+            argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR, master_addr=master)
             argv = argv[:len(argv) - n] + msrun_task(job.command)
             env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env}
             procs[h.name].append(Proc(f"msrun.{h.name}", tuple(argv), env, job.workdir, "msrun.log"))
     elif job.launcher == "torchrun":
         for h in plan.hosts:
-            argv = render.torchrun_argv(cluster, plan, h.name, _wrapped(rdir, job.command))
+            argv = render.torchrun_argv(cluster, plan, h.name, _wrapped(rdir, job.command), master_addr=master)
             env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env, RANK_OUTPUT_VAR: "1"}
             procs[h.name].append(Proc(f"torchrun.{h.name}", tuple(argv), env, job.workdir, "torchrun.log"))
     else:  # pragma: no cover - the model allows no other
         raise ValueError(job.launcher)
-    return Launch({k: tuple(v) for k, v in procs.items()}, files, secret_env)
+    return Launch({k: tuple(v) for k, v in procs.items()}, files, secret_env=secret_env, head=head_at)
 
 
 # msrun starts every worker (and its scheduler) as `python script args`, and nothing but python.
@@ -232,9 +287,14 @@ def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Map
                root: bool) -> dict[str, str]:
     """{file name: text} of everything `orch up` would use, as `orch plan --out DIR` writes it:
     plan.json, commands.json (secrets masked; the very processes each host's supervisor
-    starts), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
+    starts, and where the other hosts reach the launch host: what HEAD_ADDR in them stands for), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
     files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
+    head = head_reach(cluster, plan.launch_host, plan.hosts)
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),
+                "head_address": {"host": plan.launch_host.name, "addresses": list(head.addresses),
+                                 "pinned": head.pinned, "in_commands": head.rendered,
+                                 "means": f"the other hosts reach {plan.launch_host.name} at "
+                                          f"{head.describe(plan.launch_host.name)}"},
                 "hosts": launch_commands(cluster, plan, root=root, redact=True,
                                          device_ips=device_ips)}
     if plan.launcher == "mpirun":   # given to each rank by its host's supervisor, never by mpirun

@@ -75,6 +75,7 @@ class Prepared:
     root: dict[str, bool]                           # {host: the launch user is root}
     interfaces: dict[str, tuple[str, str | None]]   # {host: (job.interface there, its IPv4 network)}
     arch: dict[str, str | None] = field(default_factory=dict)  # {host: uname -m}
+    addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
 
     @property
     def aarch64(self) -> bool:
@@ -112,6 +113,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
         if problem:
             problems.append(f"{name}: {problem}")
     interfaces: dict[str, tuple[str, str | None]] = {}
+    addresses: dict[str, str] = {}
     for name, f in facts.items():
         got = f["interface"]
         problem = probes.interface_problem(cluster.job.interface, got) if cluster.job.interface else None
@@ -119,6 +121,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
             problems.append(f"{name}: job.{problem}")
         elif got is not None:
             interfaces[name] = (got.ifname or "", probes.interface_network(got))
+            addresses[name] = got.address
     if problems:
         raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
     live: dict[str, list[str]] = {}
@@ -135,7 +138,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
         events.step(f"--force: stopping run {run_id} on {where}")
         stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
     return Prepared({n: is_root(uid=f["uid"]) for n, f in facts.items()}, interfaces,
-                    {n: f["arch"] for n, f in facts.items()})
+                    {n: f["arch"] for n, f in facts.items()}, addresses)
 
 
 @dataclass(frozen=True)
@@ -214,21 +217,25 @@ class Lifecycle:
         if self.run.data.get("slurm"):
             return self._start_slurm(cfgs)
         res = self.pool[head].run(supervisor.start_script(cfgs[head.name])).check("starting the run's supervisor")
-        status, pid, port = supervisor.parse_start(res.out)
+        status, pid, port, addresses = supervisor.parse_start(res.out)
         if status.startswith("busy:"):
             raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
                               hint=f"stop it with `orch down --run {status[5:]}`, or pass --force")
         if status != "ok":
             raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
         self.started = True
+        # the members try the addresses the head listens on, in its order (an older head names none:
+        # then the configuration's own)
+        at = {"head_addresses": list(addresses), "head_address": addresses[0]} if addresses else {}
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
+                             head_addresses=list(addresses or cfgs[head.name]["head_addresses"]),
                              procs=[{"key": "supervisor", "host": head.name, "pid": pid}])
         self.run.save()
 
         def member(h):
-            cfg = dict(cfgs[h.name], head_port=port)
+            cfg = dict(cfgs[h.name], head_port=port, **at)
             r = self.pool[h].run(supervisor.start_script(cfg)).check("starting the run's supervisor")
-            st, mpid, _ = supervisor.parse_start(r.out)
+            st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
                 raise LaunchError(f"{h.name}: the run's supervisor did not start: "
                                   f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")

@@ -17,10 +17,11 @@ on output they do not understand, with a message that quotes it. Judging
 The probe runs over the same non-interactive SSH session mpirun's own ssh will
 get, so `command -v` sees the PATH the launcher will see. Commands that can hang
 (df on a dead NFS mount, nvidia-smi on a wedged driver) run under `timeout`
-when it exists. No python starts unless a Python distribution version is asked
-for, and then exactly once. The slowest section, the launch host's ssh test to every
-other host (`mesh`), starts right after `clock0` in the background and prints in its
-place: it overlaps the others instead of following them.
+when it exists. A Python distribution's version costs one python start for all of them;
+check reach one more (a listener on the launch host, a connection test on the others). The
+slowest sections start right after `clock0` in the background and print in their place, so they
+overlap the others instead of following them: the launch host's ssh test to every other host
+(`mesh`), another host's TCP test to the launch host (`reach`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,38 @@ class MeshTarget:
     name: str
     address: str
     ssh_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReachTarget:
+    """Where a host's probe tests that it reaches the launch host by TCP (check `reach`): the port
+    the launch host's probe listens on and the addresses to try, in order (the one the run will
+    use first). port 0: not tested, `untested` says why (`status`: warn or error). `until`: the
+    controller's time.monotonic() after which the listener may be gone (a later probe is not tested)."""
+    port: int = 0
+    addresses: tuple[str, ...] = ()
+    until: float = 0.0
+    untested: str = ""
+    status: str = "error"
+
+
+@dataclass(frozen=True)
+class Listen:
+    """What the launch host's `reach` section printed: its port (None: no listener, `error` says
+    why), its global IPv4 addresses, job.interface there (when set)."""
+    port: int | None
+    addresses: tuple[str, ...]
+    interface: "IfAddr | None"
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What another host's `reach` section printed: each address tried -> "ok" or why not, in the
+    order tried; or why it was not tested (`untested`, with the `status` to give it)."""
+    tried: tuple[tuple[str, str], ...] = ()
+    untested: str = ""
+    status: str = "error"
 
 
 # --------------------------------------------------------------------------- building the probe
@@ -155,17 +188,25 @@ def parse_interface(text: str) -> IfAddr | None:
     return None
 
 
-def _background_start(body: str) -> str:
-    """Start a section in the background, right away: the slowest one (mesh: a connection to
-    every other host) then runs while the other sections do. Its output waits in a temporary
-    file (mktemp's: no name another user could plant; removed when the probe's shell exits) for
-    the section's turn. Without one (mktemp failed: /tmp full or read-only), the section says so."""
-    return ("if _mo=$(mktemp 2>/dev/null); then\ntrap 'rm -f \"$_mo\"' EXIT\n"
-            f"(\n{body}\n) > \"$_mo\" 2>&1 &\n_mp=$!\nfi")
+def _background_start(body: str, i: int = 0) -> str:
+    """Start a section in the background, right away: the slowest ones (mesh: a connection to
+    every other host; reach: a connection to the launch host) then run while the other sections
+    do. Its output waits in a temporary file (mktemp's: no name another user could plant; removed
+    when the probe's shell exits) for the section's turn. Without one (mktemp failed: /tmp full
+    or read-only), the section says so. `i`: the how-manieth background section (its variables)."""
+    mo, mp = _background_vars(i)
+    files = " ".join(f'"${_background_vars(k)[0]}"' for k in range(i + 1))
+    return (f"if {mo}=$(mktemp 2>/dev/null); then\ntrap 'rm -f {files}' EXIT\n"
+            f"(\n{body}\n) > \"${mo}\" 2>&1 &\n{mp}=$!\nfi")
 
 
-def _background_section(name: str) -> str:
-    return (f"_b {name}\nif [ -n \"$_mo\" ]; then wait \"$_mp\"; _mr=$?; cat \"$_mo\"; rm -f \"$_mo\"\n"
+def _background_vars(i: int) -> tuple[str, str]:
+    return ("_mo", "_mp") if i == 0 else (f"_mo{i}", f"_mp{i}")
+
+
+def _background_section(name: str, i: int = 0) -> str:
+    mo, mp = _background_vars(i)
+    return (f"_b {name}\nif [ -n \"${mo}\" ]; then wait \"${mp}\"; _mr=$?; cat \"${mo}\"; rm -f \"${mo}\"\n"
             f"else echo 'orch: not run: mktemp could not create a temporary file on this host'; _mr=125; fi\n"
             f"_e {name} $_mr")
 
@@ -173,10 +214,8 @@ def _background_section(name: str) -> str:
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
              body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]]) -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
-    `background` started (at most one), `body` in order, `background` printed, `last`.
+    `background` started (all at once), `body` in order, `background` printed, `last`.
     Pure: same inputs, same script (checks/run.py says which sections)."""
-    if len(background) > 1:
-        raise ValueError("the probe runs at most one section in the background")
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
         "exec 2>&1 </dev/null",
@@ -185,9 +224,9 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
         f"T=; command -v timeout >/dev/null 2>&1 && T='timeout {SECTION_TIMEOUT}'",
     ]
     parts += [section_script(n, b) for n, b in first]
-    parts += [_background_start(b) for _, b in background]
+    parts += [_background_start(b, i) for i, (_, b) in enumerate(background)]
     parts += [section_script(n, b) for n, b in body]
-    parts += [_background_section(n) for n, _ in background]
+    parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]
     parts += [section_script(n, b) for n, b in last]
     return "\n".join(parts) + "\n"
 
@@ -543,6 +582,45 @@ def parse_mesh(text: str) -> dict[str, tuple[int, str]] | None:
         if len(parts) >= 2 and re.fullmatch(r"-?\d+", parts[1]):
             out[parts[0]] = (int(parts[1]), parts[2].strip() if len(parts) > 2 else "")
     return out
+
+
+def parse_listen(text: str) -> Listen:
+    """The launch host's reach section (`addr A` lines, `ifc ...`, then `listen PORT` or
+    `nolisten WHY`) -> Listen."""
+    addrs, port, error = [], None, ""
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if kind == "addr" and rest and " " not in rest:
+            addrs.append(rest)
+        elif kind == "listen":
+            if not (rest.isdigit() and 0 < int(rest) < 65536):
+                raise ProbeError(f"the reach test's listener printed no port: {quote_output(rest)}")
+            port = int(rest)
+        elif kind == "nolisten":
+            error = rest or "it printed nothing"
+    if port is None and not error:
+        raise ProbeError(f"unexpected reach listener output: {quote_output(text)}")
+    return Listen(port, tuple(dict.fromkeys(addrs)), parse_interface(text), error)
+
+
+def parse_reach(text: str) -> Reach | None:
+    """Another host's reach section (`to ADDR ok|WHY` lines, or `untested STATUS WHY`) -> Reach;
+    None when the host has no python3 to test with."""
+    if _not_installed(text):
+        return None
+    tried = []
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "untested":
+            status, _, why = rest.partition(" ")
+            return Reach(untested=why.strip() or "not tested", status="warn" if status == "warn" else "error")
+        addr, _, res = rest.strip().partition(" ")
+        if kind == "to" and addr:
+            tried.append((addr, res.strip() or "no result"))
+    if not tried:
+        raise ProbeError(f"unexpected reach test output: {quote_output(text)}")
+    return Reach(tuple(tried))
 
 
 def parse_path(text: str) -> dict[str, object]:

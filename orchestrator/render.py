@@ -352,15 +352,17 @@ def msrun_script(command: tuple[str, ...] | list[str]) -> list[str]:
     return cmd
 
 
-def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, *, log_dir: str | None = None) -> list[str]:
+def msrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, *, log_dir: str | None = None,
+               master_addr: str | None = None) -> list[str]:
     """One host's msrun command (run in workdir). node_rank = the host's index in plan order;
-    master = the plan's launch host."""
+    master = the plan's launch host, at `master_addr` (launchers.head_reach; default its cluster
+    address)."""
     job = cluster.job
     host = plan.host(host_name)
     return ["msrun",
             f"--worker_num={plan.size}",
             f"--local_worker_num={host.slots}",
-            f"--master_addr={plan.launch_host.cluster_address}",
+            f"--master_addr={master_addr or plan.launch_host.cluster_address}",
             f"--master_port={job.master_port}",
             f"--node_rank={plan.node_rank(host_name)}",
             f"--log_dir={log_dir or log_dir_path(cluster)}",
@@ -381,16 +383,17 @@ def node_env(cluster: Cluster, plan: RankPlan, host_name: str) -> dict[str, str]
 # --------------------------------------------------------------------------- torchrun
 
 
-def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: list[str]) -> list[str]:
-    """One host's torchrun (static rendezvous at the launch host): `command` is what each of its
-    workers runs as is (`--no-python`: job.command names its interpreter). torchrun restarts
-    nothing itself (orch does, job.restarts)."""
+def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: list[str], *,
+                  master_addr: str | None = None) -> list[str]:
+    """One host's torchrun (static rendezvous at the launch host, at `master_addr`: default its
+    cluster address): `command` is what each of its workers runs as is (`--no-python`:
+    job.command names its interpreter). torchrun restarts nothing itself (orch does, job.restarts)."""
     host = plan.host(host_name)
     return ["torchrun",
             f"--nnodes={len(plan.hosts)}",
             f"--nproc-per-node={host.slots}",
             f"--node-rank={plan.node_rank(host_name)}",
-            f"--master-addr={plan.launch_host.cluster_address}",
+            f"--master-addr={master_addr or plan.launch_host.cluster_address}",
             f"--master-port={cluster.job.master_port}",
             "--max-restarts=0",
             "--no-python",

@@ -14,6 +14,9 @@ order of the hosts, and its on_done is called in this thread only, as with fan_o
   start their hosts once `gate` is set, or after `gate_timeout` seconds, and call `child_fn`
   (default fn) on them, then `child_exit` (closing their connections) once every host's
   outcome is sent.
+- `late`: called in this process once the gate is open; what it returns (bytes) goes to every
+  child, where `child_late` gets it (from a thread of its own, while the child's hosts already
+  connect): a value only this process's hosts can learn (orch check's reach listener).
 - A child that dies, or goes past its deadline (its hosts' timeouts, one round per `limit`
   share, plus one), does not lose its hosts: each one it had not reported is an error naming
   the worker process.
@@ -95,7 +98,8 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
                   timeout: float | None = None, on_done: Callable[[Outcome[T]], None] | None = None,
                   keep: set[str] = frozenset(), gate: threading.Event | None = None, gate_timeout: float = 0.0,
                   child_fn: Callable[[Host], T] | None = None,
-                  child_exit: Callable[[], None] | None = None) -> Results[T]:
+                  child_exit: Callable[[], None] | None = None, late: Callable[[], bytes] | None = None,
+                  child_late: Callable[[bytes], None] | None = None) -> Results[T]:
     hosts = list(hosts)
     split = _split(hosts, max(1, procs), set(keep))
     shares = split[:1] + [s for s in split[1:] if s]
@@ -103,13 +107,13 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
         return fan_out(hosts, fn, limit=limit, timeout=timeout, on_done=on_done)
     limits = [max(1, limit * len(s) // len(hosts)) for s in shares]
     by_name = {h.name: h for h in hosts}
-    children = [_fork(share, child_fn or fn, encode, lim, timeout, gate_timeout, child_exit)
+    children = [_fork(share, child_fn or fn, encode, lim, timeout, gate_timeout, child_exit, child_late)
                 for share, lim in zip(shares[1:], limits[1:])]
     done: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, Outcome[T]] = {}
     try:
-        if gate is not None:
-            threading.Thread(target=_open_gate, args=(gate, gate_timeout, children), daemon=True,
+        if gate is not None or late is not None:
+            threading.Thread(target=_open_gate, args=(gate, gate_timeout, children, late), daemon=True,
                              name="orch-gate").start()
         else:
             _open_gate(None, 0, children)
@@ -145,7 +149,8 @@ def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
     return Results((h.name, results[h.name]) for h in hosts)
 
 
-def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: float, child_exit) -> dict:
+def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: float, child_exit,
+          child_late=None) -> dict:
     out_r, out_w = os.pipe()
     gate_r, gate_w = os.pipe()
     pid = os.fork()
@@ -155,7 +160,10 @@ def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: floa
             os.close(out_r)
             os.close(gate_w)
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: the parent reports it, once
-            select.select([gate_r], [], [], gate_timeout)
+            opened = bool(select.select([gate_r], [], [], gate_timeout)[0]) and os.read(gate_r, 1) == b"g"
+            if child_late is not None:  # what follows the gate's byte (until EOF) is `late`'s
+                threading.Thread(target=_read_late, args=(gate_r, child_late, not opened), daemon=True,
+                                 name="orch-late").start()
             wfile = os.fdopen(out_w, "w", buffering=1)
 
             def send(o: Outcome) -> None:
@@ -179,7 +187,8 @@ def _fork(share: list[Host], fn, encode, limit: int, timeout, gate_timeout: floa
     return {"pid": pid, "out": out_r, "gate": gate_w}
 
 
-def _open_gate(gate: threading.Event | None, gate_timeout: float, children: list[dict]) -> None:
+def _open_gate(gate: threading.Event | None, gate_timeout: float, children: list[dict],
+               late: Callable[[], bytes] | None = None) -> None:
     if gate is not None:
         gate.wait(gate_timeout)
     for c in children:
@@ -187,7 +196,30 @@ def _open_gate(gate: threading.Event | None, gate_timeout: float, children: list
             os.write(c["gate"], b"g")
         except OSError:  # that child is gone already: its reader says so
             pass
+    data = late() if late is not None else b""
+    for c in children:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(c["gate"], view):]
+        except OSError:
+            pass
         os.close(c["gate"])
+
+
+def _read_late(fd: int, child_late: Callable[[bytes], None], gate_byte_first: bool) -> None:
+    """In a child: everything after the gate's byte (still in the pipe when the child stopped
+    waiting for it first), until the parent closes the pipe."""
+    data = b""
+    try:
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    child_late(data[1:] if gate_byte_first and data[:1] == b"g" else data)
 
 
 def _read_child(child: dict, share: list[Host], by_name: dict, decode, deadline: float | None,

@@ -4,11 +4,12 @@ the files `orch up` would sync, who tests ssh to whom."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from .. import probes
 from ..errors import PlanError
 from ..plan import RankPlan, order_hosts
-from ..probes import MeshTarget, SyncFile
+from ..probes import MeshTarget, ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
 
@@ -86,6 +87,8 @@ class CheckPlan:
     full_mesh: bool
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
     prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (checks.prepare)
+    reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
+    reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
 
     def script(self, host: Host) -> str:
         """The one probe script for this host (pure)."""
@@ -122,7 +125,7 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
-                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare)
+                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32))
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

@@ -6,5 +6,5 @@ Each name is registered by exactly one module of this package (base.register); a
 not listed here, or a name no module registers, fails at once (base.registered).
 """
 
-KNOWN_CHECKS = ("ssh", "mesh", "user", "versions", "path", "nic", "devices", "device-rules",
+KNOWN_CHECKS = ("ssh", "mesh", "reach", "user", "versions", "path", "nic", "devices", "device-rules",
                 "workdir", "disk", "files", "ports", "stale", "clock", "health")

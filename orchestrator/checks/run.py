@@ -22,6 +22,7 @@ from ..model import Cluster, Host
 from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result
 from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
+from . import reach
 from .prepare import PREPARE
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
@@ -79,9 +80,31 @@ def probe_for(cluster: Cluster, host_name: str, *, full_mesh: bool = False, deep
 # --------------------------------------------------------------------------- running
 
 
-def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], None] | None = None) -> ProbeRun:
+class _Watch:
+    """The probe's output as it comes, shown to `on_text` (the whole text so far) until it says
+    it has seen what it waited for."""
+
+    def __init__(self, on_text: Callable[[str], bool]):
+        self.buf = bytearray()
+        self.on_text: Callable[[str], bool] | None = on_text
+
+    def write(self, data) -> int:
+        self.buf += data
+        if self.on_text is not None and self.on_text(self.buf.decode("utf-8", "replace")):
+            self.on_text = None
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], None] | None = None, *,
+               watch: Callable[[str], bool] | None = None,
+               plan_for: Callable[[Host], CheckPlan] | None = None) -> ProbeRun:
     """Connect (once) and run the probe. Never raises an OrchError: it becomes part of the ProbeRun.
-    `on_connected` is called once the connection is up or has failed."""
+    `on_connected` is called once the connection is up or has failed; `watch` is shown the
+    output as it comes (the launch host's: the reach listener); `plan_for`, once connected, gives
+    the plan to make the script from (the other hosts': with the reach listener)."""
     transport = pool[host]
     addresses = resolve_address(host.cluster_address)
     c0 = time.monotonic()
@@ -93,16 +116,18 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
         if on_connected is not None:
             on_connected()
     connect_time = time.monotonic() - c0
-    script = plan.script(host)
+    script = (plan_for(host) if plan_for is not None else plan).script(host)
     t_send = time.time()
+    sink = _Watch(watch) if watch is not None else None
     try:
-        res = transport.run(script)  # a script of any size goes on stdin
+        res = transport.run(script, sink=sink)  # a script of any size goes on stdin
     except OrchError as exc:
         return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
     t_recv = time.time()
-    sections = probes.split_sections(res.out)
+    out = (sink.buf.decode("utf-8", "replace") if sink is not None else "") + res.out
+    sections = probes.split_sections(out)
     if not sections:
-        tail = (res.err.strip() or res.out.strip())[-300:]
+        tail = (res.err.strip() or out.strip())[-300:]
         return ProbeRun(host, None, HostError(host.name, f"the probe printed nothing usable (exit code "
                                               f"{res.exit_code}){': ' + tail if tail else ''}"),
                         "probe", connect_time=connect_time, addresses=addresses)
@@ -157,18 +182,41 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
             if not waiting:
                 heads_up.set()
 
+    # Check reach: the launch host's probe opens a listener first thing; the others' probes are sent
+    # once its port is known (relay.plan_for waits; their SSH handshakes go on meanwhile).
+    relay = reach.Relay.of(plan)
+    plan_for = relay.plan_for if relay is not None else None
+
+    def launch_probe(h: Host, on_connected) -> ProbeRun:
+        run = None
+        try:
+            run = probe_host(plan, pool, h, on_connected=on_connected, watch=relay.feed)
+            return run
+        finally:  # the others wait for nothing more
+            relay.done(f"the launch host {h.name}'s probe did not run: {str(run.error).splitlines()[0]}"
+                       if run is not None and run.error else f"the launch host {h.name}'s probe printed no listener")
+
     def probe(h: Host) -> ProbeRun:
+        on_connected = (lambda: connected(h.name)) if h.name in first else None
+        if relay is not None and h.name == plan.launch.name:
+            return launch_probe(h, on_connected)
         if h.name in first:
-            return probe_host(plan, pool, h, on_connected=lambda: connected(h.name))
+            return probe_host(plan, pool, h, on_connected=on_connected, plan_for=plan_for)
         heads_up.wait(HEAD_START)
-        return probe_host(plan, pool, h)
+        return probe_host(plan, pool, h, plan_for=plan_for)
 
     ssh = cluster.ssh
     budget = ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + ssh.command_timeout + 5 + HEAD_START
+    if relay is not None:
+        budget += relay.wait
     if procs > 1 and not any(h.jump for h in plan.hosts):  # jump hosts: one connection to each, in one process
+        keep = set(first) | ({plan.launch.name} if relay is not None else set())
         fan_out_procs(plan.hosts, probe, procs=procs, encode=encode_run, decode=decode_run, limit=ssh.fanout,
-                      timeout=budget, on_done=done, keep=set(first), gate=heads_up, gate_timeout=HEAD_START,
-                      child_fn=lambda h: probe_host(plan, pool, h), child_exit=getattr(pool, "close", None))
+                      timeout=budget, on_done=done, keep=keep, gate=heads_up, gate_timeout=HEAD_START,
+                      child_fn=lambda h: probe_host(plan, pool, h, plan_for=plan_for),
+                      child_exit=getattr(pool, "close", None),
+                      late=relay.encode if relay is not None else None,
+                      child_late=relay.decode if relay is not None else None)
     else:
         fan_out(plan.hosts, probe, limit=ssh.fanout, timeout=budget, on_done=done)
     ordered = [runs[h.name] for h in plan.hosts]

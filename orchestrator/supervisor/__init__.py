@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 from .. import __version__, sh
 from ..agent import layout
-from ..launchers import AGENT, PY, RUN_VAR, Launch, orch_dir, run_dir
+from ..launchers import AGENT, PY, RUN_VAR, HeadReach, Launch, head_reach, orch_dir, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
 
@@ -49,14 +49,18 @@ def lost_after(cluster: Cluster) -> float:
     return max(LOST_AFTER_MIN, 2 * cluster.ssh.connect_timeout)
 
 
-def head_address(plan: RankPlan) -> str:
-    h = plan.launch_host
-    return "127.0.0.1" if h.connection == "local" else h.cluster_address
+def head_address(cluster: Cluster, plan: RankPlan, launch: Launch | None = None) -> HeadReach:
+    """Where the other hosts reach the head: as the launch was built (launch.head), else by
+    launchers.head_reach's one rule (job.interface's address unknown)."""
+    return (launch.head if launch is not None else None) or head_reach(cluster, plan.launch_host, plan.hosts)
 
 
 def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> dict[str, dict]:
-    """{host name: the supervisor's configuration} (the head's is the launch host's)."""
+    """{host name: the supervisor's configuration} (the head's is the launch host's). head_addresses:
+    where members try the head, in order (lifecycle puts the head's own list in before starting
+    them); head_pinned: that list is the cluster file's one address (the head adds none)."""
     job = cluster.job
+    at = head_address(cluster, plan, launch)
     rdir = run_dir(cluster, run_id)
     token = secrets.token_hex(16)
     all_ranks = [{"rank": r.rank, "host": r.host, "device": r.device_id, "pid": None, "state": "pending",
@@ -68,7 +72,8 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
         out[h.name] = {
             "run_id": run_id, "host": h.name, "role": "head" if head else "member", "token": token,
             "orch_version": __version__,
-            "head_address": head_address(plan), "head_port": None,
+            "head_address": at.addresses[0], "head_addresses": list(at.addresses), "head_pinned": at.pinned,
+            "head_port": None,
             "rundir": rdir, "workdir": job.workdir,
             "log_link": f"{job.workdir.rstrip('/')}/{job.log_dir}".replace("//", "/"),
             "launcher": job.launcher, "on_failure": job.on_failure, "restarts": job.restarts,
@@ -149,15 +154,17 @@ def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:
     return f"{run_dir(cluster, run_id)}\n{json.dumps(spec)}\n"
 
 
-def parse_start(text: str) -> tuple[str, int, int]:
-    """`ok PID PORT` -> ("ok", pid, port); `busy RUN` -> ("busy:RUN", 0, 0); else ("error", 0, 0)."""
+def parse_start(text: str) -> tuple[str, int, int, tuple[str, ...]]:
+    """`ok PID PORT [ADDR,ADDR...]` -> ("ok", pid, port, (addresses the head listens on, in
+    preference order; () when not given)); `busy RUN` -> ("busy:RUN", 0, 0, ()); else ("error", 0, 0, ())."""
     for line in text.splitlines():
         parts = line.split()
         if parts[:1] == ["ok"] and len(parts) in (3, 4) and parts[1].isdigit() and parts[2].isdigit():
-            return "ok", int(parts[1]), int(parts[2])
+            addrs = tuple(a for a in parts[3].split(",") if a and a != "-") if len(parts) == 4 else ()
+            return "ok", int(parts[1]), int(parts[2]), addrs
         if parts[:1] == ["busy"] and len(parts) == 2:
-            return "busy:" + parts[1], 0, 0
-    return "error", 0, 0
+            return "busy:" + parts[1], 0, 0, ()
+    return "error", 0, 0, ()
 
 
 # python3 as the supervisor runs it (PY): its major.minor and, given the workdir's lock file

@@ -243,3 +243,126 @@ def test_stale_run_processes_warn_with_orch_down(lab, tmp_path):
     (w,) = [r for r in by(doc, "stale", lab.host_name(2)) if rid in r["message"]]
     assert w["status"] == "warn" and f"orch down --run {rid}" in w["message"] and str(pid) in w["message"]
     assert res.returncode == 0  # a warning does not fail the check
+
+
+# --------------------------------------------------------------------------- reach: TCP to the launch host
+
+
+def _listeners(lab, i: int) -> set[int]:
+    """The pids of reach's listeners alive on host i (the lab enters the host's pid namespace). Those
+    of earlier checks in this module whose hosts did not all come (h5 refuses the key) live on for
+    their cap."""
+    out = lab.exec(i, ["ps", "-eo", "pid=,args="]).stdout
+    return {int(ln.split(None, 1)[0]) for ln in out.splitlines()
+            if ln.split(None, 1)[1:] and ln.split(None, 1)[1].startswith("python3 -S -c import os,sys,socket,select")}
+
+
+def _route(lab, i: int, action: str, *spec: str) -> None:
+    lab.exec(i, ["ip", "route", action, *spec], check=action != "del")
+
+
+def test_reach_names_the_host_that_cannot_reach_the_launch_host(lab, tmp_path):
+    """ssh from here reaches every host, but h2 has no route to the launch host's address (a
+    firewall, another network): reach fails h2 alone, naming the address it tried, how it failed
+    and the fix; the other hosts pass; still one SSH connection per host; once every host came
+    the launch host's listener is gone."""
+    f = write(lab, tmp_path, launcher="ranktable")
+    launch = lab.host(1).address
+    h1, h2, h3 = (lab.host_name(i) for i in (1, 2, 3))
+    older = _listeners(lab, 1)
+    res, _ = orch_check(f, "--hosts", h(lab, 1, 2, 3), "--json")
+    assert [x["status"] for x in by(results(res), "reach")] == ["pass"] * 3
+    deadline = time.monotonic() + 5
+    while _listeners(lab, 1) - older and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _listeners(lab, 1) - older, "the listener outlived the check although every host came"
+    before = [_accepted(lab, i) for i in (1, 2, 3)]
+    _route(lab, 2, "add", "unreachable", f"{launch}/32")
+    try:
+        res, took = orch_check(f, "--hosts", h(lab, 1, 2, 3), "--json")
+    finally:
+        _route(lab, 2, "del", "unreachable", f"{launch}/32")
+    doc = results(res)
+    assert res.returncode == 1 and doc["ok"] is False
+    r = {x["host"]: x for x in by(doc, "reach")}
+    assert r[h2]["status"] == "fail", r[h2]
+    assert r[h2]["message"].startswith(f"cannot reach the launch host {h1} by TCP at {launch} (its cluster address): "
+                                       "no route to host; ")
+    assert f"`mpi_address: <an address of {h1} the hosts reach>` on {h1}" in r[h2]["message"]
+    assert f"`job.interface: <{h1}'s NIC on the hosts' network>`" in r[h2]["message"]
+    assert r[h3] == {"check": "reach", "host": h3, "status": "pass",
+                     "message": f"reaches the launch host {h1} by TCP at {launch} (its cluster address)"}
+    assert r[h1]["status"] == "pass"
+    assert by(doc, "ssh", h2)[0]["status"] == "pass"  # ssh from here is not the question
+    assert took < 15, f"a host that cannot reach the launch host cost {took:.1f}s"
+    time.sleep(0.2)  # sshd logs asynchronously
+    assert [_accepted(lab, i) - b for i, b in zip((1, 2, 3), before, strict=True)] == [1, 1, 1]
+
+
+def test_reach_at_the_launch_hosts_other_address(lab, tmp_path):
+    """The launch host has a second address and h2 reaches only that one: unpinned, reach warns
+    (the run works) and says which address does; pinned to the first (job.interface), it fails and names the
+    address that works as the fix."""
+    f = write(lab, tmp_path, launcher="ranktable")
+    launch = lab.host(1).address
+    other = str(ipaddress.ip_network(lab.subnet).network_address + 200)
+    h1, h2 = lab.host_name(1), lab.host_name(2)
+    lab.exec(1, ["ip", "addr", "add", f"{other}/24", "dev", "eth0"], check=True)
+    _route(lab, 2, "add", "blackhole", f"{launch}/32")
+    try:
+        res, _ = orch_check(f, "--hosts", h(lab, 1, 2), "--json")
+        pinned, _ = orch_check(write(lab, tmp_path, launcher="ranktable", interface="eth0"), "--hosts",
+                               h(lab, 1, 2), "--json")
+    finally:
+        _route(lab, 2, "del", "blackhole", f"{launch}/32")
+        lab.exec(1, ["ip", "addr", "del", f"{other}/24", "dev", "eth0"])
+    assert res.returncode == 0  # a warning: nothing failed
+    (r,) = by(results(res), "reach", h2)
+    assert r["status"] == "warn", r
+    assert r["message"].startswith(f"reaches the launch host {h1} by TCP at {other}, not at {launch} (its cluster "
+                                   "address: invalid argument)")
+    (r,) = by(results(pinned), "reach", h2)
+    assert r["status"] == "fail", r
+    assert r["message"].startswith(f"cannot reach the launch host {h1} by TCP at {launch} (its address on "
+                                   "job.interface): invalid argument; ")
+    assert f"it does reach {h1} at {other}: set `mpi_address: {other}` on {h1}" in r["message"]
+
+
+def test_reach_finds_the_dual_homed_launch_hosts_training_network(dual_homed_lab, tmp_path):
+    """The launch host is on two networks (`orch lab up --dual-homed-head`): this machine reaches
+    it on A, the other hosts only on B, and the inventory names it by its A address with no
+    mpi_address. Reach: the others cannot reach A but find B, the address the run's supervisors
+    and MASTER_ADDR will use, and a warning says so; with mpi_address pinning A, a fail whose fix
+    is B."""
+    lab = dual_homed_lab
+    h1 = lab.host_name(1)
+    a, b = lab.host(1).address, lab.peer_address(1)
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    assert inv["hosts"][0]["address"] == a and "mpi_address" not in inv["hosts"][0]
+    # host 1 is the launch host only when its A address sorts first; the lab picks A and B as it
+    # may, so the inventory orders the hosts by super_pod_id (which comes first when every host has one)
+    for i, rec in enumerate(inv["hosts"]):
+        rec["super_pod_id"] = 0 if i == 0 else 1
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
+    f = write(lab, tmp_path, launcher="ranktable")
+    res, _ = orch_check(f, "-i", str(tmp_path / "inventory.yaml"), "--json")
+    doc = results(res)
+    assert res.returncode == 0 and doc["ok"] is True, res.stdout
+    r = {x["host"]: x for x in by(doc, "reach")}
+    assert r[h1]["status"] == "pass"
+    for i in (2, 3):
+        got = r[lab.host_name(i)]
+        assert got["status"] == "warn", got
+        assert got["message"].startswith(f"reaches the launch host {h1} by TCP at {b}, not at {a} (its cluster "
+                                         "address: network is unreachable)"), got
+        assert f"`mpi_address: {b}` on {h1} makes them all use it" in got["message"]
+    inv["hosts"][0]["mpi_address"] = a
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
+    res, _ = orch_check(f, "-i", str(tmp_path / "inventory.yaml"), "--json")
+    assert res.returncode == 1
+    for got in by(results(res), "reach"):
+        if got["host"] != h1:
+            assert got["status"] == "fail"
+            assert got["message"].startswith(f"cannot reach the launch host {h1} by TCP at {a} (its mpi_address): "
+                                             f"network is unreachable; it does reach {h1} at {b}: set "
+                                             f"`mpi_address: {b}` on {h1}"), got

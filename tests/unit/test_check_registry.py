@@ -62,7 +62,9 @@ def rendered(check: base.Check) -> str:
     out, seen = [], {}
     for label, c in fixed_clusters().items():
         plan = checks.make_check_plan(c, full_mesh=True, deep=True)
-        plan = replace(plan, manifest=(SyncFile("train.py", 12, "ab" * 32), SyncFile("data/big bin", 1 << 30, None)))
+        plan = replace(plan, manifest=(SyncFile("train.py", 12, "ab" * 32), SyncFile("data/big bin", 1 << 30, None)),
+                       reach_token="a" * 32 + "b" * 32,  # random per check; the launch host's listener as relayed:
+                       reach=probes.ReachTarget(43121, ("10.9.0.1", "192.168.7.1"), 0.0))
         for h in (plan.launch, plan.hosts[1]):
             where = f"{h.name} of {label}"
             text = checks.check_script(plan, h, own)

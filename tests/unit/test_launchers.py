@@ -52,7 +52,7 @@ def test_msrun_one_per_host_with_the_wrapped_task_and_the_attempt_log_dir():
     launch = launchers.build(c, plan, "RUN1", root={})
     assert list(launch.procs) == ["h1", "h2"]
     for name, [proc] in launch.procs.items():
-        plain = msrun_argv(c, plan, name, log_dir=launchers.ATTEMPT_DIR)
+        plain = msrun_argv(c, plan, name, log_dir=launchers.ATTEMPT_DIR, master_addr=launchers.HEAD_ADDR)
         assert proc.key == f"msrun.{name}" and proc.rank is None and proc.log == "msrun.log"
         assert list(proc.argv[:len(plain) - 2]) == plain[:-2]  # every msrun option as rendered
         assert list(proc.argv[len(plain) - 2:]) == launchers.msrun_task(c.job.command)
@@ -77,7 +77,7 @@ def test_ranktable_every_rank_a_process_of_its_host_with_its_env_and_log():
     launch = launchers.build(c, make_plan(c), "RUN1", root={})
     p3 = launch.procs["h2"][1]
     assert (p3.key, p3.rank, p3.log, p3.env_log) == ("rank.3", 3, "1/rank.3/stdout", True)
-    assert p3.env["RANK_ID"] == "3" and p3.env["RANK_SIZE"] == "4" and p3.env["MASTER_ADDR"] == "10.0.0.1"
+    assert p3.env["RANK_ID"] == "3" and p3.env["RANK_SIZE"] == "4" and p3.env["MASTER_ADDR"] == launchers.HEAD_ADDR
     assert p3.env["PYTHONFAULTHANDLER"] == "1"  # stall_timeout: stacks on SIGABRT
     assert "RANK_TABLE_FILE" not in p3.env      # cpu: no rank table
 
@@ -128,7 +128,8 @@ def test_torchrun_one_per_host_static_rendezvous_wrapped_workers():
     plan = make_plan(c)
     launch = launchers.build(c, plan, "RID", root={})
     [p1], [p2] = launch.procs["h1"], launch.procs["h2"]
-    assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=10.0.0.1",
+    assert p2.argv == ("torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                       f"--master-addr={launchers.HEAD_ADDR}",
                        "--master-port=29500", "--max-restarts=0", "--no-python",
                        "python3", "-S", "/data/job/.orch/RID/agent.py", "rank", "--", "python", "train.py", "--lr", "1")
     assert p1.key == "torchrun.h1" and p1.log == "torchrun.log" and p1.env["ORCH_RANK_OUTPUT"] == "1"

@@ -84,6 +84,7 @@ def test_up_reads_prepare_in_the_check_probe(tmp_path, monkeypatch, runs, skip):
     alone = _up_until_sync(c, monkeypatch, runs, skip_checks=True)
     assert runs == {"me": 1}
     assert got == alone and got.interfaces == {"me": ("lo", "127.0.0.0/8")}
+    assert got.addresses == {"me": "127.0.0.1"}  # the launch host's, where the others reach it (head_reach)
 
 
 def test_up_one_probe_sees_a_live_run(tmp_path, monkeypatch, runs):

@@ -1,0 +1,348 @@
+"""reach: every host reaches the launch host by TCP on a cluster-side address, as the run's
+supervisors (and torchrun's / msrun's master, MASTER_ADDR) will; not only ssh from here.
+
+How, without a session of its own: the launch host's probe opens a listener first thing (python3,
+which the run's supervisor needs anyway, on a port the kernel picks, every address) and prints
+its port and its global IPv4 addresses; `orch check` hands them (Relay) to the other hosts'
+probes, which it sends once they are known (their SSH handshakes go on meanwhile). Each of those
+connects to every candidate at once (the address the run will use first: launchers.head_reach,
+then the launch host's other addresses), presents the check's random token and must get the
+listener's own token back; it prints what each address did. The listener answers only a peer
+that presents the token, reads at most READ_LIMIT bytes from each, waits PEER_TIMEOUT for them,
+and is gone once every other host has presented it (plus GRACE, for the same host's other
+addresses still on their way) or after its cap (reach_cap), whichever comes first: it is detached
+from the probe, so a host that never comes (its SSH failed) delays nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import threading
+import time
+from dataclasses import replace
+
+from .. import probes
+from ..launchers import PY, HeadReach, head_reach
+from ..model import Host
+from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
+from .base import Check, CheckResult, Probe, register, result, section
+
+SECTION = "reach"
+GRACE = 2.0         # seconds the listener stays once every host has come (their other addresses)
+PEER_TIMEOUT = 2.0  # seconds the listener waits for one peer's token
+READ_LIMIT = 256    # bytes the listener (and a host's test) reads from one peer at most
+MAX_CAP = 300.0     # seconds: the listener's longest life, however many rounds the fan-out takes
+ENV_IN, ENV_OUT = "ORCH_REACH_IN", "ORCH_REACH_OUT"  # the tokens, in the environment (never a command line)
+
+# Both programs compare tokens with hmac.compare_digest's own C function (_operator's): importing
+# hmac loads hashlib and OpenSSL, ~30 ms of every start.
+#
+# The listener: bind (dual-stack when the host has IPv6), print the port, detach (a new session,
+# stdio on /dev/null: the probe's output ends without it), then answer until every one of N hosts
+# came (+GRACE) or CAP seconds passed. argv: N CAP GRACE PEER_TIMEOUT READ_LIMIT.
+LISTEN_PY = r"""import os,sys,socket,select,time
+from _operator import _compare_digest as eq
+n,cap,grace,pt,lim=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]),int(sys.argv[5])
+ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode()
+try:
+ s=socket.socket(socket.AF_INET6);s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0);s.bind(("::",0))
+except (OSError,AttributeError):
+ s=socket.socket();s.bind(("",0))
+s.listen(128);print(s.getsockname()[1]);sys.stdout.flush()
+if os.fork():os._exit(0)
+os.setsid();d=os.open(os.devnull,os.O_RDWR)
+for i in (0,1,2):os.dup2(d,i)
+k=s.fileno();os.closerange(3,k);os.closerange(k+1,min(65536,os.sysconf("SC_OPEN_MAX")))
+t0=time.monotonic();end=t0+cap;seen=set()
+while 1:
+ w=end-time.monotonic()
+ if w<=0 or not select.select([s],[],[],w)[0]:break
+ c=None
+ try:
+  c,_=s.accept();c.settimeout(pt);b=b""
+  while b"\n" not in b and len(b)<lim:
+   x=c.recv(lim-len(b))
+   if not x:break
+   b+=x
+  f=b.split(b"\n")[0].split(b" ")
+  if len(f)==2 and eq(f[0],ti):
+   c.sendall(to+b"\n");seen.add(f[1])
+   if len(seen)>=n:end=min(t0+cap,time.monotonic()+grace)
+ except OSError:pass
+ finally:
+  if c is not None:c.close()
+""" % {"in": ENV_IN, "out": ENV_OUT}
+
+# A host's test: connect to every address at once, present the token with this host's index, read
+# the listener's token back; print `to ADDR ok|WHY` in the given order. argv: INDEX PORT TIMEOUT ADDR...
+CONNECT_PY = r"""import os,sys,socket,threading
+from _operator import _compare_digest as eq
+i,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
+ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode();r={}
+def one(x):
+ try:c=socket.create_connection((x,p),timeout=t)
+ except socket.timeout:r[x]="timed out after %%gs"%%t;return
+ except OSError as e:r[x]=(e.strerror or str(e)).lower();return
+ try:
+  c.settimeout(t);c.sendall(ti+b" "+i.encode()+b"\n");b=b""
+  while b"\n" not in b and len(b)<%(lim)d:
+   y=c.recv(%(lim)d-len(b))
+   if not y:break
+   b+=y
+  r[x]="ok" if eq(b.split(b"\n")[0],to) else "connected, but "+("something else answers on the port" if b else
+   "closed without an answer")
+ except socket.timeout:r[x]="connected, but no answer within %%gs"%%t
+ except OSError as e:r[x]="connected, then "+(e.strerror or str(e)).lower()
+ finally:c.close()
+h=[threading.Thread(target=one,args=(x,),daemon=True) for x in a]
+for x in h:x.start()
+for x in h:x.join(2*t+1)
+for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
+""" % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT}
+
+# The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
+ADDRS_SH = ("if command -v ip >/dev/null 2>&1; then\n"
+            "ip -o -4 addr show scope global 2>/dev/null | awk '{split($4, p, \"/\"); print \"addr \" p[1]}'\n"
+            "elif [ -r /proc/net/fib_trie ]; then\n"
+            "awk '/\\|--/ {a=$2} /\\/32 host LOCAL/ && a !~ /^(127\\.|169\\.254\\.)/ {print \"addr \" a}' "
+            "/proc/net/fib_trie\n"
+            "fi | awk '!s[$0]++'")
+
+
+def connect_timeout(plan) -> int:
+    return max(1, round(plan.cluster.ssh.connect_timeout))
+
+
+def _others(plan) -> list[Host]:
+    return [h for h in plan.hosts if h.name != plan.launch.name]
+
+
+def _applies(plan, host: Host) -> bool:
+    return len(plan.hosts) > 1
+
+
+def reach_cap(plan) -> float:
+    """How long the listener may live: one host's connect (ssh.connect_timeout x retries and
+    their back-off), its test (2 x connect_timeout) and slack, and 10 s for each further round of
+    the fan-out (more hosts than ssh.fanout); at most MAX_CAP. It goes as soon as every host came."""
+    ssh = plan.cluster.ssh
+    rounds = math.ceil(len(_others(plan)) / max(1, ssh.fanout))
+    one = ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + 2 * connect_timeout(plan) + 10
+    return min(MAX_CAP, one + 10.0 * max(0, rounds - 1))
+
+
+def relay_wait(plan) -> float:
+    """How long the other hosts' probes wait for the launch host's listener: its connect (with
+    retries and their back-off) and its probe's start."""
+    ssh = plan.cluster.ssh
+    return ssh.connect_timeout * ssh.retries + 2.0 * ssh.retries + 10
+
+
+def tokens(plan) -> tuple[str, str]:
+    """(what the hosts present, what the listener answers): the check's random token, halved."""
+    t = plan.reach_token
+    return t[:len(t) // 2], t[len(t) // 2:]
+
+
+def listen_body(plan) -> str:
+    """The launch host's section: its addresses, job.interface there (when set), then the
+    listener's port (`listen PORT`) or why there is none (`nolisten WHY`)."""
+    q = shlex.quote
+    tin, tout = tokens(plan)
+    parts = [ADDRS_SH]
+    if plan.cluster.job.interface:
+        parts.append(probes.interface_script(plan.cluster.job.interface, plan.launch.cluster_address))
+    args = " ".join(str(a) for a in (len(_others(plan)), f"{reach_cap(plan):g}", f"{GRACE:g}", f"{PEER_TIMEOUT:g}",
+                                      READ_LIMIT))
+    parts.append(f"p=$({ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} $T {' '.join(PY)} -c {q(LISTEN_PY)} {args} 2>&1) "
+                 "&& [ -n \"$p\" ] || { printf 'nolisten %s\\n' "
+                 "\"$(printf '%s' \"$p\" | tr '\\n' ' ' | cut -c1-300)\"; exit 1; }\necho \"listen $p\"")
+    return "\n".join(parts)
+
+
+def connect_body(plan, host: Host) -> str:
+    """Another host's section: its test against plan.reach (or why there is none)."""
+    q = shlex.quote
+    target = plan.reach
+    if target is None:
+        target = ReachTarget(untested="not tested: the launch host's listener is known only while `orch check` runs")
+    if not target.port:
+        return f"echo {q('untested ' + target.status + ' ' + target.untested)}"
+    tin, tout = tokens(plan)
+    index = next(i for i, h in enumerate(plan.hosts) if h.name == host.name)
+    args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
+    return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
+            f"{ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} {' '.join(PY)} -c {q(CONNECT_PY)} {args} 2>&1")
+
+
+def _listen_shell(plan, host: Host) -> list[tuple[str, str]]:
+    return [(SECTION, listen_body(plan))] if _applies(plan, host) and host.name == plan.launch.name else []
+
+
+def _test_shell(plan, host: Host) -> list[tuple[str, str]]:
+    return [(SECTION, connect_body(plan, host))] if _applies(plan, host) and host.name != plan.launch.name else []
+
+
+# the listener first thing on the launch host (the others' probes wait for its port); the test in
+# the background on the others (it overlaps their other sections, a failing address's time-out too)
+LISTEN = Probe("reach-listen", _listen_shell)
+TEST = Probe("reach-test", _test_shell, place="background")
+
+
+# --------------------------------------------------------------------------- from the listener to the hosts
+
+
+def head_for(plan, listen: Listen | None = None) -> HeadReach:
+    """Where the run will have the other hosts reach the launch host (launchers.head_reach),
+    job.interface's address as the launch host's probe read it."""
+    iface = listen.interface.address if listen is not None and listen.interface is not None else None
+    return head_reach(plan.cluster, plan.launch, plan.hosts, iface or None)
+
+
+def target_for(plan, listen: Listen, now: float) -> ReachTarget:
+    """The launch host's listener -> what the other hosts test: the address the run uses first,
+    then the launch host's other global IPv4 addresses (even when pinned: a hint; not when every
+    host is this machine)."""
+    if listen.port is None:
+        return ReachTarget(untested=f"not tested: the launch host {plan.launch.name} could not open the test's "
+                                    f"listener: {listen.error}")
+    head = head_for(plan, listen)
+    # every host is this machine: its other addresses are no news (and no traffic leaves it)
+    addrs = head.addresses if head.why == "local" else tuple(dict.fromkeys((*head.addresses, *listen.addresses)))
+    return ReachTarget(listen.port, addrs, now + reach_cap(plan) - (2 * connect_timeout(plan) + 5))
+
+
+class Relay:
+    """The launch host's listener, from its probe's output as it comes (feed), to the other hosts'
+    probes (plan_for: each waits for it, at most `wait` seconds). Resolved once: by the listen
+    section, or by the launch host's probe ending without one (done)."""
+
+    def __init__(self, plan, wait: float):
+        self.plan, self.wait = plan, wait
+        self.ready = threading.Event()
+        self.target: ReachTarget | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, plan) -> "Relay | None":
+        """None when no host tests (check skipped, one host)."""
+        if SECTION not in plan.checks or not _applies(plan, plan.launch):
+            return None
+        return cls(plan, relay_wait(plan))
+
+    def resolve(self, target: ReachTarget) -> None:
+        with self._lock:
+            if not self.ready.is_set():
+                self.target = target
+                self.ready.set()
+
+    def feed(self, text: str) -> bool:
+        """The launch host's output so far; True once the listener is known."""
+        sec = probes.split_sections(text).get(SECTION) if f"{probes.MARK}end {SECTION} " in text else None
+        if sec is None or not sec.finished:
+            return self.ready.is_set()
+        try:
+            listen = probes.parse_listen(sec.body)
+        except probes.ProbeError as exc:
+            listen = Listen(None, (), None, str(exc))
+        self.resolve(target_for(self.plan, listen, time.monotonic()))
+        return True
+
+    def done(self, why: str) -> None:
+        """The launch host's probe ended (or never ran): what no listener means now."""
+        self.resolve(ReachTarget(untested=f"not tested: {why}"))
+
+    def plan_for(self, host: Host):
+        """The check plan a host's probe is made from: with the listener (or why there is none)."""
+        self.ready.wait(self.wait)
+        t = self.target if self.ready.is_set() else ReachTarget(
+            untested=f"not tested: the launch host {self.plan.launch.name}'s listener was not up within "
+                     f"{self.wait:g}s")
+        if t.port and time.monotonic() > t.until:
+            t = ReachTarget(untested=f"not tested: this host's probe started after the launch host's listener "
+                                     f"had closed ({reach_cap(self.plan):g}s)", status="warn")
+        return replace(self.plan, reach=t)
+
+    # forked fan-out processes (shards) get it as bytes
+    def encode(self) -> bytes:
+        self.ready.wait(self.wait)
+        t = self.target or ReachTarget()
+        import json
+
+        return json.dumps([t.port, list(t.addresses), t.until, t.untested, t.status]).encode()
+
+    def decode(self, data: bytes) -> None:
+        import json
+
+        try:
+            port, addrs, until, untested, status = json.loads(data)
+            self.resolve(ReachTarget(int(port), tuple(addrs), float(until), str(untested), str(status)))
+        except (ValueError, TypeError):
+            self.done("the fan-out process did not get the launch host's listener")
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def judge_listen(plan, host: Host, sec: Section) -> CheckResult:
+    """The launch host: did its listener open?"""
+    listen = probes.parse_listen(sec.body)
+    if listen.port is None:
+        return result(SECTION, host, "error", f"not checked: could not open the test's listener: {listen.error}")
+    n = len(_others(plan))
+    # (no port in the message: it changes with every check, the report would never repeat)
+    return result(SECTION, host, "pass", f"opened the test's TCP listener for the other {n} host(s)")
+
+
+def _tried(pairs) -> str:
+    return "; ".join(f"{a}: {why}" for a, why in pairs)
+
+
+def judge_reach(plan, host: Host, sec: Section) -> CheckResult:
+    """Another host: does it reach the launch host by TCP at the address the run uses (pass)?
+    Unpinned, at another of its addresses (warn: the run works, the cluster address is no good
+    from here; mpi_address pins the one that is)? Else (fail): which were tried, how each failed,
+    the fix."""
+    got = probes.parse_reach(sec.body)
+    launch = plan.launch.name
+    if got is None:
+        return result(SECTION, host, "error", f"not checked: no python3 on this host to test TCP to {launch} with")
+    if got.untested:
+        return result(SECTION, host, got.status, got.untested)
+    head = head_for(plan)
+    ok = [a for a, why in got.tried if why == "ok"]
+    first, first_why = got.tried[0]
+    where = {"mpi_address": "its mpi_address", "interface": "its address on job.interface",
+             "local": "this machine", "single": "its address"}.get(head.why, "its cluster address")
+    if first_why == "ok":
+        return result(SECTION, host, "pass", f"reaches the launch host {launch} by TCP at {first} ({where})")
+    if ok and not head.pinned:  # the run works (its supervisors find it): a warning, so that the table says so
+        return result(SECTION, host, "warn",
+                      f"reaches the launch host {launch} by TCP at {ok[0]}, not at {first} ({where}: {first_why}): the "
+                      f"run's supervisors and MASTER_ADDR use the address that answers, hostfiles and rank tables "
+                      f"still name {first}; `mpi_address: {ok[0]}` on {launch} makes them all use it")
+    others = got.tried[1:]
+    msg = (f"cannot reach the launch host {launch} by TCP at {first} ({where}): {first_why}"
+           + (f" (tried too: {_tried(others)})" if others and not ok else ""))
+    if ok:
+        fix = (f"it does reach {launch} at {', '.join(ok)}: set `mpi_address: {ok[0]}` on {launch} in the "
+               f"inventory" + (" (or job.interface to the NIC that carries it)" if head.why == "interface" else ""))
+    elif head.pinned:
+        fix = (f"nor at {launch}'s other addresses: fix {where} (`mpi_address` on {launch}, job.interface) or the "
+               f"network between the hosts (routes, firewall: TCP from the hosts to {launch})")
+    else:
+        fix = (f"set `mpi_address: <an address of {launch} the hosts reach>` on {launch} in the inventory, or "
+               f"`job.interface: <{launch}'s NIC on the hosts' network>`; or open TCP from the hosts to {launch} "
+               "(routes, firewall)")
+    return result(SECTION, host, "fail", f"{msg}; {fix}")
+
+
+def _judge(plan, run) -> list[CheckResult]:
+    sec = section(run.sections, SECTION)
+    if run.host.name == plan.launch.name:
+        return [judge_listen(plan, run.host, sec)]
+    return [judge_reach(plan, run.host, sec)]
+
+
+register(Check(SECTION, applies=_applies, probes=(LISTEN, TEST), judge=_judge))

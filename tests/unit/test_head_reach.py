@@ -1,0 +1,173 @@
+"""Where the other hosts reach the launch host (launchers.head_reach), and the controller's side of
+the contract with the hosts' supervisors: each configuration's `head_addresses` / `head_pinned`,
+the head's `ok PID PORT ADDR,...`, the members started with the head's own list, and
+launchers.HEAD_ADDR in commands wherever the address is not pinned."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launchers, lifecycle, supervisor
+from orchestrator.launchers import HEAD_ADDR, head_reach
+from orchestrator.plan import make_plan
+from orchestrator.runs import create_run
+from orchestrator.spec import Cluster, Host, Job
+from orchestrator.transport.base import Transport
+
+
+def hosts(n=2, mpi: bool = False, **first) -> tuple[Host, ...]:
+    """h1..hn at 10.0.0.i (with `mpi`, each with mpi_address 192.168.0.i: h1 stays the launch host)."""
+    hs = [Host(name=f"h{i}", address=f"10.0.0.{i}", user="root", slots=2, devices=(0, 1),
+               mpi_address=f"192.168.0.{i}" if mpi else None) for i in range(1, n + 1)]
+    hs[0] = replace(hs[0], **first)
+    return tuple(hs)
+
+
+def cluster(hs=None, launcher="torchrun", tmp: Path | None = None, **job) -> Cluster:
+    return Cluster(name="t", path=(tmp or Path("/nonexistent")) / "cluster.yaml", hosts=hs or hosts(),
+                   job=Job(workdir="/data/job", command=("python3", "t.py"), launcher=launcher, **job))
+
+
+@pytest.mark.parametrize("kw, job, n, want", [
+    ({}, {}, 2, (("10.0.0.1",), False, "cluster")),
+    ({"hostname": "10.1.0.1"}, {}, 2, (("10.1.0.1",), False, "cluster")),            # ssh_config's HostName
+    ({"mpi_address": "192.168.0.1"}, {}, 2, (("192.168.0.1",), True, "mpi_address")),
+    ({"mpi_address": "192.168.0.1"}, {"interface": "eth1"}, 2, (("192.168.0.1",), True, "mpi_address")),
+    ({}, {"interface": "eth1"}, 2, (("<h1's address on job.interface eth1>",), True, "interface")),
+    ({}, {}, 1, (("10.0.0.1",), True, "single")),
+])
+def test_head_reach_rules(kw, job, n, want):
+    c = cluster(hosts(n, **kw), **job)
+    got = head_reach(c, c.hosts[0], c.hosts)
+    assert (got.addresses, got.pinned, got.why) == want
+    assert got.rendered == (want[0][0] if want[1] else HEAD_ADDR)
+
+
+def test_head_reach_interface_address_and_this_machine():
+    c = cluster(interface="eth1")
+    assert head_reach(c, c.hosts[0], c.hosts, "192.168.9.1").addresses == ("192.168.9.1",)
+    local = tuple(replace(h, connection="local", address=f"127.0.0.{i}") for i, h in enumerate(hosts(), 1))
+    got = head_reach(cluster(local), local[0], local)
+    assert (got.addresses, got.pinned) == (("127.0.0.1",), True)
+    # this machine launches, the others are remote: they try its cluster address (never 127.0.0.1)
+    mixed = (replace(hosts()[0], connection="local"), hosts()[1])
+    got = head_reach(cluster(mixed), mixed[0], mixed)
+    assert (got.addresses, got.pinned) == (("10.0.0.1",), False)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "msrun", "ranktable"])
+def test_the_master_address_is_the_token_unless_pinned(launcher):
+    def master(c, iface=None) -> set[str]:
+        launch = launchers.build(c, make_plan(c), "R", root={}, head_interface_address=iface)
+        got = set()
+        for procs in launch.procs.values():
+            for p in procs:
+                got |= {a.split("=", 1)[1] for a in p.argv if a.startswith(("--master_addr=", "--master-addr="))}
+                if "MASTER_ADDR" in p.env:
+                    got.add(p.env["MASTER_ADDR"])
+        return got
+
+    assert master(cluster(launcher=launcher)) == {HEAD_ADDR}
+    assert master(cluster(hosts(mpi=True), launcher=launcher)) == {"192.168.0.1"}
+    assert master(cluster(launcher=launcher, interface="eth1"), "192.168.9.1") == {"192.168.9.1"}
+    assert master(cluster(hosts(1), launcher=launcher)) == {"10.0.0.1"}  # one host: nothing to choose
+    c = cluster(launcher=launcher, env={"MASTER_ADDR": "mine"})
+    if launcher == "ranktable":  # the user's own value wins, as before
+        assert master(c) == {"mine"}
+
+
+def test_configs_carry_the_head_addresses():
+    c = cluster()
+    plan = make_plan(c)
+    cfgs = supervisor.configs(c, plan, "R", launchers.build(c, plan, "R", root={}))
+    for cfg in cfgs.values():
+        assert cfg["head_addresses"] == ["10.0.0.1"] and cfg["head_pinned"] is False
+        assert cfg["head_address"] == "10.0.0.1"  # what agent.py reads until it takes the list
+    c = cluster(interface="eth1")
+    plan = make_plan(c)
+    launch = launchers.build(c, plan, "R", root={}, head_interface_address="192.168.9.1")
+    cfg = supervisor.configs(c, plan, "R", launch)["h2"]
+    assert cfg["head_addresses"] == ["192.168.9.1"] and cfg["head_pinned"] is True
+
+
+@pytest.mark.parametrize("text, want", [
+    ("ok 123 4567\n", ("ok", 123, 4567, ())),
+    ("ok 123 4567 10.0.0.1\n", ("ok", 123, 4567, ("10.0.0.1",))),
+    ("noise\nok 123 4567 10.0.0.1,192.168.0.1,fd00::1\n", ("ok", 123, 4567, ("10.0.0.1", "192.168.0.1", "fd00::1"))),
+    ("busy 20260101-000000-abcdef\n", ("busy:20260101-000000-abcdef", 0, 0, ())),
+    ("ok 123\n", ("error", 0, 0, ())),
+    ("ok x 4567 10.0.0.1\n", ("error", 0, 0, ())),
+    ("ok 1 2 a b\n", ("error", 0, 0, ())),
+    ("Traceback (most recent call last):\n", ("error", 0, 0, ())),
+])
+def test_parse_start(text, want):
+    assert supervisor.parse_start(text) == want
+
+
+class StartHost(Transport):
+    """Answers a supervisor's start script with `answer`; keeps the configuration it was given."""
+
+    def __init__(self, h: Host, answer: str):
+        super().__init__(h, 30)
+        self.answer, self.cfgs = answer, []
+
+    def _exec(self, script, *, stdin, sink, timeout):
+        text = stdin.decode() if isinstance(stdin, bytes) else script
+        conf = text.split("<<'ORCH_CFG_EOF'\n", 1)[1].split("\nORCH_CFG_EOF", 1)[0]
+        self.cfgs.append(json.loads(conf))
+        return 0, self.answer.encode(), b""
+
+
+class Pool:
+    def __init__(self, ts):
+        self.t = {t.host.name: t for t in ts}
+
+    def __getitem__(self, h):
+        return self.t[h.name if isinstance(h, Host) else h]
+
+
+@pytest.mark.parametrize("head_says, members_get", [
+    ("ok 11 4242 10.0.0.1,192.168.0.1\n", ["10.0.0.1", "192.168.0.1"]),
+    ("ok 11 4242\n", ["10.0.0.1"]),  # a head that names none: the members keep their own
+])
+def test_members_start_with_the_heads_addresses(tmp_path, head_says, members_get):
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [StartHost(plan.hosts[0], head_says)] + [StartHost(h, "ok 12 0\n") for h in plan.hosts[1:]]
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts))
+    lc.start(launchers.build(c, plan, run.id, root={}))
+    assert ts[0].cfgs[0]["role"] == "head" and ts[0].cfgs[0]["head_addresses"] == ["10.0.0.1"]
+    for t in ts[1:]:
+        (cfg,) = t.cfgs
+        assert cfg["role"] == "member" and cfg["head_port"] == 4242
+        assert cfg["head_addresses"] == members_get and cfg["head_address"] == members_get[0]
+        assert cfg["head_pinned"] is False
+    assert json.loads((run.dir / "run.json").read_text())["head_addresses"] == members_get
+
+
+def test_plan_says_what_the_token_stands_for(tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    f = tmp_path / "cluster.yaml"
+    f.write_text("inventory:\n  hosts: [{address: 10.0.0.1, name: a}, {address: 10.0.0.2, name: b}]\n"
+                 "job: {workdir: /data/job, launcher: torchrun, command: python3 t.py}\n")
+    res = CliRunner().invoke(cli, ["plan", str(f), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (f"the other hosts reach a at the first of a's addresses they reach, its cluster address 10.0.0.1 "
+            f"first (commands hold {HEAD_ADDR} for it)") in res.output
+    doc = json.loads((tmp_path / "out" / "commands.json").read_text())
+    assert doc["head_address"]["in_commands"] == HEAD_ADDR and doc["head_address"]["pinned"] is False
+    assert f"--master-addr={HEAD_ADDR}" in doc["hosts"]["b"][0]["argv"]
+    f.write_text(f.read_text().replace("name: a}", "name: a, mpi_address: 192.168.0.1}")
+                 .replace("name: b}", "name: b, mpi_address: 192.168.0.2}"))
+    res = CliRunner().invoke(cli, ["plan", str(f), "--out", str(tmp_path / "out")])
+    assert "the other hosts reach a at 192.168.0.1 (its mpi_address)" in res.output
+    doc = json.loads((tmp_path / "out" / "commands.json").read_text())
+    assert "--master-addr=192.168.0.1" in doc["hosts"]["b"][0]["argv"]

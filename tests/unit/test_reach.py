@@ -1,0 +1,431 @@
+"""Check reach: every host reaches the launch host by TCP on a cluster-side address.
+
+The parsers and judges against sections captured on lab hosts (tests/fixtures/checks/reach/:
+a launch host with a second address, a host with a blackhole / unreachable / prohibit route or an
+unanswered ARP towards the launch host's address); the listener and a host's test for real, on
+loopback only; the relay from the launch host's probe to the others' (and to forked fan-out
+processes); run_checks sending the others' probes once the listener is known.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator import checks, probes, shards
+from orchestrator.checks import reach
+from orchestrator.probes import Listen, ProbeError, ReachTarget, Section
+from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
+from orchestrator.transport.base import Transport
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "checks" / "reach"
+LAUNCH = "198.18.149.11"
+
+
+def fx(name: str) -> Section:
+    return probes.split_sections((FIX / name).read_text())["reach"]
+
+
+def host(i: int, **kw) -> Host:
+    return Host(**{"name": f"rchx1-h{i}", "address": f"198.18.149.{10 + i}", "user": "root", **kw})
+
+
+def cluster(hosts=None, n: int = 3, skip=(), **job) -> Cluster:
+    return Cluster(name="t", path=Path("/nonexistent/cluster.yaml"), hosts=tuple(hosts or [host(i) for i in
+                                                                                           range(1, n + 1)]),
+                   job=Job(workdir="/data/job", command=("python3", "t.py"), launcher="ranktable", **job),
+                   ssh=SshSettings(connect_timeout=2, retries=2, command_timeout=30), checks=Checks(skip=skip))
+
+
+def plan_of(c: Cluster, **kw):
+    return replace(checks.make_check_plan(c), **kw)
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def test_parse_listen():
+    got = probes.parse_listen(fx("listen-h1.txt").body)
+    assert got == Listen(43179, (LAUNCH, "198.18.149.200"), None)
+    got = probes.parse_listen(fx("listen-interface-h1.txt").body)
+    assert got.port == 54405 and got.interface == probes.IfAddr("eth0", LAUNCH, 24)
+    got = probes.parse_listen("addr 10.0.0.1\nnolisten python3: not found")
+    assert got.port is None and got.error == "python3: not found" and got.addresses == ("10.0.0.1",)
+    for bad in ("", "listen\n", "listen 0\n", "listen 70000\n", "listen Traceback\n"):
+        with pytest.raises(ProbeError):
+            probes.parse_listen(bad)
+
+
+def test_parse_reach():
+    assert probes.parse_reach(fx("to-blackhole-other-ok.txt").body).tried == (
+        (LAUNCH, "invalid argument"), ("198.18.149.200", "ok"))
+    assert probes.parse_reach(fx("to-timeout.txt").body).tried == ((LAUNCH, "timed out after 2s"),)
+    assert probes.parse_reach(probes.NOT_INSTALLED) is None
+    got = probes.parse_reach("untested warn not tested: late")
+    assert (got.untested, got.status, got.tried) == ("not tested: late", "warn", ())
+    assert probes.parse_reach("untested error not tested: x").status == "error"
+    with pytest.raises(ProbeError, match="unexpected reach test output"):
+        probes.parse_reach("Traceback (most recent call last):\n")
+
+
+# --------------------------------------------------------------------------- judging captured output
+
+
+def judge(c: Cluster, name: str, i: int = 2) -> checks.CheckResult:
+    return reach.judge_reach(plan_of(c), c.hosts[i - 1], fx(name))
+
+
+def test_reaches_the_address_the_run_uses():
+    r = judge(cluster(), "to-both-ok.txt")
+    assert r.status == "pass"
+    assert r.message == f"reaches the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster address)"
+
+
+def test_another_address_does_when_nothing_is_pinned_and_a_warning_says_which():
+    r = judge(cluster(), "to-blackhole-other-ok.txt")
+    assert r.status == "warn"
+    assert r.message.startswith(f"reaches the launch host rchx1-h1 by TCP at 198.18.149.200, not at {LAUNCH} "
+                                "(its cluster address: invalid argument)")
+    assert "hostfiles and rank tables still name 198.18.149.11" in r.message
+    assert "`mpi_address: 198.18.149.200` on rchx1-h1 makes them all use it" in r.message
+
+
+@pytest.mark.parametrize("hosts, job, where", [
+    ([host(1, mpi_address=LAUNCH), host(2), host(3)], {}, "its mpi_address"),
+    (None, {"interface": "eth0"}, "its address on job.interface"),
+])
+def test_pinned_fails_and_names_the_address_that_works(hosts, job, where):
+    r = judge(cluster(hosts, **job), "to-blackhole-other-ok.txt")
+    assert r.status == "fail"
+    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} ({where}): "
+                                "invalid argument;")
+    assert "it does reach rchx1-h1 at 198.18.149.200: set `mpi_address: 198.18.149.200` on rchx1-h1" in r.message
+
+
+@pytest.mark.parametrize("name, why", [("to-unreachable.txt", "no route to host"),
+                                       ("to-prohibit.txt", "permission denied"),
+                                       ("to-timeout.txt", "timed out after 2s")])
+def test_nothing_reached_names_host_address_and_fix(name, why):
+    r = judge(cluster(), name)
+    assert r.status == "fail" and r.host == "rchx1-h2"
+    assert r.message.startswith(f"cannot reach the launch host rchx1-h1 by TCP at {LAUNCH} (its cluster "
+                                f"address): {why}; ")
+    assert "`mpi_address: <an address of rchx1-h1 the hosts reach>` on rchx1-h1" in r.message
+    assert "`job.interface: <rchx1-h1's NIC on the hosts' network>`" in r.message
+
+
+def test_nothing_reached_lists_every_address_tried():
+    sec = Section("reach", f"to {LAUNCH} timed out after 2s\nto 10.1.0.1 connection refused\n", 0)
+    r = reach.judge_reach(plan_of(cluster()), cluster().hosts[1], sec)
+    assert r.status == "fail" and "(tried too: 10.1.0.1: connection refused)" in r.message
+    pinned = cluster([host(1, mpi_address=LAUNCH), host(2)])
+    r = reach.judge_reach(plan_of(pinned), pinned.hosts[1], sec)
+    assert r.status == "fail" and "nor at rchx1-h1's other addresses" in r.message
+
+
+def test_not_tested_and_no_python():
+    c = cluster()
+    p = plan_of(c)
+    r = reach.judge_reach(p, c.hosts[1], Section("reach", "untested warn not tested: late", 0))
+    assert (r.status, r.message) == ("warn", "not tested: late")
+    r = reach.judge_reach(p, c.hosts[1], Section("reach", probes.NOT_INSTALLED, 0))
+    assert r.status == "error" and "no python3" in r.message
+
+
+def test_the_launch_host_row():
+    c = cluster()
+    r = reach.judge_listen(plan_of(c), c.hosts[0], fx("listen-h1.txt"))
+    assert (r.status, r.message) == ("pass", "opened the test's TCP listener for the other 2 host(s)")
+    r = reach.judge_listen(plan_of(c), c.hosts[0], Section("reach", "nolisten python3: not found", 1))
+    assert r.status == "error" and "could not open the test's listener: python3: not found" in r.message
+
+
+def test_applies_with_two_hosts_or_more_and_can_be_skipped():
+    assert reach.Relay.of(checks.make_check_plan(cluster(n=1))) is None
+    assert reach.Relay.of(checks.make_check_plan(cluster(skip=("reach",)))) is None
+    assert reach.Relay.of(checks.make_check_plan(cluster())) is not None
+    assert "_b reach" not in checks.make_check_plan(cluster(n=1)).script(host(1))
+
+
+# --------------------------------------------------------------------------- the relay
+
+
+def test_relay_from_the_listen_section_to_the_others_plans():
+    c = cluster(n=3)
+    p = checks.make_check_plan(c)
+    relay = reach.Relay(p, 5)
+    text = probes.join_sections([probes.Section("clock0", "1.0", 0)]) + (FIX / "listen-h1.txt").read_text()
+    assert relay.feed(text[:-len("@@orch:end reach 0\n")]) is False and not relay.ready.is_set()
+    assert relay.feed(text) is True
+    got = relay.plan_for(c.hosts[1]).reach
+    assert (got.port, got.addresses) == (43179, (LAUNCH, "198.18.149.200"))  # the run's address first
+    relay.done("too late")  # resolved once
+    assert relay.plan_for(c.hosts[2]).reach.port == 43179
+    script = relay.plan_for(c.hosts[1]).script(c.hosts[1])
+    assert f"' 1 43179 2 {LAUNCH} 198.18.149.200 2>&1" in script and p.reach_token[:32] in script
+    assert p.reach_token not in script.replace(p.reach_token[:32], "", 1)  # each half alone, never on a command line
+    clone = reach.Relay(p, 5)
+    clone.decode(relay.encode())
+    assert clone.target == relay.target
+    broken = reach.Relay(p, 5)
+    broken.decode(b"")
+    assert "did not get the launch host's listener" in broken.target.untested
+
+
+def test_relay_pinned_first_even_when_the_launch_host_lists_it_later():
+    c = cluster([host(1, mpi_address="10.7.0.1"), host(2)])
+    t = reach.target_for(checks.make_check_plan(c), probes.parse_listen(fx("listen-h1.txt").body), 0.0)
+    assert t.addresses == ("10.7.0.1", LAUNCH, "198.18.149.200")
+    c = cluster(interface="eth0")
+    t = reach.target_for(checks.make_check_plan(c), probes.parse_listen(fx("listen-interface-h1.txt").body), 0.0)
+    assert t.addresses == (LAUNCH, "198.18.149.200")
+
+
+def test_relay_without_a_listener_late_or_never():
+    c = cluster()
+    p = checks.make_check_plan(c)
+    relay = reach.Relay(p, 0.2)
+    t0 = time.monotonic()
+    got = relay.plan_for(c.hosts[1]).reach
+    assert time.monotonic() - t0 < 1 and got.port == 0 and "listener was not up within 0.2s" in got.untested
+    relay.resolve(ReachTarget(4000, (LAUNCH,), until=time.monotonic() - 1))
+    got = relay.plan_for(c.hosts[1]).reach
+    assert got.status == "warn" and "after the launch host's listener had closed" in got.untested
+    script = relay.plan_for(c.hosts[1]).script(c.hosts[1])
+    assert "echo 'untested warn not tested: this host" in script
+    relay = reach.Relay(p, 5)
+    relay.feed("@@orch:begin reach\nnolisten python3: not found\n\n@@orch:end reach 1\n")
+    assert "could not open the test's listener: python3: not found" in relay.plan_for(c.hosts[1]).reach.untested
+
+
+def test_listener_cap_grows_with_fanout_rounds_and_is_bounded():
+    small = checks.make_check_plan(cluster(n=3))
+    assert reach.reach_cap(small) == 2 * 2 + 2 * 2 + 2 * 2 + 10
+    many = replace(cluster(n=3), hosts=tuple(host(i) for i in range(1, 201)))
+    assert reach.reach_cap(checks.make_check_plan(many)) == 22 + 10 * 3  # 199 others, fan-out 64: 4 rounds
+    huge = replace(many, hosts=tuple(Host(name=f"n{i}", address=f"10.{i // 250}.{i % 250}.1", user="u")
+                                     for i in range(5000)))
+    assert reach.reach_cap(checks.make_check_plan(huge)) == reach.MAX_CAP
+
+
+# --------------------------------------------------------------------------- for real, on loopback
+
+
+def sh(script: str, timeout: float = 30) -> str:
+    return subprocess.run(["sh", "-c", "T=\n" + script], capture_output=True, text=True, timeout=timeout).stdout
+
+
+def gone(port: int, within: float) -> bool:
+    """The listener on `port` has closed within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def start_listener(n: int = 1, cap: float = 20, grace: float = 0.3, peer: float = 0.5, token="a" * 64) -> int:
+    env = {**os.environ, reach.ENV_IN: token[:32], reach.ENV_OUT: token[32:]}
+    out = subprocess.run(["python3", "-S", "-c", reach.LISTEN_PY, str(n), str(cap), str(grace), str(peer),
+                          str(reach.READ_LIMIT)], env=env, capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr  # the listener has detached: its first process is gone
+    return int(out.stdout)
+
+
+def hello(port: int, line: bytes, timeout: float = 3) -> bytes:
+    """What the listener answers `line` (b"": nothing, it closed the connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        data = b""
+        try:
+            s.sendall(line)
+            while len(data) < 1024:
+                chunk = s.recv(1024)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:  # it closed with our bytes unread (READ_LIMIT): TCP resets
+            pass
+        return data
+
+
+def test_the_launch_host_section_and_a_hosts_test_for_real():
+    """The launch host's section (every line of it) opens a listener that detaches; a host's test
+    reaches it at 127.0.0.1 and says why not elsewhere; the listener is gone once both hosts
+    came (and GRACE). Loopback only."""
+    c = cluster([host(1, connection="local", address="127.0.0.1"), host(2, connection="local", address="127.0.0.2"),
+                 host(3, connection="local", address="127.0.0.3")])
+    p = checks.make_check_plan(c)
+    t0 = time.monotonic()
+    listen = probes.parse_listen(sh(reach.listen_body(p)))
+    assert time.monotonic() - t0 < 5, "the section waited for its listener"
+    assert listen.port
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, not listening: refused)
+    assert reach.target_for(p, listen, 0.0).addresses == ("127.0.0.1",)  # every host is this machine
+    target = ReachTarget(listen.port, ("127.0.0.1",), 0.0)
+    bad = sh(reach.connect_body(replace(p, reach=target, reach_token="b" * 64), c.hosts[1]))
+    assert bad == "to 127.0.0.1 connected, but closed without an answer\n"  # the wrong token
+    assert not gone(listen.port, 0.2)  # ... is no host: the listener still waits
+    dead = ReachTarget(closed.getsockname()[1], ("127.0.0.1",), 0.0)
+    assert sh(reach.connect_body(replace(p, reach=dead), c.hosts[1])) == "to 127.0.0.1 connection refused\n"
+    for h in c.hosts[1:]:
+        assert sh(reach.connect_body(replace(p, reach=ReachTarget(listen.port, ("127.0.0.1",), 0.0)), h)) == \
+            "to 127.0.0.1 ok\n"
+    assert gone(listen.port, reach.GRACE + 2)
+    closed.close()
+
+
+def test_the_listener_answers_only_the_token_reads_bounded_bytes_and_waits_boundedly():
+    port = start_listener(n=1, peer=1.5)
+    silent = socket.create_connection(("127.0.0.1", port), timeout=5)  # sends nothing: dropped after 1.5 s
+    t0 = time.monotonic()
+    assert silent.recv(10) == b"" and 1 < time.monotonic() - t0 < 4
+    t0 = time.monotonic()
+    assert hello(port, b"x" * 100_000) == b""                    # garbage: READ_LIMIT bytes read, no answer,
+    assert time.monotonic() - t0 < 1                             # ... and dropped at once (not at 1.5 s)
+    assert hello(port, b"a" * 32 + b"\n") == b""                 # the token without a host: no answer
+    assert hello(port, b"b" * 32 + b" 1\n") == b""               # the answer's half is not the question's
+    assert not gone(port, 0.2)
+    assert hello(port, b"a" * 32 + b" 1\n") == b"a" * 32 + b"\n"  # (start_listener's token: "a" * 64)
+    assert gone(port, 3)
+    silent.close()
+
+
+def test_the_listener_goes_at_its_cap_when_a_host_never_comes():
+    port = start_listener(n=2, cap=1.0)
+    assert hello(port, b"a" * 32 + b" 1\n") == b"a" * 32 + b"\n"
+    t0 = time.monotonic()
+    assert gone(port, 4) and time.monotonic() - t0 < 3
+
+
+def test_the_launch_host_lists_its_global_ipv4_addresses_with_or_without_ip(tmp_path):
+    """ADDRS_SH (no traffic: it reads this machine's own addresses): `ip`'s global IPv4 addresses in
+    its order; without `ip`, the same ones from /proc/net/fib_trie."""
+    want = [ln.split()[3].split("/")[0] for ln in subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout.splitlines()]
+    got = probes.parse_listen(sh(reach.ADDRS_SH) + "listen 1\n").addresses
+    assert list(got) == list(dict.fromkeys(want))
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("awk", "sh"):
+        (bin_ / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                text=True).stdout.strip())
+    out = subprocess.run([str(bin_ / "sh"), "-c", reach.ADDRS_SH], capture_output=True, text=True,
+                         env={"PATH": str(bin_)}).stdout
+    assert sorted(probes.parse_listen(out + "listen 1\n").addresses) == sorted(set(want))
+
+
+def test_no_python_on_the_launch_host():
+    c = cluster()
+    p = checks.make_check_plan(c)
+    body = reach.listen_body(p).replace("python3 -S -c", "/nonexistent/python3 -S -c")
+    got = probes.parse_listen(sh(body))
+    assert got.port is None and "not found" in got.error
+
+
+# --------------------------------------------------------------------------- run_checks: the others wait
+
+
+class Canned(Transport):
+    """Answers each probe with `output(script)`, after `delay`; keeps the scripts."""
+
+    def __init__(self, h: Host, output, delay: float = 0.0, connect_error=None):
+        super().__init__(h, 30)
+        self.output, self.delay, self.connect_error = output, delay, connect_error
+        self.scripts: list[str] = []
+        self.sent_at: float | None = None
+
+    def connect(self):
+        if self.connect_error:
+            raise self.connect_error
+
+    def _exec(self, script, *, stdin, sink, timeout):
+        self.scripts.append(stdin.decode() if stdin else script)
+        self.sent_at = time.monotonic()
+        time.sleep(self.delay)
+        out = self.output(self.scripts[-1]).encode()
+        if sink is not None:
+            sink.write(out)
+            return 0, b"", b""
+        return 0, out, b""
+
+
+def run_reach_section(script: str) -> str:
+    """A host's probe, as far as its reach section goes (run for real when it only says why it
+    does not test: an echo)."""
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("echo 'untested ")]
+    return f"@@orch:begin reach\n{sh(line)}\n@@orch:end reach 0\n"
+
+
+class Pool:
+    def __init__(self, ts):
+        self.t = {t.host.name: t for t in ts}
+
+    def __getitem__(self, h):
+        return self.t[h.name if isinstance(h, Host) else h]
+
+
+def test_run_checks_sends_the_others_probes_with_the_listener():
+    c = cluster(n=3, skip=("mesh",))
+    listen = (FIX / "listen-h1.txt").read_text()
+    ok = (FIX / "to-both-ok.txt").read_text()
+    ts = [Canned(c.hosts[0], lambda s: listen, delay=0.3)] + [Canned(h, lambda s: ok) for h in c.hosts[1:]]
+    t0 = time.monotonic()
+    rep = checks.run_checks(c, Pool(ts))
+    for i, t in enumerate(ts[1:], 1):
+        assert f"' {i} 43179 2 198.18.149.11 198.18.149.200 2>&1" in t.scripts[0]
+        assert t.sent_at - t0 < 1.5
+    got = {r.host: r for r in rep.results if r.check == "reach"}
+    assert [got[h.name].status for h in c.hosts] == ["pass"] * 3
+
+
+def test_run_checks_when_the_launch_host_gives_no_listener():
+    from orchestrator.errors import AuthError
+
+    c = cluster(n=3, skip=("mesh",))
+    ts = [Canned(c.hosts[0], lambda s: "", connect_error=AuthError(c.hosts[0].name, "key refused"))]
+    ts += [Canned(h, run_reach_section) for h in c.hosts[1:]]
+    t0 = time.monotonic()
+    rep = checks.run_checks(c, Pool(ts))
+    assert time.monotonic() - t0 < 5  # no wait for a listener that cannot come
+    got = {r.host: r for r in rep.results if r.check == "reach"}
+    assert got["rchx1-h1"].status == "error"
+    for h in ("rchx1-h2", "rchx1-h3"):
+        assert got[h].status == "error"
+        assert got[h].message == "not tested: the launch host rchx1-h1's probe did not run: rchx1-h1: key refused"
+
+
+def test_forked_fan_out_processes_get_the_listener():
+    """shards: `late`'s value reaches every child (while its hosts already run), through the gate's pipe."""
+    me = os.getpid()
+    hosts = [Host(name=f"h{i}", address=f"10.9.0.{i}", user="u") for i in range(6)]
+    value = threading.Event()
+    box: dict = {}
+
+    def late() -> bytes:
+        time.sleep(0.3)
+        return b"port 4242"
+
+    def child_late(data: bytes) -> None:
+        box["late"] = data
+        value.set()
+
+    def child(h):
+        assert value.wait(5)
+        return [os.getpid(), box["late"].decode()]
+
+    res = shards.fan_out_procs(hosts, lambda h: [os.getpid(), "parent"], procs=2, encode=lambda v: v,
+                               decode=lambda h, v: v, limit=6, timeout=20, keep={"h0"}, child_fn=child,
+                               late=late, child_late=child_late)
+    forked = [o.value for o in res.values() if o.value[0] != me]
+    assert forked and all(v[1] == "port 4242" for v in forked)
