@@ -321,7 +321,10 @@ def judge_reach(plan, host: Host, sec: Section) -> CheckResult:
         return result(SECTION, host, "warn",
                       f"reaches the launch host {launch} by TCP at {ok[0]}, not at {first} ({where}: {first_why}): the "
                       f"run's supervisors and MASTER_ADDR use the address that answers, hostfiles and rank tables "
-                      f"still name {first}; `mpi_address: {ok[0]}` on {launch} makes them all use it")
+                      f"still name {first}; `mpi_address: {ok[0]}` on {launch} makes them all use it"
+                      + (f". With mpirun, Open MPI's own TCP traffic between the ranks can hang trying {first}: "
+                         f"pin it to the hosts' network, `mpirun_args: [-mca, btl_tcp_if_include, <its CIDR, as "
+                         f"{ok[0]}/24>]`, or set job.interface" if plan.cluster.job.launcher == "mpirun" else ""))
     others = got.tried[1:]
     msg = (f"cannot reach the launch host {launch} by TCP at {first} ({where}): {first_why}"
            + (f" (tried too: {_tried(others)})" if others and not ok else ""))

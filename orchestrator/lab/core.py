@@ -220,6 +220,10 @@ class Lab:
             k = network.pick_subnet(self.root, self.name)
             behind = bastion or dual_homed_head  # the hosts are on a second network, this machine not
             m = network.pick_subnet(self.root, self.name, also_used={k}, salt="b") if behind else k
+            if dual_homed_head and m < k:
+                # host 1's controller-side address sorts first, so it is the launch host (hosts are
+                # ranked by address), as a login node that also trains is: the case this topology is for
+                k, m = m, k
             self.state_dir.mkdir(mode=0o755)
             created = mounts.claim(self.root, ("/home",) if user != "root" else ())
             hosts = [
