@@ -18,7 +18,6 @@ __all__ = ["EXIT", "FINAL", "RunView", "describe", "from_head", "merge", "skew"]
 
 FINAL = tuple(s.value for s in TERMINAL)
 # orch status's exit code for a run in each state (see docs): 0 fine, 1 went wrong, 4 stopped
-# (keyed by the plain strings: a str-Enum member hashes by its name, not its value)
 EXIT = {s.value: code for s, code in {
     RunState.RUNNING: 0, RunState.STARTING: 0, RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.LOST: 1,
     RunState.STALLED: 1, RunState.TIMEOUT: 1, RunState.UNKNOWN: 1, RunState.STOPPED: 4,

@@ -130,6 +130,19 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     os._exit(run_agent(cfg, listeners, lock_fd, w, advertised))
 
 
+def raise_fd_limit():
+    """As many descriptors as the host allows (the soft limit up to the hard one): a head of a
+    large run holds one per member and per watcher."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def run_agent(cfg, listeners, lock_fd, ready_fd, advertised=()):
     """Be the run's supervisor on this host until the run ends: stdio to RUNDIR/agent.log; our
     pid written to `ready_fd` (the detaching parent's pipe) once running. Whatever goes wrong
@@ -145,6 +158,7 @@ def run_agent(cfg, listeners, lock_fd, ready_fd, advertised=()):
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     os.environ[AGENT_VAR] = "1"
+    raise_fd_limit()
     sup = None
     try:
         sup = Supervisor(cfg, listeners, lock_fd, advertised)

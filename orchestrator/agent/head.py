@@ -1,7 +1,8 @@
 """The head's decisions: a pure state machine.
 
-`decide(head, events, now) -> (head, actions)` is the only thing that changes a Head. It does
-no I/O and reads no clock: everything it knows comes in as events (a host joined, a host's
+`decide(head, events, now) -> (head, actions)` makes every decision about a Head (the server
+only adds a failed launcher's last words to the message it decided, and records a crash). It
+does no I/O and reads no clock: everything it knows comes in as events (a host joined, a host's
 report, a host gone, a stop asked for) and `now`; everything it wants done goes out as actions,
 which the server carries out (server.py). So every duty is tested without a process
 (tests/unit/test_head.py).
@@ -428,7 +429,9 @@ def _phase_stopping(head, now, actions):
         head.outcome = (outcome, message)
         head.doc["attempts"][-1].update(message=message, first_failure=head.doc["first_failure"])
     k = head.doc["attempt"]
-    if outcome in RETRYABLE and k <= head.restarts and not head.stop_request:
+    if outcome in RETRYABLE and k <= head.restarts and not head.stop_request and head.doc["lost"]:
+        message = "%s; not restarted: lost contact with host %s" % (message, ", ".join(head.doc["lost"]))
+    elif outcome in RETRYABLE and k <= head.restarts and not head.stop_request:
         head.phase = Phase.DELAY
         head.phase_until = now + head.restart_delay
         head.doc["message"] = "%s; restarting (attempt %d of %d)" % (message, k + 1, head.restarts + 1)

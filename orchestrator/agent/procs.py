@@ -20,6 +20,7 @@ from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, DIR_VAR, HEAD_AD
 from .states import RankState
 
 now = time.time
+KILL_WAIT = 10.0   # after SIGKILL, how long a stop waits for the processes to be gone
 
 
 def run_pids(run_id, me=None):
@@ -28,7 +29,11 @@ def run_pids(run_id, me=None):
     agent = (AGENT_VAR + "=1").encode()
     me = os.getpid() if me is None else me
     out = []
-    for p in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:   # out of descriptors, say: nothing found this time, asked again next tick
+        return out
+    for p in entries:
         if not p.isdigit() or int(p) == me:
             continue
         try:
@@ -115,7 +120,7 @@ class Local:
         self.launcher = cfg["launcher"]
         self.attempt = 0
         self.head_address = ""
-        self.children = {}        # pid -> proc key
+        self.children = {}        # pid -> its process record (of whichever attempt started it)
         self.procs = {}           # key -> record
         self.ranks = {}           # rank -> record
         self.stopping = None      # [reason, deadline, killed]
@@ -132,7 +137,10 @@ class Local:
         self.stopping = None
         self.stop_state = RankState.STOPPED
         adir = attempt_dir(self.rundir, attempt)
-        os.makedirs(adir, exist_ok=True)
+        try:
+            os.makedirs(adir, exist_ok=True)
+        except OSError as exc:   # every process below then fails to open its log (126), reported as such
+            self.note("cannot make %s: %s" % (adir, exc))
         self.flip_log_link(adir)
         self.last_output = now()
         self.sizes = {}
@@ -226,7 +234,7 @@ class Local:
         os.close(fd)
         rec["pid"] = proc.pid
         proc.returncode = 0   # we reap it ourselves (waitpid); keep Popen from doing it too
-        self.children[proc.pid] = p["key"]
+        self.children[proc.pid] = rec
         if rank is not None:
             self.ranks[rank].update(pid=proc.pid, state=RankState.RUNNING, start=rec["start"])
 
@@ -243,7 +251,7 @@ class Local:
     def ended(self, rec, code, sig):
         rec.update(exit_code=code, signal=sig, end=now())
         self.changed = True
-        if rec.get("rank") is not None:
+        if rec.get("rank") is not None and self.procs.get(rec["key"]) is rec:
             self.rank_ended(rec["rank"], code, sig, rec["end"])
 
     def rank_ended(self, rank, code, sig, when):
@@ -322,6 +330,12 @@ class Local:
         if now() > self.stopping[1] and not self.stopping[2]:
             self.stopping[2] = True
             self.signal_all(signal.SIGKILL)
+        elif self.stopping[2] and now() > self.stopping[1] + KILL_WAIT:
+            # KILLed and still there (uninterruptible I/O, a stuck NFS mount): say so, stop waiting
+            self.note("processes of the run still alive %gs after SIGKILL: %s" % (KILL_WAIT, run_pids(self.run_id)))
+            self.finish_pending(self.stop_state)
+            self.children.clear()
+            return True
         return False
 
     def kill_now(self, grace):
@@ -353,9 +367,9 @@ class Local:
                 return
             if pid == 0:
                 return
-            key = self.children.pop(pid, None)
-            if key is not None:
-                self.ended(self.procs[key], os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            rec = self.children.pop(pid, None)
+            if rec is not None:   # a late one of an earlier attempt updates its own record only
+                self.ended(rec, os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                            os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
 
     def finish_pending(self, state):
@@ -373,14 +387,17 @@ class Local:
             pid = r.get("pid")
             if not pid or r["end"] is not None:
                 continue
-            if spy:
+            if spy:   # started, not waited for: the loop goes on (reap() collects it)
                 out = os.path.join(os.path.dirname(rank_log(adir, rank, self.launcher)), "stacks.txt")
                 try:
-                    res = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=20)
-                    write_atomic(out, res.stdout.decode("utf-8", "replace") + res.stderr.decode("utf-8", "replace"),
-                                 0o666)
+                    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+                    try:
+                        subprocess.Popen(["timeout", "20", spy, "dump", "--pid", str(pid)], stdin=subprocess.DEVNULL,
+                                         stdout=fd, stderr=subprocess.STDOUT, close_fds=True).returncode = 0
+                    finally:
+                        os.close(fd)
                     continue
-                except (OSError, subprocess.SubprocessError):
+                except OSError:
                     pass
             for p in [pid] + children_of(pid):
                 if pid_runs_python(p):

@@ -26,7 +26,8 @@ After the handshake:
                      dump   {}              capture every rank's stack (a stall)
                      exit   {state}         the run is over
                      hb     {}              the head is alive
-    head -> watcher  state  {state}         the run's document (states.py, head.py)
+    head -> watcher, control
+                     state  {state}         the run's document (states.py, head.py)
 
 Limits: a line before authentication is at most PREAUTH_LINE bytes and the handshake must be
 over within HANDSHAKE_TIMEOUT seconds (server.py enforces both, and a cap on connections);
@@ -289,6 +290,8 @@ def _parse_rank(r):
            "exit_code": _int(r, "exit_code", optional=True), "signal": _int(r, "signal", optional=True),
            "start": _num(r, "start", optional=True), "end": _num(r, "end", optional=True),
            "attempt": _int(r, "attempt", lo=0)}
+    if RankState(st).ended != (out["end"] is not None):
+        raise ProtocolError("rank %d: state %r with end %r" % (out["rank"], st, out["end"]))
     return out
 
 
@@ -329,7 +332,7 @@ TO_MEMBER = {
     "exit": lambda m: {"state": _str(m, "state", 16)},
     "hb": lambda m: {},
 }
-TO_WATCHER = {
+TO_WATCHER = {   # and to a control
     "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {}},
     "hb": lambda m: {},
 }

@@ -31,6 +31,7 @@ MAX_WATCHERS = 64
 OUT_LIMIT = 64 << 20     # bytes queued for a peer that reads nothing: then it is dropped
 CONNECT_TIMEOUT = 3.0
 NOTES_PER_MINUTE = 20
+PER_SOURCE = 16          # unauthenticated connections kept from one address
 
 now = time.time
 
@@ -127,10 +128,11 @@ class Conn:
         self.rx = self.tx = None
         self.born = self.last = now()
         try:
-            self.peer = "%s:%s" % sock.getpeername()[:2]
+            self.peer_ip, port = sock.getpeername()[:2]
+            self.peer = "%s:%s" % (self.peer_ip, port)
             self.local_addr = sock.getsockname()[0]
         except OSError:
-            self.peer, self.local_addr = "?", None
+            self.peer, self.peer_ip, self.local_addr = "?", None, None
         sock.setblocking(False)
 
     def fileno(self):
@@ -170,7 +172,7 @@ class Conn:
             data = b""
         if not data:
             self.close()
-            return []
+            return self.lines.feed(b"")   # what came complete before the end still counts
         self.last = now()
         return self.lines.feed(data)
 
@@ -215,8 +217,10 @@ def _read_line(sock, buf, deadline, limit):
         if not data:
             raise proto.ProtocolError("the head closed the connection")
         buf += data
-        if len(buf) > limit:
+        if b"\n" not in buf and len(buf) > limit:
             raise proto.ProtocolError("an over-long line during the handshake")
+    if buf.index(b"\n") > limit:
+        raise proto.ProtocolError("an over-long line during the handshake")
     line, _, rest = bytes(buf).partition(b"\n")
     buf[:] = rest
     return line
@@ -287,7 +291,9 @@ class Supervisor:
         self.stop_request = None
         self.last_beat = 0.0
         self.events = []
-        self.notes = [0.0, 0, 0]       # drop(): [window start, lines this window, connections not logged]
+        self.notes = [0.0, 0, 0]       # drop_note(): [window start, lines this window, lines not logged]
+        self.paused_until = 0.0        # listeners not polled until then (out of descriptors)
+        self.member_hosts = set()      # hosts whose member has authenticated (a second join is refused)
         self.head = None
         self.head_conn = None
         self.head_used = None
@@ -343,6 +349,7 @@ class Supervisor:
                 self.member_tick(changed)
 
     def io(self, timeout):
+        self.resume_listeners()
         try:
             ready = self.sel.select(timeout)
         except InterruptedError:
@@ -374,41 +381,71 @@ class Supervisor:
                 conn.flush()
 
     def accept(self, listener):
+        """Take new connections. Before authentication at most MAX_PENDING + one per host are kept,
+        at most PER_SOURCE from one address: a newcomer beyond either cap evicts the oldest
+        unauthenticated connection (of its own address first), so a flood cannot keep the run's
+        own peers out, only make them retry. Out of descriptors: the listeners pause a second."""
         for _ in range(64):
             try:
-                sock, _addr = listener.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    note(self.host, "cannot accept a connection: %s" % exc)
+                    self.pause_listeners("cannot accept a connection: %s" % exc)
                 return
-            pending = sum(1 for c in self.conns if not c.authed)
-            hosts = len(self.head.hosts)
-            if pending >= MAX_PENDING + hosts or len(self.conns) >= MAX_PENDING + MAX_WATCHERS + 2 * hosts:
-                sock.close()   # MaxStartups: the run's own peers retry
-                continue
+            pending = [c for c in self.conns if not c.authed]
+            same = [c for c in pending if c.peer_ip == addr[0]]
+            if len(same) >= PER_SOURCE:
+                self.drop(same[0], "evicted: %d unauthenticated connections from %s" % (len(same) + 1, addr[0]))
+            elif len(pending) >= MAX_PENDING + len(self.head.hosts):
+                self.drop(pending[0], "evicted: %d unauthenticated connections" % (len(pending) + 1))
             conn = Conn(sock)
             conn.register(self.sel)
             self.conns.append(conn)
 
+    def pause_listeners(self, why):
+        """No descriptor left: stop polling the listeners for a second (they would be readable at
+        once, every time) and say so once."""
+        if self.paused_until:
+            return
+        self.paused_until = now() + 1.0
+        for s in self.listeners:
+            try:
+                self.sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+        self.drop_note(why + "; not accepting for 1 s")
+
+    def resume_listeners(self):
+        if self.paused_until and now() >= self.paused_until:
+            self.paused_until = 0.0
+            for s in self.listeners:
+                try:
+                    self.sel.register(s, selectors.EVENT_READ, "listen")
+                except (KeyError, ValueError, OSError):
+                    pass
+
     def drop(self, conn, why):
-        """Close one connection, and say why in agent.log: at most NOTES_PER_MINUTE lines a minute
-        (a flood of bad connections must not fill the disk), then how many more were closed."""
+        """Close one connection, and say why in agent.log (drop_note)."""
         if not conn.closed:
-            t = now()
-            if t - self.notes[0] >= 60:
-                if self.notes[2]:
-                    note(self.host, "closed %d more connections in the last minute (not logged one by one)"
-                         % self.notes[2])
-                self.notes = [t, 0, 0]
-            self.notes[1] += 1
-            if self.notes[1] <= NOTES_PER_MINUTE:
-                note(self.host, "closed the connection from %s%s: %s" % (
-                    conn.peer, " (%s %s)" % (conn.role, conn.host or "") if conn.role else "", why))
-            else:
-                self.notes[2] += 1
+            self.drop_note("closed the connection from %s%s: %s" % (
+                conn.peer, " (%s %s)" % (conn.role, conn.host or "") if conn.role else "", why))
         self.forget(conn)
+
+    def drop_note(self, text):
+        """A line in agent.log about a peer: at most NOTES_PER_MINUTE a minute (a flood of bad
+        connections must not fill the disk), then how many more there were."""
+        t = now()
+        if t - self.notes[0] >= 60:
+            if self.notes[2]:
+                note(self.host, "%d more such lines in the last minute (not logged one by one)" % self.notes[2])
+            self.notes = [t, 0, 0]
+        self.notes[1] += 1
+        if self.notes[1] <= NOTES_PER_MINUTE:
+            note(self.host, text)
+        else:
+            self.notes[2] += 1
 
     def forget(self, conn):
         conn.close()
@@ -451,7 +488,7 @@ class Supervisor:
             want = proto.client_proof(self.token, self.run_id, conn.role, conn.host, conn.nc, conn.ns)
             if not hmac.compare_digest(proof, want):
                 raise proto.ProtocolError("authentication failed")
-            if conn.role == "member" and not self.head.can_join(conn.host):
+            if conn.role == "member" and (conn.host in self.member_hosts or not self.head.can_join(conn.host)):
                 conn.send(proto.refused("host %s has joined this run already" % conn.host))
                 conn.flush()
                 raise proto.ProtocolError("a second join for host %s refused" % conn.host)
@@ -462,12 +499,13 @@ class Supervisor:
             conn.authenticated(c2s, s2c, proto.LINE)
             conn.stage = "ok"
             if conn.role == "member":
+                self.member_hosts.add(conn.host)
                 self.events.append(heads.joined(conn.host, conn.local_addr))
                 if self.head.phase in (heads.Phase.RUN,):   # joined late: start with everyone else
                     conn.send(proto.start(self.head.doc["attempt"], self.head.doc["head_address"] or ""))
                 elif self.head.phase == heads.Phase.DONE:
                     conn.send(proto.exit_(self.head.doc["state"]))
-            elif conn.role == "watcher":
+            else:   # a watcher, or a control (`agent.py stop`) waiting for the run's end
                 conn.send(proto.state(self.head.doc))
             return
         raise proto.ProtocolError("unexpected stage")
@@ -522,7 +560,7 @@ class Supervisor:
 
     def publish(self):
         self.save()
-        self.broadcast(proto.state(self.head.doc), roles=("watcher",))
+        self.broadcast(proto.state(self.head.doc), roles=("watcher", "control"))
 
     # ---- member
     def join(self):
@@ -533,10 +571,8 @@ class Supervisor:
         while now() < deadline and self.stop_request is None:
             try:
                 conn, addr = open_client(addresses, port, self.token, self.run_id, "member", self.host, proto.LINE)
-            except proto.ProtocolError as exc:
+            except proto.ProtocolError as exc:   # another process on that port, or a refusal: retry
                 err = exc
-                if "refused" in str(exc) or "could not prove" in str(exc):
-                    break
                 time.sleep(0.5)
                 continue
             except OSError as exc:
@@ -546,6 +582,12 @@ class Supervisor:
             self.head_conn, self.head_used = conn, addr
             conn.register(self.sel)
             write_atomic(os.path.join(self.rundir, INFO), json.dumps(dict(self.info(), head_address=addr)), 0o600)
+            return
+        if self.stop_request is not None:
+            note(self.host, "stopped by %s before joining the run's head" % self.stop_request)
+            self.member_state = RunState.STOPPED
+            self.save()
+            self.done = True
             return
         note(self.host, "could not reach the run's head at %s port %s: %s"
              % (", ".join(str(a) for a in addresses), port, err))

@@ -77,7 +77,8 @@ class HeadUnderTest:
                "stopping": None, "live": True,
                "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": 4242, "state": "running", "exit_code": None,
                           "signal": None, "start": time.time(), "end": None, "attempt": 1}]}
-        self.member.sock.sendall(self.member.tx.seal(proto.report(rep)))
+        self.last_frame = self.member.tx.seal(proto.report(rep))
+        self.member.sock.sendall(self.last_frame)
 
     def healthy(self):
         """The run goes on: the head's loop alive, h2 joined and heard, the run running."""
@@ -164,10 +165,10 @@ def test_a_replayed_or_forged_frame_closes_that_connection(head):
     tampered = stop.replace(b'"x"', b'"y"')
     c.sock.sendall(tampered)
     assert closed_by_peer(c.sock)
-    # a frame of the member's, replayed on another connection
+    # a frame the member sent, replayed on another connection, and on the member's own
     w, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
     w.sock.setblocking(True)
-    w.sock.sendall(head.member.tx.seal(proto.stop("replayed")))
+    w.sock.sendall(head.last_frame)
     assert closed_by_peer(w.sock)
     assert head.sup.head.stop_request is None
     head.healthy()
@@ -274,3 +275,55 @@ def test_no_listener_on_the_wildcard_address(tmp_path):
         for s in listeners:
             s.close()
     assert os.getuid() >= 0
+
+
+def test_a_flood_from_one_address_cannot_keep_the_runs_peers_out(head):
+    """More unauthenticated connections than the caps: a newcomer evicts the oldest (of its own
+    address first), so a real client still gets through while the flood holds its sockets."""
+    socks = [raw(head.port) for _ in range(300)]
+    try:
+        time.sleep(0.3)
+        assert sum(1 for c in head.sup.conns if not c.authed) <= S.PER_SOURCE
+        c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+        c.close()
+        head.healthy()
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_control_hears_the_runs_state(head):
+    """`agent.py stop` (a control) is sent the run's document on welcome and on every change, so it
+    can say how the run ended."""
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "control", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    c.sock.settimeout(5)
+    buf = b""
+    while b"\n" not in buf:
+        buf += c.sock.recv(65536)
+    line = buf.split(b"\n", 1)[0]
+    t, f = proto.parse(proto.TO_WATCHER, c.rx.open(line, proto.WATCH_LINE))
+    assert t == "state" and f["state"]["run"] == "r1"
+    c.close()
+
+
+def test_the_handshake_reads_the_welcome_whatever_follows_it():
+    """The head sends `welcome` and at once the run's document (megabytes for a large run): a
+    client that reads them together takes the first line, never calls the rest an over-long line."""
+    a, b = socket.socketpair()
+    try:
+        b.sendall(b'{"t":"welcome"}\n' + b"x" * 50_000)
+        buf = bytearray()
+        line = S._read_line(a, buf, time.time() + 5, proto.PREAUTH_LINE)
+        assert line == b'{"t":"welcome"}' and len(buf) > proto.PREAUTH_LINE   # what follows is kept
+    finally:
+        a.close()
+        b.close()
+    a, b = socket.socketpair()
+    try:
+        b.sendall(b"y" * 2000 + b"\n")
+        with pytest.raises(proto.ProtocolError, match="over-long"):
+            S._read_line(a, bytearray(), time.time() + 5, proto.PREAUTH_LINE)
+    finally:
+        a.close()
+        b.close()

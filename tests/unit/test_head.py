@@ -400,3 +400,24 @@ def test_a_report_with_an_unknown_state_never_reaches_decide(bad):
     from orchestrator.agent import protocol
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_report({"host": "a", "attempt": 1, "ranks": [bad], "procs": [], "out": 0, "live": True})
+
+
+def test_a_host_lost_while_a_failed_attempt_stops_is_not_restarted():
+    head = running(restarts=3)
+    H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 4)})], T0 + 4)
+    H.decide(head, [H.gone("b")], T0 + 4.2)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 4.3), 1: ("stopped", None, 15, T0 + 4.3)},
+                        live=False)], T0 + 4.5)
+    assert head.phase == H.Phase.DONE and head.state == RunState.FAILED
+    assert "not restarted: lost contact with host b" in head.doc["message"]
+
+
+def test_a_report_of_an_ended_rank_without_an_end_is_refused():
+    from orchestrator.agent import protocol
+
+    base = {"rank": 0, "pid": 1, "exit_code": 0, "signal": None, "start": 1.0, "attempt": 1}
+    with pytest.raises(protocol.ProtocolError):
+        protocol._parse_rank({**base, "state": "exited", "end": None})
+    with pytest.raises(protocol.ProtocolError):
+        protocol._parse_rank({**base, "state": "running", "end": 5.0})
+    assert protocol._parse_rank({**base, "state": "exited", "end": 5.0})["state"] == "exited"
