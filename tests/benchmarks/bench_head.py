@@ -101,7 +101,7 @@ def hostile(port: int) -> None:
             assert state(cfg).get("state") == "running"   # the run goes on, unharmed
             print(f"head at rest: RSS {base:.1f} MiB")
             print(f"1,000 idle unauthenticated connections: RSS {idle:.1f} MiB, head CPU {c1 - c0:.2f} s "
-                  f"(at most {S.MAX_PENDING} + one per host kept; the rest closed at once)")
+                  f"(at most {S.PER_SOURCE} kept from one address: a newcomer evicts the oldest)")
             print(f"150 connections x 1 MB without a newline: RSS {lines:.1f} MiB, head CPU {c2 - c1:.2f} s "
                   f"(each closed at {proto.PREAUTH_LINE} bytes)")
             print(f"rejecting one bad connection (connect, `[]`, closed): median "
