@@ -26,7 +26,7 @@ from .plan import RankPlan
 from .model import Cluster, Host
 
 # the names the hosts' supervisor uses too: one copy, in the agent package
-from .agent.layout import AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, LOCK, RANK_DIRS_VAR, RANK_OUTPUT_VAR, RUN_VAR
+from .agent.layout import AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR, RANK_OUTPUT_VAR, RUN_VAR
 from .agent.layout import ATTEMPT_DIR_TOKEN as ATTEMPT_DIR
 from .agent.layout import ORCH_DIR
 # In an argv or env value: the launch host's address as the other hosts reached it (torchrun's and

@@ -24,7 +24,7 @@ import sys
 import time
 
 from . import protocol as proto
-from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, DIR_VAR, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
+from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
                      STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json, write_atomic)
 from .procs import pid_of_run, run_pids, run_rank
 from .server import HEARTBEAT, TICK, Supervisor, listen, note, open_client, read_info

@@ -109,7 +109,7 @@ def decode(line, limit):
     try:
         m = json.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ProtocolError("not JSON: %s" % str(exc)[:80])
+        raise ProtocolError("not JSON: %s" % str(exc)[:80]) from None
     if not isinstance(m, dict) or not isinstance(m.get("t"), str):
         raise ProtocolError("not a message (a JSON object with a type 't')")
     return m
@@ -285,7 +285,7 @@ def _parse_rank(r):
     try:
         RankState(st)
     except ValueError:
-        raise ProtocolError("unknown rank state %r" % st)
+        raise ProtocolError("unknown rank state %r" % st) from None
     out = {"rank": _int(r, "rank", lo=0), "state": st, "pid": _int(r, "pid", optional=True),
            "exit_code": _int(r, "exit_code", optional=True), "signal": _int(r, "signal", optional=True),
            "start": _num(r, "start", optional=True), "end": _num(r, "end", optional=True),

@@ -213,7 +213,7 @@ def _read_line(sock, buf, deadline, limit):
         try:
             data = sock.recv(4096)
         except socket.timeout:
-            raise proto.ProtocolError("the head did not answer in time")
+            raise proto.ProtocolError("the head did not answer in time") from None
         if not data:
             raise proto.ProtocolError("the head closed the connection")
         buf += data
