@@ -218,7 +218,8 @@ def plan_commands(cluster: Cluster) -> dict:
     cmds = {"allocate": sbatch_argv(cluster.slurm, job_name(cluster.name), cluster.job.workdir),
             "head step": step_argv(nodes[:1], PY, rdir)}
     if n > 1:
-        cmds["members step"] = step_argv(nodes[1:], PY, rdir, "--head-port", "<port>")
+        cmds["members step"] = step_argv(nodes[1:], PY, rdir, "--head-port", "<port>",
+                                         "--head-addresses", "<addresses>")
     return {"batch_script": batch_script(cluster.job.workdir), "commands": cmds}
 
 
