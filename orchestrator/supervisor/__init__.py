@@ -108,7 +108,8 @@ def _write_agent(rdir: str) -> str:
     lines = [f"mkdir -p {q(base.rsplit('/', 1)[0] or '/')} || exit 1"]
     for d in (base, rdir, pkg):
         lines.append(f"mkdir -m 700 {q(d)} 2>/dev/null || {{ [ -d {q(d)} ] && [ ! -L {q(d)} ] && [ -O {q(d)} ]; }} "
-                     f"|| {{ echo 'orch: {d} is not a directory of this user' >&2; exit 1; }}")
+                     f"|| {{ printf 'orch: %s is not a directory of this user (a link, or another user owns it)\\n' "
+                     f"{q(d)} >&2; exit 1; }}")
         lines.append(f"chmod 700 {q(d)} || exit 1")
     for name, src in agent_sources().items():
         assert "\nORCH_AGENT_EOF\n" not in src

@@ -225,3 +225,28 @@ def test_wrapper_gives_the_rank_the_runs_secrets_from_its_supervisors_file(tmp_p
     (tmp_path / layout.SECRETS).unlink()
     res = run_rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "1"}, ["sh", "-c", "echo \"[$HF_TOKEN]\""])
     assert res.stdout == "[]\n"
+
+
+def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tmp_path):
+    """The script that makes the run directory and writes the agent package: a workdir full of
+    shell syntax runs nothing; a `.orch` that is a link is refused in one line, nothing written."""
+    import os
+
+    from orchestrator import supervisor
+
+    wd = tmp_path / "it's $(touch pwned1) `touch pwned2` ; x & y"
+    wd.mkdir()
+    rdir = wd / ".orch" / "R1"
+    res = subprocess.run(["sh", "-c", supervisor._write_agent(str(rdir))], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert not list(tmp_path.glob("pwned*")) and (rdir / "agent.py").is_file()
+    assert oct(rdir.stat().st_mode & 0o777) == "0o700" and (rdir / "orch_agent" / "cli.py").is_file()
+    other = tmp_path / "w2"
+    other.mkdir()
+    os.symlink(tmp_path / "elsewhere", other / ".orch")
+    (tmp_path / "elsewhere").mkdir()
+    res = subprocess.run(["sh", "-c", supervisor._write_agent(str(other / ".orch" / "R1"))], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 1 and "is not a directory of this user" in res.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
