@@ -84,6 +84,7 @@ class Head:
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
         self.stop_request = None
+        self.lost_why = {}            # host -> what was seen when it was counted lost
         self.outcome = None           # (state, message) of the attempt that is ending
         self.settle_until = 0.0
         self.stop_sent = False
@@ -203,6 +204,9 @@ def _notice_lost(head, now):
     for name, h in head.others():
         if h.joined and name not in head.doc["lost"] and (not h.connected or now - h.last > head.lost_after):
             head.doc["lost"].append(name)
+            # what was seen, no more: a closed connection, or silence (a cut link closes nothing)
+            head.lost_why[name] = ("the connection to its supervisor closed" if not h.connected else
+                                   "its supervisor was silent for %.1fs" % (now - h.last))
             changed = True
     return changed
 
@@ -305,11 +309,11 @@ def duty_lost(head, now):
     if not lost:
         return None
     ranks = rank_ranges(r["rank"] for r in head.doc["ranks"] if r["host"] in lost)
-    return (RunState.LOST, "lost contact with host %s (%s): its supervisor disconnected or stopped answering "
-            "(silent for %gs counts as lost). The run was stopped on every other host; a supervisor that loses "
-            "the launch host stops its own ranks. Once the host is reachable, `orch status --run %s` shows them "
-            "and `orch down --run %s` cleans up" % (", ".join(lost), ranks, head.lost_after, head.run_id,
-                                                    head.run_id), 0.0)
+    seen = "; ".join(("%s: " % n if len(lost) > 1 else "") + head.lost_why.get(n, "lost") for n in lost)
+    return (RunState.LOST, "lost contact with host %s (%s): %s. The run was stopped on every other host; a "
+            "supervisor that loses the launch host stops its own ranks. Once the host is reachable, `orch status "
+            "--run %s` shows them and `orch down --run %s` cleans up" % (", ".join(lost), ranks, seen, head.run_id,
+                                                                          head.run_id), 0.0)
 
 
 def duty_fail_fast(head, now):

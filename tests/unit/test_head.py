@@ -178,7 +178,8 @@ def test_a_failed_launcher_is_named_after_its_ranks_had_their_grace():
 def test_a_member_whose_connection_closes_is_lost_and_the_run_ends_lost():
     head = running()
     _, actions = H.decide(head, [H.gone("b")], T0 + 3)
-    assert head.doc["lost"] == ["b"] and "lost contact with host b (ranks 2-3)" in head.doc["message"]
+    assert head.doc["lost"] == ["b"] and "lost contact with host b (ranks 2-3): the connection to its supervisor " \
+        "closed." in head.doc["message"]
     assert "stop" in kinds(actions)
     H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 3.2), 1: ("stopped", None, 15, T0 + 3.2)},
                         live=False)], T0 + 3.5)
@@ -191,7 +192,7 @@ def test_a_silent_member_is_lost_after_lost_after_seconds_not_before():
     H.decide(head, [rep(head, "a", {})], T0 + 11)
     assert head.doc["lost"] == []
     H.decide(head, [rep(head, "a", {})], T0 + 11.6)
-    assert head.doc["lost"] == ["b"]
+    assert head.doc["lost"] == ["b"] and "its supervisor was silent for 10.1s" in head.doc["message"]
 
 
 # --------------------------------------------------------------------------- stalls, time-out, restarts
