@@ -89,21 +89,21 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
         cfg["head_port"] = int(head_port)
     if head_addresses:
         cfg["head_addresses"] = [a for a in head_addresses.split(",") if a]
+    listeners, advertised = [], []
     try:
         private_dir(orch_dir(cfg["workdir"]))
         private_dir(rundir)
         lock_fd, holder = lock_workdir(cfg["workdir"], cfg["run_id"])
+        if lock_fd is None:
+            print("busy %s" % holder)
+            return 3
+        if cfg["role"] == "head":
+            given = list(cfg.get("head_addresses") or [cfg.get("head_address") or "127.0.0.1"])
+            listeners, cfg["head_port"], advertised = listen(given, bool(cfg.get("head_pinned")))
+            cfg["head_addresses"] = advertised
     except OSError as exc:
         sys.stderr.write("orch: the run's supervisor cannot start: %s\n" % exc)
         return 1
-    if lock_fd is None:
-        print("busy %s" % holder)
-        return 3
-    listeners, advertised = [], []
-    if cfg["role"] == "head":
-        given = list(cfg.get("head_addresses") or [cfg.get("head_address") or "127.0.0.1"])
-        listeners, cfg["head_port"], advertised = listen(given, bool(cfg.get("head_pinned")))
-        cfg["head_addresses"] = advertised
     info = {k: cfg.get(k) for k in ("run_id", "host", "role", "head_addresses", "head_port", "launcher")}
     info["token"] = cfg["token"]
     write_atomic(os.path.join(rundir, INFO), json.dumps(info), 0o600)

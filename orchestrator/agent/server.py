@@ -62,15 +62,19 @@ def local_addresses():
     return out
 
 
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
 def listen(addresses, pinned, backlog=256):
-    """Listening sockets on one port for each of `addresses` that is this host's (and for
-    127.0.0.1, for local clients), plus, unless pinned, the host's other addresses. Returns
-    (sockets, port, advertised addresses in preference order)."""
-    want = list(addresses)
-    if not pinned:
-        want += [a for a in local_addresses() if a not in want]
-    socks, port, advertised = [], 0, []
-    for addr in ["127.0.0.1"] + [a for a in want if a not in ("127.0.0.1", "localhost")]:
+    """Listening sockets on one port, never on the wildcard address: on 127.0.0.1 (local clients),
+    on each of `addresses` (the controller's, in preference order) that is this host's, and on the
+    host's other addresses unless pinned, or when none of `addresses` is this host's (a NAT's or a
+    name the hosts resolve elsewhere: the address still reaches us from outside). Returns
+    (sockets, port, advertised addresses: `addresses` first, then the others listened on).
+    OSError when only loopback could be bound and the hosts are elsewhere."""
+    socks = []
+
+    def bind(addr, port):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -79,34 +83,23 @@ def listen(addresses, pinned, backlog=256):
             s.setblocking(False)
         except OSError:
             s.close()
-            continue
-        port = s.getsockname()[1]
+            return None
         socks.append(s)
-        if addr != "127.0.0.1":
-            advertised.append(addr)
-    if not advertised and addresses and addresses[0] not in ("127.0.0.1", "localhost"):
-        # none of the addresses the controller knows is this host's (NAT, a name the hosts do
-        # not resolve alike): listen everywhere on the same port, advertise what was given
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
+        return s.getsockname()[1]
+
+    port = bind("127.0.0.1", 0)
+    if port is None:
+        raise OSError("cannot listen on 127.0.0.1")
+    given = [a for a in addresses if a not in LOOPBACK]
+    bound = [a for a in given if bind(a, port)]
+    if not pinned or (given and not bound):
+        bound += [a for a in local_addresses() if a not in given and bind(a, port)]
+    if given and not bound:
+        for s in socks:
             s.close()
-            for x in socks:
-                x.close()
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("0.0.0.0", 0))
-            socks = []
-        s.listen(backlog)
-        s.setblocking(False)
-        socks.append(s)
-        port = s.getsockname()[1]
-        advertised = list(addresses)
-    if not advertised:
-        advertised = ["127.0.0.1"]
-    return socks, port, advertised
+        raise OSError("cannot listen on %s, nor on any other address of this host" % ", ".join(given))
+    advertised = given + [a for a in bound if a not in given]
+    return socks, port, advertised or ["127.0.0.1"]
 
 
 # --------------------------------------------------------------------------- connections

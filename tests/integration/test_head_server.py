@@ -266,15 +266,29 @@ def test_authentication_cost_per_join(tmp_path):
         h.close()
 
 
-def test_no_listener_on_the_wildcard_address(tmp_path):
-    listeners, port, advertised = S.listen(["127.0.0.1"], True)
-    try:
-        assert advertised == ["127.0.0.1"]
-        assert all(s.getsockname()[0] != "0.0.0.0" for s in listeners)
-    finally:
-        for s in listeners:
-            s.close()
-    assert os.getuid() >= 0
+def test_the_head_never_listens_on_the_wildcard_address():
+    """Pinned to loopback (every host is this machine): loopback only. An address the controller
+    gives that is not this host's (a NAT's): still advertised first, and the head listens on its
+    own addresses instead, never on 0.0.0.0. Unpinned: its own addresses too, the given first."""
+    own = S.local_addresses()
+
+    def listened(addresses, pinned):
+        socks, _, advertised = S.listen(addresses, pinned)
+        try:
+            return sorted(x.getsockname()[0] for x in socks), advertised
+        finally:
+            for x in socks:
+                x.close()
+
+    assert listened(["127.0.0.1"], True) == (["127.0.0.1"], ["127.0.0.1"])
+    got, advertised = listened(["192.0.2.254"], True)   # TEST-NET-1: not this host's (nothing is sent to it)
+    assert "0.0.0.0" not in got and got == sorted(["127.0.0.1", *own])
+    assert advertised == ["192.0.2.254", *own]
+    if own:
+        got, advertised = listened([own[-1]], True)
+        assert got == sorted(["127.0.0.1", own[-1]]) and advertised == [own[-1]]
+        got, advertised = listened([own[-1]], False)
+        assert got == sorted(["127.0.0.1", *own]) and advertised[0] == own[-1]
 
 
 def test_a_flood_from_one_address_cannot_keep_the_runs_peers_out(head):
