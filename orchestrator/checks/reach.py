@@ -2,7 +2,8 @@
 supervisors (and torchrun's / msrun's master, MASTER_ADDR) will; not only ssh from here.
 
 How, without a session of its own: the launch host's probe opens a listener first thing (python3,
-which the run's supervisor needs anyway, on a port the kernel picks, every address) and prints
+which the run's supervisor needs anyway, on a port the kernel picks, on each address the hosts
+will test, never the wildcard) and prints
 its port and its global IPv4 addresses; `orch check` hands them (Relay) to the other hosts'
 probes, which it sends once they are known (their SSH handshakes go on meanwhile). Each of those
 connects to every candidate at once (the address the run will use first: launchers.head_reach,
@@ -38,29 +39,40 @@ ENV_IN, ENV_OUT = "ORCH_REACH_IN", "ORCH_REACH_OUT"  # the tokens, in the enviro
 # Both programs compare tokens with hmac.compare_digest's own C function (_operator's): importing
 # hmac loads hashlib and OpenSSL, ~30 ms of every start.
 #
-# The listener: bind (dual-stack when the host has IPv6), print the port, detach (a new session,
-# stdio on /dev/null: the probe's output ends without it), then answer until every one of N hosts
-# came (+GRACE) or CAP seconds passed. argv: N CAP GRACE PEER_TIMEOUT READ_LIMIT.
+# The listener: bind one port on each address it is given (the ones the hosts will test: the
+# run's first address, argv, and the host's global addresses ADDRS_SH printed, on stdin), never on
+# the wildcard; print the port, detach (a new session, stdio on /dev/null: the probe's output ends
+# without it), then answer until every one of N hosts came (+GRACE) or CAP seconds passed.
+# argv: N CAP GRACE PEER_TIMEOUT READ_LIMIT ADDRESS.
 LISTEN_PY = r"""import os,sys,socket,select,time
 from _operator import _compare_digest as eq
 n,cap,grace,pt,lim=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]),int(sys.argv[5])
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode()
-try:
- s=socket.socket(socket.AF_INET6);s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0);s.bind(("::",0))
-except (OSError,AttributeError):
- s=socket.socket();s.bind(("",0))
-s.listen(128);print(s.getsockname()[1]);sys.stdout.flush()
+want=sys.argv[6:]+[l.split()[1] for l in sys.stdin.read(65536).splitlines() if l.startswith("addr ")]
+ss,p=[],0
+for a in want:
+ try:
+  for f,_,_,_,sa in socket.getaddrinfo(a,p,0,socket.SOCK_STREAM):
+   x=socket.socket(f)
+   try:x.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);x.bind(sa);x.listen(128);ss.append(x);p=x.getsockname()[1]
+   except OSError:x.close()
+ except OSError:pass
+if not ss:sys.exit("cannot listen on "+(" ".join(want) or "any address"))
+print(p);sys.stdout.flush()
 if os.fork():os._exit(0)
 os.setsid();d=os.open(os.devnull,os.O_RDWR)
 for i in (0,1,2):os.dup2(d,i)
-k=s.fileno();os.closerange(3,k);os.closerange(k+1,min(65536,os.sysconf("SC_OPEN_MAX")))
+j=3
+for k in sorted(x.fileno() for x in ss):os.closerange(j,k);j=k+1
+os.closerange(j,min(65536,os.sysconf("SC_OPEN_MAX")))
 t0=time.monotonic();end=t0+cap;seen=set()
 while 1:
  w=end-time.monotonic()
- if w<=0 or not select.select([s],[],[],w)[0]:break
+ r=select.select(ss,[],[],w)[0] if w>0 else []
+ if not r:break
  c=None
  try:
-  c,_=s.accept();c.settimeout(pt);b=b""
+  c,_=r[0].accept();c.settimeout(pt);b=b""
   while b"\n" not in b and len(b)<lim:
    x=c.recv(lim-len(b))
    if not x:break
@@ -150,12 +162,13 @@ def listen_body(plan) -> str:
     listener's port (`listen PORT`) or why there is none (`nolisten WHY`)."""
     q = shlex.quote
     tin, tout = tokens(plan)
-    parts = [ADDRS_SH]
+    parts = [f"orch_reach_addrs=$({ADDRS_SH})", 'printf \'%s\\n\' "$orch_reach_addrs"']
     if plan.cluster.job.interface:
         parts.append(probes.interface_script(plan.cluster.job.interface, plan.launch.cluster_address))
-    args = " ".join(str(a) for a in (len(_others(plan)), f"{reach_cap(plan):g}", f"{GRACE:g}", f"{PEER_TIMEOUT:g}",
-                                      READ_LIMIT))
-    parts.append(f"p=$({ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} $T {' '.join(PY)} -c {q(LISTEN_PY)} {args} 2>&1) "
+    args = " ".join(q(str(a)) for a in (len(_others(plan)), f"{reach_cap(plan):g}", f"{GRACE:g}", f"{PEER_TIMEOUT:g}",
+                                         READ_LIMIT, plan.launch.cluster_address))
+    parts.append(f"p=$(printf '%s\\n' \"$orch_reach_addrs\" | {ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} $T "
+                 f"{' '.join(PY)} -c {q(LISTEN_PY)} {args} 2>&1) "
                  "&& [ -n \"$p\" ] || { printf 'nolisten %s\\n' "
                  "\"$(printf '%s' \"$p\" | tr '\\n' ' ' | cut -c1-300)\"; exit 1; }\necho \"listen $p\"")
     return "\n".join(parts)

@@ -237,7 +237,8 @@ def gone(port: int, within: float) -> bool:
 def start_listener(n: int = 1, cap: float = 20, grace: float = 0.3, peer: float = 0.5, token="a" * 64) -> int:
     env = {**os.environ, reach.ENV_IN: token[:32], reach.ENV_OUT: token[32:]}
     out = subprocess.run(["python3", "-S", "-c", reach.LISTEN_PY, str(n), str(cap), str(grace), str(peer),
-                          str(reach.READ_LIMIT)], env=env, capture_output=True, text=True, timeout=10)
+                          str(reach.READ_LIMIT), "127.0.0.1"], input="", env=env, capture_output=True, text=True,
+                         timeout=10)
     assert out.returncode == 0, out.stderr  # the listener has detached: its first process is gone
     return int(out.stdout)
 
@@ -429,3 +430,24 @@ def test_forked_fan_out_processes_get_the_listener():
                                late=late, child_late=child_late)
     forked = [o.value for o in res.values() if o.value[0] != me]
     assert forked and all(v[1] == "port 4242" for v in forked)
+
+
+
+def test_the_listener_binds_only_the_addresses_the_hosts_test_never_the_wildcard():
+    """The run's address (argv) and the host's addresses (ADDRS_SH's lines on stdin): listened on;
+    any other address of the host: refused (nothing on 0.0.0.0). Nothing bindable: it says so."""
+    env = {**os.environ, reach.ENV_IN: "a" * 32, reach.ENV_OUT: "b" * 32}
+    argv = ["python3", "-S", "-c", reach.LISTEN_PY, "1", "5", "0.3", "1", str(reach.READ_LIMIT)]
+    out = subprocess.run([*argv, "127.0.0.1"], input="addr 127.0.0.2\nother line\n", env=env, capture_output=True,
+                         text=True, timeout=10)
+    port = int(out.stdout)
+    for addr, ok in (("127.0.0.1", True), ("127.0.0.2", True), ("127.0.0.3", False)):
+        try:
+            socket.create_connection((addr, port), timeout=3).close()
+            reached = True
+        except ConnectionRefusedError:
+            reached = False
+        assert reached == ok, addr
+    assert hello(port, b"a" * 32 + b" 1\n") == b"b" * 32 + b"\n"   # and it ends (n=1)
+    bad = subprocess.run([*argv, "192.0.2.254"], input="", env=env, capture_output=True, text=True, timeout=10)
+    assert bad.returncode != 0 and "cannot listen on 192.0.2.254" in bad.stderr
