@@ -6,7 +6,6 @@ bounded (the figures are printed)."""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import socket
 import threading

@@ -192,9 +192,8 @@ def test_relay_without_a_listener_late_or_never():
     c = cluster()
     p = checks.make_check_plan(c)
     relay = reach.Relay(p, 0.2)
-    t0 = time.monotonic()
-    got = relay.plan_for(c.hosts[1]).reach
-    assert time.monotonic() - t0 < 1 and got.port == 0 and "listener was not up within 0.2s" in got.untested
+    got = relay.plan_for(c.hosts[1]).reach   # gave up after its own 0.2 s, as the message says
+    assert got.port == 0 and "listener was not up within 0.2s" in got.untested
     relay.resolve(ReachTarget(4000, (LAUNCH,), until=time.monotonic() - 1))
     got = relay.plan_for(c.hosts[1]).reach
     assert got.status == "warn" and "after the launch host's listener had closed" in got.untested
@@ -266,9 +265,8 @@ def test_the_launch_host_section_and_a_hosts_test_for_real():
     c = cluster([host(1, connection="local", address="127.0.0.1"), host(2, connection="local", address="127.0.0.2"),
                  host(3, connection="local", address="127.0.0.3")])
     p = checks.make_check_plan(c)
-    t0 = time.monotonic()
-    listen = probes.parse_listen(sh(reach.listen_body(p)))
-    assert time.monotonic() - t0 < 5, "the section waited for its listener"
+    assert reach.reach_cap(p) > 10   # a section that waited for its listener would outlive sh's time-out
+    listen = probes.parse_listen(sh(reach.listen_body(p), timeout=10))
     assert listen.port
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, not listening: refused)
@@ -287,13 +285,12 @@ def test_the_launch_host_section_and_a_hosts_test_for_real():
 
 
 def test_the_listener_answers_only_the_token_reads_bounded_bytes_and_waits_boundedly():
+    slow = start_listener(n=1, peer=60)
+    assert hello(slow, b"x" * 100_000, timeout=10) == b""        # garbage: READ_LIMIT bytes read, no answer, and
+    hello(slow, b"a" * 32 + b" 1\n")                             # ... dropped at once, not after the 60 s wait
     port = start_listener(n=1, peer=1.5)
-    silent = socket.create_connection(("127.0.0.1", port), timeout=5)  # sends nothing: dropped after 1.5 s
-    t0 = time.monotonic()
-    assert silent.recv(10) == b"" and 1 < time.monotonic() - t0 < 4
-    t0 = time.monotonic()
-    assert hello(port, b"x" * 100_000) == b""                    # garbage: READ_LIMIT bytes read, no answer,
-    assert time.monotonic() - t0 < 1                             # ... and dropped at once (not at 1.5 s)
+    silent = socket.create_connection(("127.0.0.1", port), timeout=10)  # sends nothing: dropped after 1.5 s,
+    assert silent.recv(10) == b""                                       # not left open (the 10 s would raise)
     assert hello(port, b"a" * 32 + b"\n") == b""                 # the token without a host: no answer
     assert hello(port, b"b" * 32 + b" 1\n") == b""               # the answer's half is not the question's
     assert not gone(port, 0.2)
@@ -305,8 +302,7 @@ def test_the_listener_answers_only_the_token_reads_bounded_bytes_and_waits_bound
 def test_the_listener_goes_at_its_cap_when_a_host_never_comes():
     port = start_listener(n=2, cap=1.0)
     assert hello(port, b"a" * 32 + b" 1\n") == b"a" * 32 + b"\n"
-    t0 = time.monotonic()
-    assert gone(port, 4) and time.monotonic() - t0 < 3
+    assert gone(port, 4)   # its cap (1 s), not the host that never comes
 
 
 def test_the_launch_host_lists_its_global_ipv4_addresses_with_or_without_ip(tmp_path):
@@ -381,11 +377,10 @@ def test_run_checks_sends_the_others_probes_with_the_listener():
     listen = (FIX / "listen-h1.txt").read_text()
     ok = (FIX / "to-both-ok.txt").read_text()
     ts = [Canned(c.hosts[0], lambda s: listen, delay=0.3)] + [Canned(h, lambda s: ok) for h in c.hosts[1:]]
-    t0 = time.monotonic()
     rep = checks.run_checks(c, Pool(ts))
-    for i, t in enumerate(ts[1:], 1):
+    for i, t in enumerate(ts[1:], 1):   # sent with the listener's port and addresses, after it was up
         assert f"' {i} 43179 2 198.18.149.11 198.18.149.200 2>&1" in t.scripts[0]
-        assert t.sent_at - t0 < 1.5
+        assert t.sent_at >= ts[0].sent_at
     got = {r.host: r for r in rep.results if r.check == "reach"}
     assert [got[h.name].status for h in c.hosts] == ["pass"] * 3
 
@@ -396,9 +391,7 @@ def test_run_checks_when_the_launch_host_gives_no_listener():
     c = cluster(n=3, skip=("mesh",))
     ts = [Canned(c.hosts[0], lambda s: "", connect_error=AuthError(c.hosts[0].name, "key refused"))]
     ts += [Canned(h, run_reach_section) for h in c.hosts[1:]]
-    t0 = time.monotonic()
-    rep = checks.run_checks(c, Pool(ts))
-    assert time.monotonic() - t0 < 5  # no wait for a listener that cannot come
+    rep = checks.run_checks(c, Pool(ts))   # no wait for a listener that cannot come: the message says why
     got = {r.host: r for r in rep.results if r.check == "reach"}
     assert got["rchx1-h1"].status == "error"
     for h in ("rchx1-h2", "rchx1-h3"):
