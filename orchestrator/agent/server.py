@@ -456,7 +456,8 @@ class Supervisor:
             if conn.role == "member":
                 if t == "report":
                     if fields["report"]["host"] != conn.host:
-                        raise proto.ProtocolError("a report for host %r from %s" % (fields["report"]["host"], conn.host))
+                        raise proto.ProtocolError("a report for host %r from %s"
+                                                  % (fields["report"]["host"], conn.host))
                     self.events.append(heads.reported(conn.host, fields["report"]))
                     return
                 self.events.append(heads.reported(conn.host, {"attempt": -1}))  # a sign of life

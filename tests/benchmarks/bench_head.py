@@ -64,7 +64,23 @@ def head(tmp: Path, hosts: int = 1):
     return p, cfg, int(line[2])
 
 
-def hostile(port: int) -> None:
+def flood(port: int, n: int, payload: bytes) -> list[socket.socket]:
+    """n connections to the head, each sending `payload`, after a second (the caller reads the
+    head's RSS and CPU, then closes them)."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        try:
+            if payload:
+                s.sendall(payload)
+        except OSError:
+            pass
+        socks.append(s)
+    time.sleep(1.0)
+    return socks
+
+
+def hostile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
     with tempfile.TemporaryDirectory() as d:
@@ -72,22 +88,11 @@ def hostile(port: int) -> None:
         try:
             time.sleep(0.5)
             base, c0 = rss_mib(p.pid), cpu_s(p.pid)
-            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(1000)]
-            time.sleep(1.0)
+            held = flood(port, 1000, b"")
             idle, c1 = rss_mib(p.pid), cpu_s(p.pid)
-            for s in socks:
-                s.close()
-            big = []
-            for _ in range(150):
-                s = socket.create_connection(("127.0.0.1", port))
-                try:
-                    s.sendall(b"y" * (1 << 20))
-                except OSError:
-                    pass
-                big.append(s)
-            time.sleep(1.0)
+            held += flood(port, 150, b"y" * (1 << 20))
             lines, c2 = rss_mib(p.pid), cpu_s(p.pid)
-            for s in big:
+            for s in held:
                 s.close()
             rejects = []
             for _ in range(50):
@@ -201,7 +206,7 @@ def main() -> None:
     ap.add_argument("--lab", action="store_true", help="also the crash on a 4-host lab (root)")
     ap.add_argument("--hosts", type=int, default=128)
     args = ap.parse_args()
-    hostile(0)
+    hostile()
     joins(args.hosts)
     crash_local()
     if args.lab:

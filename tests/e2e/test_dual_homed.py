@@ -24,6 +24,14 @@ def _no_pins(lab, path):
 
 
 
+def _plain(lab, tmp_path, launcher, command):
+    """A cluster file of this lab's inventory as written (nothing pinned) running `command`."""
+    doc = {"inventory": str(lab.inventory_path), "ssh": {"connect_timeout": 5},
+           "job": {"launcher": launcher, "platform": "cpu", "workdir": f"/data/dh-{launcher}",
+                   "command": ["sh", "-c", command]}}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+
+
 @pytest.mark.timeout(600)
 def test_mpirun_runs_with_a_dual_homed_launch_host_and_trains_once_btl_is_pinned(dual_homed_lab, tmp_path):
     """orch's part needs nothing: mpirun starts on the launch host and its ranks on every host,
@@ -32,10 +40,7 @@ def test_mpirun_runs_with_a_dual_homed_launch_host_and_trains_once_btl_is_pinned
     and names the fix, with which the real all-reduce trains."""
     _require_deps("python")
     lab = dual_homed_lab
-    doc = {"inventory": str(lab.inventory_path), "ssh": {"connect_timeout": 5},
-           "job": {"launcher": "mpirun", "platform": "cpu", "workdir": "/data/dh-mpirun",
-                   "command": ["sh", "-c", 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname)"']}}
-    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+    _plain(lab, tmp_path, "mpirun", 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname)"')
     rec, _ = up_ok(tmp_path, timeout=240)
     assert rec["head"] == lab.host_name(1)
     res = orch("check", cwd=tmp_path, timeout=120)
@@ -53,11 +58,8 @@ def test_mpirun_runs_with_a_dual_homed_launch_host_and_trains_once_btl_is_pinned
 @pytest.mark.timeout(300)
 def test_ranktable_ranks_see_the_address_the_hosts_reach(dual_homed_lab, tmp_path):
     lab = dual_homed_lab
-    doc = {"inventory": str(lab.inventory_path), "ssh": {"connect_timeout": 5},
-           "job": {"launcher": "ranktable", "platform": "cpu", "workdir": "/data/dh-ranktable",
-                   "command": ["sh", "-c", 'echo "$RANK_ID $MASTER_ADDR"']}}
-    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
-    rec, _ = up_ok(tmp_path, timeout=240)
+    _plain(lab, tmp_path, "ranktable", 'echo "$RANK_ID $MASTER_ADDR"')
+    up_ok(tmp_path, timeout=240)
     out = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode()
     addrs = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert addrs == {lab.peer_address(1)}, out   # network B: what hosts 2 and 3 reach
