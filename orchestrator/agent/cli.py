@@ -25,9 +25,9 @@ import time
 
 from . import protocol as proto
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
-                     STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json, write_atomic)
+                     STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
 from .procs import pid_of_run, run_pids, run_rank
-from .server import HEARTBEAT, TICK, Supervisor, listen, note, open_client, read_info
+from .server import HEARTBEAT, TICK, Supervisor, listen, note, open_client, read_info, write_info
 from .states import RunState, run_state
 
 now = time.time
@@ -104,9 +104,7 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     except OSError as exc:
         sys.stderr.write("orch: the run's supervisor cannot start: %s\n" % exc)
         return 1
-    info = {k: cfg.get(k) for k in ("run_id", "host", "role", "head_addresses", "head_port", "launcher")}
-    info["token"] = cfg["token"]
-    write_atomic(os.path.join(rundir, INFO), json.dumps(info), 0o600)
+    write_info(rundir, cfg)
     said = "ok %d %s %s" % (os.getpid(), cfg.get("head_port") or 0, ",".join(advertised) or "-")
     if foreground:
         sys.stdout.write(said + "\n")

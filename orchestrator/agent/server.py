@@ -575,7 +575,7 @@ class Supervisor:
                 continue
             self.head_conn, self.head_used = conn, addr
             conn.register(self.sel)
-            write_atomic(os.path.join(self.rundir, INFO), json.dumps(dict(self.info(), head_address=addr)), 0o600)
+            write_info(self.rundir, self.cfg, head_address=addr)
             return
         if self.stop_request is not None:
             note(self.host, "stopped by %s before joining the run's head" % self.stop_request)
@@ -588,9 +588,6 @@ class Supervisor:
         self.member_state = RunState.LOST
         self.save()
         self.done = True
-
-    def info(self):
-        return read_info(self.rundir) or {}
 
     def on_head_message(self, m):
         t, f = proto.parse(proto.TO_MEMBER, m)
@@ -668,6 +665,13 @@ class Supervisor:
         for c in list(self.conns) + ([self.head_conn] if self.head_conn else []):
             c.close()
         self.local.drop_secrets()
+
+
+def write_info(rundir, cfg, **more):
+    """agent.json: how local clients (watch, stop) reach the run's head; it holds the run's token
+    (0600, in a 0700 directory)."""
+    info = {k: cfg.get(k) for k in ("run_id", "host", "role", "head_addresses", "head_port", "launcher", "token")}
+    write_atomic(os.path.join(rundir, INFO), json.dumps(dict(info, **more)), 0o600)
 
 
 def read_info(rundir):
