@@ -68,6 +68,7 @@ class Host:
     connect_timeout: float | None = None  # ssh_config's ConnectTimeout (ssh.connect_timeout, if set, wins)
     super_device_ids: Mapping[int, int] = field(default_factory=dict)  # Atlas A3: {device id: SDID}
     super_pod_id: int | None = None      # Atlas A3: the SuperPoD the host is in (rank table 1.2)
+    spare: bool = False                  # gets no ranks; takes a lost host's place (plan.RankPlan.spares)
 
     @property
     def ssh_address(self) -> str:

@@ -47,7 +47,7 @@ Validation collects every violation into one PlanError (exit code 2):
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from . import sh
@@ -89,6 +89,7 @@ class RankPlan:
     launcher: str = "mpirun"
     platform: str = "cpu"
     warnings: tuple[str, ...] = ()
+    spares: tuple[Host, ...] = ()   # hosts with no ranks, in inventory order: each can take a lost host's place
     _index: Mapping[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +108,16 @@ class RankPlan:
     @property
     def launch_host(self) -> Host:
         return self.hosts[0]
+
+    @property
+    def all_hosts(self) -> tuple[Host, ...]:
+        """The hosts that run ranks, then the spares: every host orch checks, syncs and supervises."""
+        return self.hosts + self.spares
+
+    def can_replace(self, name: str, spare: Host) -> bool:
+        """May `spare` take host `name`'s place: not the launch host (the run's head lives there),
+        and the same devices (its ranks keep their DEVICE_ID)."""
+        return name != self.launch_host.name and self.host(name).devices == spare.devices
 
     def host(self, name: str) -> Host:
         return self.hosts[self._lookup(name)[0]]
@@ -136,7 +147,26 @@ class RankPlan:
                       for i, h in enumerate(self.hosts)],
             "ranks": [r.to_dict() for r in self.ranks],
             "warnings": list(self.warnings),
+            **({"spares": [{"name": h.name, "address": h.address, "devices": list(h.devices)} for h in self.spares]}
+               if self.spares else {}),
         }
+
+
+def replaced(plan: RankPlan, swaps: Mapping[str, str]) -> RankPlan:
+    """The plan with host OLD's ranks on spare NEW for each OLD -> NEW of `swaps`: same rank
+    count, same rank order, same local ranks and device ids; the spare takes its place in the
+    host order (what the head renders on the cluster when it replaces a lost host)."""
+    spares = {h.name: h for h in plan.spares}
+    unknown = [n for n in swaps.values() if n not in spares]
+    if unknown:
+        raise KeyError(f"not a spare of the plan: {', '.join(unknown)}")
+    hosts = tuple(replace(spares[swaps[h.name]], spare=False) if h.name in swaps else h for h in plan.hosts)
+    by_name = {h.name: h for h in hosts}
+    ranks = tuple(replace(r, host=swaps[r.host], address=by_name[swaps[r.host]].cluster_address)
+                  if r.host in swaps else r for r in plan.ranks)
+    used = set(swaps.values())
+    return RankPlan(ranks=ranks, hosts=hosts, launcher=plan.launcher, platform=plan.platform,
+                    warnings=plan.warnings, spares=tuple(h for h in plan.spares if h.name not in used))
 
 
 # --------------------------------------------------------------------------- ordering
@@ -170,9 +200,11 @@ def by_super_pod(hosts: tuple[Host, ...]) -> tuple[Host, ...]:
 def make_plan(cluster: Cluster) -> RankPlan:
     """Lay out ranks on the cluster's hosts. Raises PlanError listing every violated rule."""
     job = cluster.job
-    hosts = order_hosts(cluster.hosts)
+    hosts = order_hosts(h for h in cluster.hosts if not h.spare)
+    spares = tuple(h for h in cluster.hosts if h.spare)
     if not hosts:
-        raise PlanError("no hosts to plan on", hint="check the inventory and the --hosts pattern")
+        raise PlanError("no hosts to plan on" + (" (every host is a spare)" if spares else ""),
+                        hint="check the inventory and the --hosts pattern")
 
     errors: list[str] = []
     warnings: list[str] = []
@@ -198,11 +230,13 @@ def make_plan(cluster: Cluster) -> RankPlan:
                           "rank * ranks per node + local index); slots here: " + _describe_by(hosts, lambda h: h.slots))
 
     if job.launcher == "mpirun":
-        errors.extend(mpirun_violations(hosts, job.platform))
+        errors.extend(mpirun_violations(hosts + spares, job.platform))
+
+    errors.extend(spare_violations(hosts, spares))
 
     if job.launcher == "ranktable":
         seen: dict[str, str] = {}
-        for h in hosts:
+        for h in hosts + spares:
             if h.cluster_address in seen:
                 errors.append(f"rank table rule: server_id (the host address) identifies a server; hosts "
                               f"{seen[h.cluster_address]} and {h.name} share address {h.cluster_address}")
@@ -221,7 +255,22 @@ def make_plan(cluster: Cluster) -> RankPlan:
             ranks.append(Rank(n, name, address, local, dev))
             n += 1
     return RankPlan(ranks=tuple(ranks), hosts=hosts, launcher=job.launcher, platform=job.platform,
-                    warnings=tuple(warnings))
+                    warnings=tuple(warnings), spares=spares)
+
+
+def spare_violations(hosts: tuple[Host, ...], spares: tuple[Host, ...]) -> list[str]:
+    """A spare takes a lost host's ranks with their device ids: it must have the devices of at
+    least one host that runs ranks (other than the launch host, which is never replaced)."""
+    out = []
+    replaceable = {h.devices for h in hosts[1:]}
+    for s in spares:
+        if not replaceable:
+            out.append(f"spare {s.name}: there is no host it could replace (the launch host {hosts[0].name}, "
+                       "where the run's supervisor decides, is never replaced)")
+        elif s.devices not in replaceable:
+            out.append(f"spare {s.name}: devices {list(s.devices)} match no host that runs ranks (its ranks keep "
+                       f"their DEVICE_ID on the spare); hosts have " + _describe_by(hosts[1:], lambda h: list(h.devices)))
+    return out
 
 
 def _hint(errors: list[str]) -> str | None:

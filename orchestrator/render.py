@@ -27,11 +27,11 @@ hold masks them (sh.shown), what runs has them.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from typing import Mapping
 
+from .agent import tables
 from .errors import PlanError
 from .plan import Rank, RankPlan, visible_devices_var
 from .model import Cluster, Host
@@ -67,62 +67,32 @@ def log_dir_path(cluster: Cluster) -> str:
 # --------------------------------------------------------------------------- files
 
 
+def servers(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]] | None = None) -> list[dict]:
+    """The plan's hosts as the launch files' renderer takes them (agent.tables), in plan order;
+    with `device_ips`, every device must have one (else a PlanError naming the host)."""
+    return [tables.server(h.name, h.cluster_address, h.slots, [(r.rank, r.device_id) for r in plan.by_host(h.name)],
+                          _ips(device_ips, h) if device_ips is not None else {}, h.super_device_ids, h.super_pod_id)
+            for h in plan.hosts]
+
+
 def hostfile(plan: RankPlan, by_name: bool = False) -> str:
     """OpenMPI hostfile: `ADDRESS slots=N`, one host a line, in plan order (rank 0 on the first).
     `by_name`: host names instead (in a Slurm allocation, OpenMPI accepts only its node names)."""
-    lines = [f"# orch: {len(plan.hosts)} hosts, {plan.size} ranks, in plan order "
-             f"(ranks are contiguous per host, by slot)"]
-    lines.extend(f"{h.name if by_name else h.cluster_address} slots={h.slots}" for h in plan.hosts)
-    return "\n".join(lines) + "\n"
+    return tables.hostfile(servers(plan), by_name)
 
 
 def rank_table_v1(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
     """HCCL rank table version 1.0 (seed 000 / hccl_tools.py): every value a string."""
-    servers = []
-    for h in plan.hosts:
-        ips = _ips(device_ips, h)
-        servers.append({
-            "server_id": h.cluster_address,
-            "device": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id], "rank_id": str(r.rank)}
-                       for r in plan.by_host(h.name)],
-            "host_nic_ip": "reserve",
-        })
-    table = {"version": "1.0", "server_count": str(len(plan.hosts)), "server_list": servers,
-             "status": "completed"}
-    return _dumps(table)
+    return tables.rank_table_v1(servers(plan, device_ips))
 
 
 def rank_table_legacy(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]], aarch64: bool = False) -> str:
-    """MindSpore 0.x rank table (seed 001): one group, one instance per rank. board_id is
-    0x002f on aarch64 (Kunpeng) hosts, as MindSpore's generator writes it there.
+    """MindSpore 0.x rank table (seed 001): one group, one instance per rank. board_id is 0x002f
+    on aarch64 (Kunpeng) hosts, as MindSpore's generator writes it there.
 
     The constants are seed 001's (board_id 0x0000, chip_info 910, deploy_mode lab, para-plane
     NICs on the device); para_plane_nic_name lists eth<device id> for every device id used."""
-    instances = []
-    for h in plan.hosts:
-        ips = _ips(device_ips, h)
-        for r in plan.by_host(h.name):
-            instances.append({"devices": [{"device_id": str(r.device_id), "device_ip": ips[r.device_id]}],
-                              "rank_id": str(r.rank), "server_id": h.cluster_address})
-    nics = [f"eth{d}" for d in sorted({d for h in plan.hosts for d in h.devices})]
-    table = {
-        "board_id": "0x002f" if aarch64 else "0x0000",
-        "chip_info": "910",
-        "deploy_mode": "lab",
-        "group_count": "1",
-        "group_list": [{
-            "device_num": str(plan.size),
-            "server_num": str(len(plan.hosts)),
-            "group_name": "",
-            "instance_count": str(plan.size),
-            "instance_list": instances,
-        }],
-        "para_plane_nic_location": "device",
-        "para_plane_nic_name": nics,
-        "para_plane_nic_num": str(len(nics)),
-        "status": "completed",
-    }
-    return _dumps(table)
+    return tables.rank_table_legacy(servers(plan, device_ips), aarch64)
 
 
 def rank_table_v12(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) -> str:
@@ -140,32 +110,7 @@ def rank_table_v12(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) 
         raise PlanError("rank table 1.2 (Atlas A3) cannot be written:\n" + "\n".join(f"  - {p}" for p in problems),
                         hint="get them with devices.super_devices_for (inventory super_device_ids/super_pod_id "
                              "or npu-smi info -t spod-info on the hosts)")
-    servers = []
-    pods: dict[int, list[dict[str, str]]] = {}
-    for h in plan.hosts:
-        ips = _ips(device_ips, h)
-        server = {"server_id": h.cluster_address}
-        if _is_ip(h.cluster_address):
-            server["host_ip"] = h.cluster_address
-        server["device"] = [{"device_id": str(r.device_id), "super_device_id": str(h.super_device_ids[r.device_id]),
-                             "device_ip": ips[r.device_id], "rank_id": str(r.rank)}
-                            for r in plan.by_host(h.name)]
-        servers.append(server)
-        pods.setdefault(h.super_pod_id, []).append({"server_id": h.cluster_address})
-    table = {"status": "completed", "version": "1.2", "server_count": str(len(plan.hosts)),
-             "server_list": servers,
-             "super_pod_list": [{"super_pod_id": str(p), "server_list": s} for p, s in pods.items()]}
-    return _dumps(table)
-
-
-def _is_ip(address: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
+    return tables.rank_table_v12(servers(plan, device_ips))
 
 
 def rank_table(cluster: Cluster, plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]],
@@ -193,10 +138,6 @@ def _ips(device_ips: Mapping[str, Mapping[int, str]], h: Host) -> Mapping[int, s
         raise PlanError(f"host {h.name}: no device IP for devices {missing}",
                         hint="get them with plan.device_ips_for (inventory device_ips or /etc/hccn.conf)")
     return ips
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, indent=4) + "\n"
 
 
 # --------------------------------------------------------------------------- environments

@@ -138,6 +138,7 @@ class RawHostKeys(_Raw):
 class RawHost(RawHostKeys):
     address: str
     name: str | None = None
+    spare: bool = False   # a spare host: no ranks; it takes a lost host's place (docs/spares.md)
 
 
 SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(UNLIMITED|INFINITE)$")
@@ -183,6 +184,14 @@ class RawInventory(_Raw):
     hosts: list[RawHost] | None = None
     slurm: RawSlurm | None = None
     groups: dict[str, list[str]] = {}
+    spares: int = 0   # the last N hosts of `hosts` are spares (as `spare: true` on each)
+
+    @field_validator("spares")
+    @classmethod
+    def _spares(cls, v):
+        if v < 0:
+            raise ValueError("spares must be 0 or more")
+        return v
 
     @field_validator("hosts")
     @classmethod
@@ -606,6 +615,9 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
                      "Slurm allocation)" if inv.slurm is not None else "missing required key 'hosts' (or 'slurm')")
         return (), {}, None
     if inv.slurm is not None:
+        if inv.spares:
+            problems.add(sub.loc(("spares",)), "spares name listed hosts; a Slurm inventory lists none (spare "
+                         "nodes from Slurm are not supported yet: list the hosts, or leave spares out)")
         if inv.groups:
             problems.add(sub.loc(("groups",)), "groups name listed hosts; a Slurm inventory lists none")
         rs = inv.slurm
@@ -663,7 +675,7 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} is empty or has a newline")
             elif "/" in name:  # names become file names (msrun's per-host records and logs)
                 problems.add(sub.loc(("hosts", i, "name")), f"host name {name!r} must not contain '/'")
-            h = _resolve_ssh(Host(name=name, address=addr, **keys), merged, ssh_config,
+            h = _resolve_ssh(Host(name=name, address=addr, spare=rh.spare, **keys), merged, ssh_config,
                              sub.loc(("hosts", i, "jump") if rh.jump is not None else ("hosts", i)), problems)
             if name in origin:
                 problems.add(sub.loc(("hosts", i)), f"duplicate host {name!r} (also from hosts[{origin[name][1]}]"
@@ -677,6 +689,14 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
             origin[name] = ("hosts", i)
             seen_addr[key] = ("hosts", i)
             hosts.append(h)
+    if inv.spares:
+        if inv.spares >= len(hosts):
+            problems.add(sub.loc(("spares",)), f"spares: {inv.spares}, but the inventory lists {len(hosts)} "
+                         "host(s): at least one must run ranks")
+        else:
+            hosts[len(hosts) - inv.spares:] = [replace(h, spare=True) for h in hosts[len(hosts) - inv.spares:]]
+    if hosts and all(h.spare for h in hosts) and not inv.spares:
+        problems.add(sub.loc(("hosts",)), "every host is a spare (spare: true): at least one must run ranks")
     groups: dict[str, tuple[str, ...]] = {}
     names = {h.name for h in hosts} | {h.address for h in hosts}
     for g, members in inv.groups.items():

@@ -22,7 +22,7 @@ def _host(name: str, **kw) -> Host:
                 known_hosts="/k/known", connection="ssh", slots=2, devices=(4, 5), device_ips={4: "10.1.0.4"},
                 env={"A": "1", "MY_TOKEN": "s3cr3t-value"}, hostname=f"{name}.internal", jump=(_jump(),),
                 proxy_command=None, mpi_address=f"192.168.0.{len(name)}", keepalive=15.0, connect_timeout=3.0,
-                super_device_ids={4: 100}, super_pod_id=2, **kw)
+                super_device_ids={4: 100}, super_pod_id=2, spare=True, **kw)
 
 
 def full_cluster(tmp_path: Path) -> Cluster:
