@@ -266,7 +266,7 @@ def super_devices_for(plan: RankPlan, probed: Mapping[str, Mapping[int, SpodInfo
     that HCCL would refuse -> PlanError naming each host and device."""
     hosts: list[Host] = []
     problems: list[str] = []
-    for h in plan.hosts:
+    for h in plan.all_hosts:
         got = probed.get(h.name)
         ids = dict(h.super_device_ids)
         lacking = []
@@ -302,8 +302,8 @@ def super_devices_for(plan: RankPlan, probed: Mapping[str, Mapping[int, SpodInfo
                    "npu-smi printed no Super Pod ID")
             problems.append(f"host {h.name}: no super_pod_id in the inventory, {why}")
         hosts.append(replace(h, super_device_ids=ids, super_pod_id=pod))
-    if not problems:
-        problems = super_pod_problems(hosts)
+    if not problems:  # the spares alone: each takes one host's place (launchers.spare_launch)
+        problems = super_pod_problems(hosts[:len(plan.hosts)])
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise PlanError(
@@ -312,7 +312,7 @@ def super_devices_for(plan: RankPlan, probed: Mapping[str, Mapping[int, SpodInfo
             hint="give them in the inventory (super_device_ids: {0: <SDID>, ...} and super_pod_id: N on the "
                  "host) or make `npu-smi info -t spod-info -i <NPU ID> -c <Chip ID>` print them on the host "
                  "(its SDID and Super Pod ID lines)")
-    return replace(plan, hosts=tuple(hosts))
+    return replace(plan, hosts=tuple(hosts[:len(plan.hosts)]), spares=tuple(hosts[len(plan.hosts):]))
 
 
 def super_pod_problems(hosts: Sequence[Host]) -> list[str]:

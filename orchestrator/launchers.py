@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from . import render, sh
@@ -124,6 +124,23 @@ class Launch:
     # (mpirun: secrets never travel on Open MPI's wire)
     secret_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     head: HeadReach | None = None
+    spares: "Spares | None" = None
+
+
+@dataclass(frozen=True)
+class Spares:
+    """What the run's head needs to put a spare in a lost host's place on the cluster, with the
+    controller detached: which hosts each spare may replace and what it then runs (rendered here
+    by `build` for the plan with that one swap: plan.replaced), and the facts the launch files
+    that name hosts are rendered from there (agent.tables, the same code `orch plan` uses)."""
+
+    slot_procs: Mapping[str, Mapping[str, tuple[Proc, ...]]]   # spare -> {host it replaces: its processes}
+    tables: Mapping[str, object]                               # agent.tables.render's spec
+    servers: tuple[dict, ...]                                  # the planned hosts, plan order
+    spare_servers: tuple[dict, ...]                            # the spares' facts (their ranks: none)
+
+    def fits(self) -> dict[str, list[str]]:
+        return {s: list(slots) for s, slots in self.slot_procs.items()}
 
 
 def _wrapped(rdir: str, command) -> list[str]:
@@ -145,11 +162,18 @@ def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str,
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
           interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False,
-          head_interface_address: str | None = None) -> Launch:
+          head_interface_address: str | None = None, only: str | None = None) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
     (default: a name the cluster file gives; `auto` is only known on the hosts);
-    head_interface_address: the launch host's address on job.interface, as prepare read it."""
+    head_interface_address: the launch host's address on job.interface, as prepare read it.
+    `only`: that host's processes alone, no files, no spares (what a spare runs in a host's place)."""
     job = cluster.job
+    if only is None and plan.spares:
+        spares = spare_launch(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
+                              aarch64=aarch64, head_interface_address=head_interface_address)
+        return replace(build(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
+                             aarch64=aarch64, head_interface_address=head_interface_address, only=""),
+                       spares=spares)
     head_at = head_reach(cluster, plan.launch_host, plan.hosts, head_interface_address)
     master = head_at.rendered
     if interfaces is None:
@@ -157,8 +181,8 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     # NCCL/HCCL/Gloo pinned to job.interface; the user's own values (job/host env) win
     if_env = {h: render.interface_env(n) for h, (n, _) in interfaces.items()}
     rdir = run_dir(cluster, run_id)
-    procs: dict[str, list[Proc]] = {h.name: [] for h in plan.hosts}
-    files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.hosts}
+    procs: dict[str, list[Proc]] = {h.name: [] for h in plan.all_hosts}
+    files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.all_hosts}
     secret_env: dict[str, Mapping[str, str]] = {}
     # what orch adds to every rank's environment (the user's own values, job/host env, win)
     added = {**render.hccl_env(cluster, plan), **({RANK_DIRS_VAR: "1"} if job.rank_dirs else {})}
@@ -177,14 +201,16 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         env = _launcher_path_env(cluster, head.name)
         procs[head.name].append(Proc("mpirun", tuple(argv), env, job.workdir, "mpirun.log"))
         secrets = render.mpirun_secrets(c, plan)
-        secret_env = {h.name: secrets for h in plan.hosts} if secrets else {}
+        secret_env = {h.name: secrets for h in plan.all_hosts} if secrets else {}
     elif job.launcher == "ranktable":
         table = render.rank_table_path(cluster)
-        if job.platform == "ascend":
+        if job.platform == "ascend" and not only:
             data = render.rank_table(cluster, plan, device_ips or {}, aarch64).encode()
-            for h in plan.hosts:
+            for h in plan.all_hosts:
                 files[h.name][render.RANK_TABLE] = data
         for r in plan.ranks:
+            if only and r.host != only:
+                continue
             env = {**if_env[r.host], **render.rank_env(cluster, plan, r, table)}
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)
@@ -198,18 +224,65 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     elif job.launcher == "msrun":
         n = len(render.msrun_script(job.command))
         for h in plan.hosts:
+            if only and h.name != only:
+                continue
             argv = render.msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR, master_addr=master)
             argv = argv[:len(argv) - n] + msrun_task(job.command)
             env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env}
             procs[h.name].append(Proc(f"msrun.{h.name}", tuple(argv), env, job.workdir, "msrun.log"))
     elif job.launcher == "torchrun":
         for h in plan.hosts:
+            if only and h.name != only:
+                continue
             argv = render.torchrun_argv(cluster, plan, h.name, _wrapped(rdir, job.command), master_addr=master)
             env = {**if_env[h.name], **render.node_env(cluster, plan, h.name), **stall_env, RANK_OUTPUT_VAR: "1"}
             procs[h.name].append(Proc(f"torchrun.{h.name}", tuple(argv), env, job.workdir, "torchrun.log"))
     else:  # pragma: no cover - the model allows no other
         raise ValueError(job.launcher)
     return Launch({k: tuple(v) for k, v in procs.items()}, files, secret_env=secret_env, head=head_at)
+
+
+def launch_files(cluster: Cluster) -> dict[str, object]:
+    """agent.tables.render's spec: the launch files that name hosts, for this job (none for
+    msrun and torchrun: their argv names the launch host only, which is never replaced)."""
+    job = cluster.job
+    if job.launcher == "mpirun":
+        return {"hostfile": render.HOSTFILE, "by_name": cluster.slurm is not None}
+    if job.launcher == "ranktable" and job.platform == "ascend":
+        return {"rank_table": render.RANK_TABLE, "version": job.rank_table_version}
+    return {}
+
+
+def spare_launch(cluster: Cluster, plan: RankPlan, run_id: str, *, device_ips: Mapping[str, Mapping[int, str]] | None,
+                 aarch64: bool, **kw) -> Spares:
+    """Each spare's processes in the place of each host it may replace (plan.can_replace), and the
+    facts the head renders the launch files from (the spares' device IPs and super devices
+    included: a spare without them is a PlanError now, not at 3 a.m.)."""
+    from .plan import replaced
+
+    slot_procs: dict[str, dict[str, tuple[Proc, ...]]] = {}
+    for spare in plan.spares:
+        slot_procs[spare.name] = {}
+        for h in plan.hosts:
+            if plan.can_replace(h.name, spare):
+                swapped = replaced(plan, {h.name: spare.name})
+                got = build(cluster, swapped, run_id, device_ips=device_ips, aarch64=aarch64, only=spare.name, **kw)
+                slot_procs[spare.name][h.name] = got.procs[spare.name]
+    spec = launch_files(cluster)
+    if spec.get("rank_table"):
+        spec = {**spec, "aarch64": aarch64}
+    with_ips = device_ips if spec.get("rank_table") else None
+    servers = tuple(render.servers(plan, with_ips))
+    spare_plan = RankPlan(ranks=(), hosts=plan.spares, launcher=plan.launcher, platform=plan.platform)
+    if spec.get("rank_table") and cluster.job.rank_table_version == "1.2":
+        from .devices import super_pod_problems
+
+        problems = super_pod_problems(plan.spares)
+        if problems:
+            from .errors import PlanError
+
+            raise PlanError("the spares' rank table 1.2 facts are missing:\n" + "\n".join(f"  - {p}" for p in problems))
+    return Spares(slot_procs, spec, servers, tuple(render.servers(spare_plan, with_ips)))
 
 
 # msrun starts every worker (and its scheduler) as `python script args`, and nothing but python.
@@ -233,8 +306,6 @@ def msrun_task(command) -> list[str]:
 
 
 def _with_env(cluster: Cluster, env: Mapping[str, str]) -> Cluster:
-    from dataclasses import replace
-
     return replace(cluster, job=replace(cluster.job, env=dict(env)))
 
 

@@ -101,12 +101,12 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
 
     events = events or Events()
     known = dict(known or {})
-    need = [h for h in plan.hosts if h.name not in known]
+    need = [h for h in plan.all_hosts if h.name not in known]
     if need:
         res = ask_prepare(cluster, plan, pool, need)
         res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
         known.update(res.succeeded)
-    facts = {h.name: known[h.name] for h in plan.hosts}
+    facts = {h.name: known[h.name] for h in plan.all_hosts}
     problems = []
     for name, f in facts.items():
         problem = supervisor.python_problem(f["python"])
@@ -156,7 +156,7 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
              lost: set[str] = frozenset()) -> Stopped:
     """Stop every process of a run on every host: ask its head (it stops every host, and
     records why), then sweep what is left on each host (TERM, then KILL) and read its state."""
-    reachable = [h for h in plan.hosts if h.name not in lost]
+    reachable = [h for h in plan.all_hosts if h.name not in lost]
     wait = supervisor.STOP_GRACE + 10
     for h in reachable[:3]:  # any host of the run can reach its head
         try:
@@ -188,7 +188,7 @@ class Lifecycle:
         self.t0 = time.monotonic()
 
     def _fan(self, fn: Callable, hosts=None):
-        return _fan(self.cluster, self.plan.hosts if hosts is None else hosts, fn)
+        return _fan(self.cluster, self.plan.all_hosts if hosts is None else hosts, fn)
 
     # ---- steps
     def distribute(self, launch: Launch) -> None:
@@ -199,7 +199,7 @@ class Lifecycle:
         for host_files in launch.files.values():
             for name, data in host_files.items():
                 self.run.write_file(name, data.decode())
-        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.hosts)} host(s)")
+        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)")
         results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
                                                 dict(launch.files.get(h.name, {}))))
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
@@ -241,7 +241,7 @@ class Lifecycle:
                                   f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
             return mpid
 
-        members = [h for h in self.plan.hosts if h.name != head.name]
+        members = [h for h in self.plan.all_hosts if h.name != head.name]
         results = self._fan(member, members)
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save()
@@ -359,12 +359,12 @@ class Lifecycle:
         are asked now."""
         docs = stopped.docs if stopped else {}
         unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
-        hosts = [h for h in self.plan.hosts if h.name not in docs and h.name not in unreachable]
+        hosts = [h for h in self.plan.all_hosts if h.name not in docs and h.name not in unreachable]
         res = self._fan(lambda h: supervisor.parse_json_line(
             self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out),
             hosts) if hosts else {}
         docs = {**docs, **{n: o.value for n, o in res.items() if o.ok}}
-        docs = {h.name: docs[h.name] for h in self.plan.hosts if h.name in docs}
+        docs = {h.name: docs[h.name] for h in self.plan.all_hosts if h.name in docs}
         unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id)
@@ -389,7 +389,7 @@ class Lifecycle:
     def gather(self) -> dict[str, str]:
         """Fetch every rank's new log bytes from every reachable host. Never raises."""
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
-        hosts = [h for h in self.plan.hosts if h.name not in lost]
+        hosts = [h for h in self.plan.all_hosts if h.name not in lost]
         attempt = self.view.attempt if self.view and self.view.attempt else 1
         from . import logs
 
@@ -455,7 +455,7 @@ def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int,
     from .plan import device_ips_for
 
     known = dict(known or {})
-    need = [h for h in plan.hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
+    need = [h for h in plan.all_hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
     confs = {**known, **(read_hccn(pool, need, what, timeout=timeout) if need else {})}
     return device_ips_for(plan, {n: hccn_ips(c) for n, c in confs.items()})
 
@@ -468,7 +468,7 @@ def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
     from .devices import needs_probe, read_spod, super_devices_for
     from .errors import PlanError
 
-    need = [h for h in plan.hosts if needs_probe(h)]
+    need = [h for h in plan.all_hosts if needs_probe(h)]
     outcomes = fan_out(need, lambda h: read_spod(pool[h], h), limit=pool.cluster.ssh.fanout)
     outcomes.raise_if_failed(PlanError, "could not run npu-smi on {n} host(s)", brief=True,
                              hint="run `orch check` for the connection problems, or give super_device_ids and "
@@ -486,7 +486,8 @@ def plan_from_run(run: Run) -> RankPlan:
     doc = run.data["plan"]
     return RankPlan(ranks=tuple(Rank(**r) for r in doc["ranks"]),
                     hosts=tuple(hosts[h["name"]] for h in doc["hosts"]),
-                    launcher=doc["launcher"], platform=doc["platform"])
+                    launcher=doc["launcher"], platform=doc["platform"],
+                    spares=tuple(hosts[h["name"]] for h in doc.get("spares", ()) if h["name"] in hosts))
 
 
 def run_status(run: Run) -> RunView:

@@ -396,7 +396,7 @@ def device_ips_for(plan: RankPlan, probed: Mapping[str, Mapping[int, str]]) -> d
     out: dict[str, dict[int, str]] = {}
     missing: list[str] = []
     bad: list[str] = []
-    for h in plan.hosts:
+    for h in plan.all_hosts:
         found = probed.get(h.name)
         ips: dict[int, str] = {}
         lacking: list[int] = []

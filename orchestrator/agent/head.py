@@ -20,9 +20,16 @@ Duties, checked in this order while an attempt runs, each a small function below
     stall          -> `stalled`: no rank wrote a byte for stall_timeout seconds (stacks first)
     time-out       -> `timeout`: job.timeout seconds since the run started
 An attempt that ends failed or stalled starts again after restart_delay while restarts remain.
+An attempt that lost hosts (`lost`, or a failure while a host was lost) starts again with each lost
+host replaced by a spare that fits it (its devices; never the launch host), the spare running the
+lost host's ranks, and the hostfile / rank table rendered here for the new host set (tables.py);
+replacements use spares, not restarts. With no spare left for a lost host the run ends `lost`.
 
 Actions:
-    ("start", attempt, head_address)   every host starts the attempt's processes
+    ("start", attempt, head_address, setup)  every host of the attempt starts its processes;
+                                       setup: {"slots": {spare: the host whose ranks it runs},
+                                       "files": {name: text} (only when the host set changed),
+                                       "files_to": "all" | "head", "replaced": "old->new,..."}
     ("stop", reason)                   every host stops them (TERM, KILL after the grace)
     ("dump",)                          every host captures its ranks' stacks
     ("exit", state)                    members: the run is over
@@ -35,6 +42,7 @@ from enum import Enum
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
 from .protocol import STATE_VERSION
+from . import tables
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
 DONE_LINGER = 3.0             # after the end, how long the head waits for members to hear it
@@ -73,14 +81,23 @@ class Head:
         self.grace = float(cfg.get("grace", 5))
         self.lost_after = float(cfg.get("lost_after", 10))
         self.addresses = list(cfg.get("head_addresses") or [])
-        self.hosts = {h: HostView(now) for h in cfg["hosts"]}
+        self.active = list(cfg["hosts"])            # the hosts of the current attempt, in plan order
+        self.slot_of = {h: h for h in self.active}  # host -> the planned host whose ranks it runs
+        self.spares = list(cfg.get("spares") or [])  # spares not used (nor lost) yet, in inventory order
+        self.fits = {s: set(v) for s, v in (cfg.get("spare_fits") or {}).items()}  # spare -> hosts it may replace
+        self.tables = cfg.get("tables") or {}       # which launch files name hosts (tables.render)
+        self.servers = {s["name"]: s for s in cfg.get("servers") or ()}           # planned hosts' facts
+        self.spare_servers = {s["name"]: s for s in cfg.get("spare_servers") or ()}
+        self.replacements = 0                       # attempts started by a replacement (they use no restart)
+        self.hosts = {h: HostView(now) for h in self.active + self.spares}
         self.hosts[self.me].joined = self.hosts[self.me].connected = True
         self.rank_host = {r["rank"]: r["host"] for r in cfg["all_ranks"]}
         self.doc = {"v": STATE_VERSION, "orch": cfg.get("orch_version"), "run": self.run_id,
                     "state": RunState.STARTING, "head": self.me, "attempt": 0, "attempts": [],
                     "ranks": [dict(r) for r in cfg["all_ranks"]], "lost": [], "message": "",
                     "first_failure": None, "started": now, "ended": None, "launcher": cfg.get("launcher"),
-                    "restarts": self.restarts, "head_address": None, "reached": {}}
+                    "restarts": self.restarts, "head_address": None, "reached": {},
+                    "hosts": list(self.active), "spares": list(self.spares), "replaced": [], "spares_lost": []}
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
         self.stop_request = None
@@ -97,7 +114,8 @@ class Head:
         return self.doc["state"]
 
     def others(self):
-        return [(n, h) for n, h in self.hosts.items() if n != self.me]
+        """The other hosts of the current attempt (not the spares waiting, not a replaced host)."""
+        return [(n, self.hosts[n]) for n in self.active if n != self.me]
 
     def can_join(self, host):
         """A member may join once: a second join for a host (a replay, or someone posing as it) is refused."""
@@ -196,23 +214,41 @@ def decide(head, events, now):
     return head, actions
 
 
+def _seen_lost(head, h, now):
+    """What was seen of a joined host that is gone, no more (a cut link closes nothing); None: it is not."""
+    if not h.joined:
+        return None
+    if not h.connected:
+        return "the connection to its supervisor closed"
+    if now - h.last > head.lost_after:
+        return "its supervisor was silent for %.1fs" % (now - h.last)
+    return None
+
+
 def _notice_lost(head, now):
-    """A joined member whose connection closed, or that stayed silent for lost_after seconds."""
+    """A joined member whose connection closed, or that stayed silent for lost_after seconds; a
+    spare that is gone is no longer offered (the run goes on)."""
     if head.phase == Phase.DONE:
         return False
     changed = False
     for name, h in head.others():
-        if h.joined and name not in head.doc["lost"] and (not h.connected or now - h.last > head.lost_after):
+        why = None if name in head.doc["lost"] else _seen_lost(head, h, now)
+        if why:
             head.doc["lost"].append(name)
-            # what was seen, no more: a closed connection, or silence (a cut link closes nothing)
-            head.lost_why[name] = ("the connection to its supervisor closed" if not h.connected else
-                                   "its supervisor was silent for %.1fs" % (now - h.last))
+            head.lost_why[name] = why
+            changed = True
+    for name in list(head.spares):
+        why = _seen_lost(head, head.hosts[name], now)
+        if why:
+            head.spares.remove(name)
+            head.doc["spares"] = list(head.spares)
+            head.doc["spares_lost"].append({"host": name, "why": why})
             changed = True
     return changed
 
 
 def _phase_join(head, now, actions):
-    missing = [n for n, h in head.hosts.items() if not h.joined]
+    missing = [n for n in head.active if not head.hosts[n].joined]   # spares may join later
     if head.stop_request:
         _finish(head, now, actions, RunState.STOPPED,
                 "stopped by %s before the ranks started" % head.stop_request)
@@ -250,15 +286,65 @@ def _start_attempt(head, now, actions, k):
     head.doc.update(attempt=k, first_failure=None)
     head.doc["head_address"] = address = head_address(head)
     head.doc["attempts"].append({"attempt": k, "state": RunState.RUNNING, "start": now, "end": None,
-                                 "message": "", "first_failure": None})
+                                 "message": "", "first_failure": None, "hosts": list(head.active)})
     for r in head.doc["ranks"]:
         r.update(state=RankState.PENDING, pid=None, exit_code=None, signal=None, start=None, end=None, attempt=k)
     for _, h in head.hosts.items():
         h.report = None
     head.launcher_end = None
     head.attempt_started = now
-    actions.append(("start", k, address))
+    actions.append(("start", k, address, attempt_setup(head)))
     actions.append(("publish",))
+
+
+def attempt_setup(head):
+    """What the hosts of an attempt need beyond its number: which spare runs whose ranks and, when
+    the host set is not the planned one, the launch files rendered for it (tables.render)."""
+    moved = {h: slot for h, slot in head.slot_of.items() if h != slot}
+    setup = {"slots": moved, "files": {}, "files_to": "head" if head.tables.get("hostfile") else "all",
+             "replaced": ",".join("%s->%s" % (r["host"], r["by"]) for r in head.doc["replaced"])}
+    if moved and head.tables:
+        servers = []
+        for h in head.active:
+            planned = head.servers[head.slot_of[h]]
+            servers.append(dict(head.spare_servers[h], ranks=planned["ranks"]) if h in moved else planned)
+        setup["files"] = tables.render(head.tables, servers)
+    return setup
+
+
+def pick_spares(head, lost):
+    """{lost host: the spare that takes its place}: the first spare still offered (joined, not
+    lost) that fits it; None when some lost host has no spare left."""
+    free = [s for s in head.spares if head.hosts[s].joined and head.hosts[s].connected]
+    swaps = {}
+    for name in lost:
+        slot = head.slot_of.get(name, name)
+        fit = next((s for s in free if slot in head.fits.get(s, ())), None)
+        if fit is None:
+            return None
+        free.remove(fit)
+        swaps[name] = fit
+    return swaps
+
+
+def replace_hosts(head, swaps, now):
+    """Each lost host of `swaps` leaves the run; its spare takes its place and its ranks."""
+    k = head.doc["attempt"]
+    for old, new in swaps.items():
+        i = head.active.index(old)
+        head.active[i] = new
+        head.slot_of[new] = head.slot_of.pop(old)
+        head.spares.remove(new)
+        for r in head.doc["ranks"]:
+            if r["host"] == old:
+                r["host"] = new
+                head.rank_host[r["rank"]] = new
+        head.doc["replaced"].append({"attempt": k + 1, "host": old, "by": new,
+                                     "why": head.lost_why.get(old, "lost"), "at": now})
+    head.doc["hosts"] = list(head.active)
+    head.doc["spares"] = list(head.spares)
+    head.doc["lost"] = []
+    head.replacements += 1
 
 
 # ---- the duties of a running attempt
@@ -419,8 +505,8 @@ def _phase_stopping(head, now, actions):
         head.stop_sent = True
         actions.append(("stop", head.outcome[1]))
         return False
-    remaining = [n for n, h in head.hosts.items() if n not in head.doc["lost"] and h.joined
-                 and (h.report is None or h.report.get("live"))]
+    remaining = [n for n in head.active if n not in head.doc["lost"] and head.hosts[n].joined
+                 and (head.hosts[n].report is None or head.hosts[n].report.get("live"))]
     if remaining and now <= head.phase_until:
         return False
     for r in head.doc["ranks"]:
@@ -433,16 +519,41 @@ def _phase_stopping(head, now, actions):
         head.outcome = (outcome, message)
         head.doc["attempts"][-1].update(message=message, first_failure=head.doc["first_failure"])
     k = head.doc["attempt"]
-    if outcome in RETRYABLE and k <= head.restarts and not head.stop_request and head.doc["lost"]:
-        message = "%s; not restarted: lost contact with host %s" % (message, ", ".join(head.doc["lost"]))
-    elif outcome in RETRYABLE and k <= head.restarts and not head.stop_request:
+    lost = list(head.doc["lost"])
+    restarts_left = k - head.replacements <= head.restarts
+    if lost and not head.stop_request and (outcome == RunState.LOST or outcome in RETRYABLE):
+        swaps = pick_spares(head, lost) if head.fits else None
+        if swaps:
+            replace_hosts(head, swaps, now)
+            head.phase = Phase.DELAY
+            head.phase_until = now + head.restart_delay
+            head.doc["message"] = "%s; %s: starting attempt %d" % (message, "; ".join(
+                "host %s replaced by spare %s" % (o, n) for o, n in swaps.items()), k + 1)
+            actions.append(("publish",))
+            return True
+        if head.fits:
+            message = "%s; no spare host left to take the place of %s (%s)" % (message, ", ".join(lost),
+                                                                            _spares_said(head))
+        elif outcome in RETRYABLE and restarts_left:
+            message = "%s; not restarted: lost contact with host %s" % (message, ", ".join(lost))
+    elif outcome in RETRYABLE and restarts_left and not head.stop_request:
         head.phase = Phase.DELAY
         head.phase_until = now + head.restart_delay
-        head.doc["message"] = "%s; restarting (attempt %d of %d)" % (message, k + 1, head.restarts + 1)
+        head.doc["message"] = "%s; restarting (attempt %d of %d)" % (message, k + 1,
+                                                                    head.restarts + 1 + head.replacements)
         actions.append(("publish",))
         return True
     _finish(head, now, actions, outcome, message)
     return True
+
+
+def _spares_said(head):
+    """Where the spares went, for the message of a run that needed one more."""
+    parts = ["%s took %s's place in attempt %d" % (r["by"], r["host"], r["attempt"]) for r in head.doc["replaced"]]
+    parts += ["%s was lost (%s)" % (x["host"], x["why"]) for x in head.doc["spares_lost"]]
+    parts += ["%s never joined" % s for s in head.spares if not head.hosts[s].joined]
+    parts += ["%s does not fit (other devices)" % s for s in head.spares if head.hosts[s].joined]
+    return "spares: " + "; ".join(parts) if parts else "no spares"
 
 
 def _settle_failures(head, now):
@@ -480,7 +591,7 @@ def _finish(head, now, actions, outcome, message):
 
 
 def _phase_done(head, now, actions):
-    connected = [n for n, h in head.others() if n not in head.doc["lost"] and h.connected]
+    connected = [n for n, h in head.hosts.items() if n != head.me and n not in head.doc["lost"] and h.connected]
     if not connected or now > head.phase_until:
         actions.append(("done",))
     return False

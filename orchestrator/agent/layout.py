@@ -12,6 +12,7 @@ RUN_VAR = "ORCH_RUN_ID"          # every process of a run carries it (orch down'
 AGENT_VAR = "ORCH_AGENT"         # set in supervisors' own environment only: sweeps spare agents
 DIR_VAR = "ORCH_RUN_DIR"
 ATTEMPT_VAR = "ORCH_ATTEMPT"
+REPLACED_VAR = "ORCH_REPLACED_HOSTS"   # "old->new,...": hosts a spare took the place of, so far
 RANK_DIRS_VAR = "ORCH_RANK_DIRS"      # job.rank_dirs: each rank starts in workdir/rank_<N>
 RANK_OUTPUT_VAR = "ORCH_RANK_OUTPUT"  # `agent.py rank` writes the rank's output to its log itself
 SECRETS_VAR = "ORCH_SECRETS"          # `agent.py rank`: the file with the run's secret env values

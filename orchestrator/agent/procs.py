@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
+from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, rank_log, read_json, write_atomic)
 from .states import RankState
@@ -129,9 +129,22 @@ class Local:
         self.changed = True
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
         self.secrets_path = None
+        self.replaced = ""         # "old->new,...": the hosts replaced by spares so far
 
     # ---- starting
-    def start(self, attempt, head_address=""):
+    def start(self, attempt, head_address="", slot=None, files=None, replaced=""):
+        """Start this host's part of an attempt. `slot`: this host is a spare taking that host's
+        place (its ranks and processes, as the controller rendered them for this host: cfg
+        slot_procs); `files`: launch files the head rendered for the attempt's host set, written
+        into the workdir first; `replaced`: the hosts replaced so far (ORCH_REPLACED_HOSTS)."""
+        if slot:
+            assigned = (self.cfg.get("slot_procs") or {}).get(slot)
+            if assigned is None:
+                raise ValueError("asked to take %s's place, which this spare was not prepared for" % slot)
+            self.cfg = dict(self.cfg, ranks=assigned["ranks"], procs=assigned["procs"])
+        self.replaced = replaced or ""
+        for name, text in sorted((files or {}).items()):
+            self.write_launch_file(name, text)
         self.attempt = attempt
         self.head_address = head_address
         self.stopping = None
@@ -153,6 +166,17 @@ class Local:
         for p in self.cfg["procs"]:
             self.spawn(p, attempt, adir)
         self.changed = True
+
+    def write_launch_file(self, name, text):
+        """A hostfile or rank table the head rendered: only a name this run writes (cfg
+        launch_files), into the workdir, atomically and the user's alone."""
+        if name not in (self.cfg.get("launch_files") or ()):
+            self.note("not writing %r: not a launch file of this run" % name[:64])
+            return
+        try:
+            write_atomic(os.path.join(self.cfg["workdir"], name), text, 0o600)
+        except OSError as exc:   # the ranks then fail on the old file; say why here
+            self.note("cannot write %s: %s" % (name, exc))
 
     def write_secrets(self):
         """The run's secret env values for `agent.py rank` on this host (mpirun: never on Open MPI's
@@ -204,6 +228,8 @@ class Local:
             env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")  # mpirun's orteds share our nodes
         env.update({k: substitute(v, adir, self.head_address) for k, v in p["env"].items()})
         env.update({RUN_VAR: self.run_id, DIR_VAR: self.rundir, ATTEMPT_VAR: str(attempt)})
+        if self.replaced:
+            env[REPLACED_VAR] = self.replaced
         rank = p.get("rank")
         try:
             os.makedirs(os.path.dirname(log), exist_ok=True)

@@ -257,8 +257,34 @@ def stop(reason):
     return {"t": "stop", "reason": reason[:2000]}
 
 
-def start(attempt, head_address):
-    return {"t": "start", "attempt": attempt, "head_address": head_address}
+def start(attempt, head_address, slot=None, files=None, replaced=""):
+    """Start an attempt. A spare taking a lost host's place gets `slot` (that host: it runs its
+    ranks); when the host set is not the planned one, every host gets the launch `files` the head
+    rendered for it ({name: text}) and `replaced` (ORCH_REPLACED_HOSTS for the ranks)."""
+    m = {"t": "start", "attempt": attempt, "head_address": head_address}
+    if slot:
+        m["slot"] = slot
+    if files:
+        m["files"] = files
+    if replaced:
+        m["replaced"] = replaced
+    return m
+
+
+FILE_NAME = 64   # a launch file's name (hostfile, rank_table.json): a plain name, no directory
+
+
+def _files(m, key):
+    v = m.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or len(v) > 4:
+        raise ProtocolError("field %r: at most 4 files expected" % key)
+    for name, text in v.items():
+        if (not isinstance(name, str) or not 0 < len(name) <= FILE_NAME or "/" in name or "\0" in name
+                or name in (".", "..") or not isinstance(text, str)):
+            raise ProtocolError("field %r: plain file names and their text expected" % key)
+    return dict(v)
 
 
 def dump():
@@ -326,7 +352,9 @@ TO_HEAD = {
     "control": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
 }
 TO_MEMBER = {
-    "start": lambda m: {"attempt": _int(m, "attempt", lo=1), "head_address": _str(m, "head_address", 255)},
+    "start": lambda m: {"attempt": _int(m, "attempt", lo=1), "head_address": _str(m, "head_address", 255),
+                        "slot": _str(m, "slot", 255, optional=True), "files": _files(m, "files"),
+                        "replaced": _str(m, "replaced", 1 << 16, optional=True) or ""},
     "stop": lambda m: {"reason": _str(m, "reason", 2000)},
     "dump": lambda m: {},
     "exit": lambda m: {"state": _str(m, "state", 16)},

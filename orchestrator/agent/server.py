@@ -520,8 +520,14 @@ class Supervisor:
     def act(self, a):
         kind = a[0]
         if kind == "start":
-            self.broadcast(proto.start(a[1], a[2]))
-            self.local.start(a[1], a[2])
+            k, address, setup = a[1], a[2], a[3]
+            active = set(self.head.active)
+            everyone = setup["files_to"] == "all"
+            for c in self.conns:
+                if c.authed and c.role == "member" and c.host in active:
+                    c.send(proto.start(k, address, setup["slots"].get(c.host), setup["files"] if everyone else None,
+                                       setup["replaced"]))
+            self.local.start(k, address, files=setup["files"], replaced=setup["replaced"])
             self.events.append(heads.reported(self.host, self.local.report()))
         elif kind == "stop":
             self.broadcast(proto.stop(a[1]))
@@ -592,7 +598,7 @@ class Supervisor:
     def on_head_message(self, m):
         t, f = proto.parse(proto.TO_MEMBER, m)
         if t == "start":
-            self.local.start(f["attempt"], f["head_address"])
+            self.local.start(f["attempt"], f["head_address"], f["slot"], f["files"], f["replaced"])
         elif t == "stop":
             self.local.stop(f["reason"], self.grace)
         elif t == "dump":

@@ -119,7 +119,7 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
     if rank_plan is None:
         rank_plan = try_plan(cluster)
     checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
-    hosts = rank_plan.hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
+    hosts = rank_plan.all_hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
     manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),

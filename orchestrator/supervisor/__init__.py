@@ -7,10 +7,12 @@ transport runs the scripts.
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import secrets
 import shlex
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
@@ -66,8 +68,10 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
     all_ranks = [{"rank": r.rank, "host": r.host, "device": r.device_id, "pid": None, "state": "pending",
                   "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0}
                  for r in plan.ranks]
+    spares = launch.spares
+    files = [n for k, n in (spares.tables if spares else {}).items() if k in ("hostfile", "rank_table")]
     out = {}
-    for h in plan.hosts:
+    for h in plan.all_hosts:
         head = h.name == plan.launch_host.name
         out[h.name] = {
             "run_id": run_id, "host": h.name, "role": "head" if head else "member", "token": token,
@@ -84,6 +88,17 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
             "secret_env": dict(launch.secret_env.get(h.name, {})),
             **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
         }
+        if spares is not None:
+            out[h.name]["launch_files"] = files
+            if head:
+                out[h.name].update(spares=[x.name for x in plan.spares], spare_fits=spares.fits(),
+                                   tables=dict(spares.tables), servers=list(spares.servers),
+                                   spare_servers=list(spares.spare_servers))
+            if h.spare:
+                out[h.name]["slot_procs"] = {
+                    slot: {"ranks": [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(slot)],
+                           "procs": [p.to_config() for p in procs]}
+                    for slot, procs in spares.slot_procs.get(h.name, {}).items()}
     return out
 
 
@@ -95,6 +110,22 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
 AGENT_MODULE = layout.PACKAGE
 AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
               f"from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
+
+
+# The package travels compressed (base64 of zlib of {file name: source}) and is unpacked by the
+# host's python3: a script goes to the host as one `sh -c` argument, which Linux caps at 128 KiB
+# (MAX_ARG_STRLEN), and the sources alone are more than that; compressed they are a third of it.
+_UNPACK_PY = ("import base64,json,os,sys,zlib\n"
+              "for n,t in json.loads(zlib.decompress(base64.b64decode(sys.stdin.read()))).items():\n"
+              " f=os.open(os.path.join(sys.argv[1],n),os.O_WRONLY|os.O_CREAT|os.O_TRUNC|os.O_NOFOLLOW,0o600)\n"
+              " with os.fdopen(f,'w') as fh:\n  fh.write(t)\n")
+
+
+@lru_cache(maxsize=1)
+def agent_blob() -> str:
+    """The agent package as _UNPACK_PY reads it: one line of base64."""
+    raw = json.dumps(agent_sources(), separators=(",", ":")).encode()
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
 def _write_agent(rdir: str) -> str:
@@ -111,9 +142,7 @@ def _write_agent(rdir: str) -> str:
                      f"|| {{ printf 'orch: %s is not a directory of this user (a link, or another user owns it)\\n' "
                      f"{q(d)} >&2; exit 1; }}")
         lines.append(f"chmod 700 {q(d)} || exit 1")
-    for name, src in agent_sources().items():
-        assert "\nORCH_AGENT_EOF\n" not in src
-        lines.append(f"cat > {q(pkg + '/' + name)} <<'ORCH_AGENT_EOF'\n{src}\nORCH_AGENT_EOF")
+    lines.append(f"{' '.join(PY)} -c {q(_UNPACK_PY)} {q(pkg)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF")
     lines.append(f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{AGENT_STUB}ORCH_AGENT_EOF")
     return "\n".join(lines) + "\n"
 

@@ -48,7 +48,7 @@ def running(hosts=("a", "b"), **cfg):
     head = make(hosts, **cfg)
     events = [H.joined(h, "10.1.0.1") for h in hosts[1:]]
     _, actions = H.decide(head, events, T0 + 1)
-    assert ("start", 1, "10.1.0.1") in actions
+    assert ("start", 1, "10.1.0.1") in starts(actions)
     H.decide(head, [rep(head, h, {}) for h in hosts], T0 + 1.5)
     assert head.phase == H.Phase.RUN and head.state == RunState.RUNNING
     return head
@@ -56,6 +56,11 @@ def running(hosts=("a", "b"), **cfg):
 
 def kinds(actions):
     return [a[0] for a in actions]
+
+
+def starts(actions):
+    """("start", attempt, head address) of each start action (its setup left out)."""
+    return [a[:3] for a in actions if a[0] == "start"]
 
 
 def finish_stopping(head, t, hosts=("a", "b")):
@@ -83,7 +88,7 @@ def test_every_member_joined_starts_attempt_one_on_the_address_most_reached():
     assert "start" not in kinds(actions)
     _, actions = H.decide(head, [H.joined("c", "10.1.0.1")], T0 + 0.6)
     # a tie: the preferred (first advertised) address
-    assert ("start", 1, "10.0.0.1") in actions and head.doc["reached"] == {"b": "10.0.0.1", "c": "10.1.0.1"}
+    assert ("start", 1, "10.0.0.1") in starts(actions) and head.doc["reached"] == {"b": "10.0.0.1", "c": "10.1.0.1"}
 
 
 def test_a_second_join_for_a_joined_host_is_refused():
@@ -226,7 +231,7 @@ def test_a_failed_attempt_restarts_after_the_delay_while_restarts_remain():
     _, actions = H.decide(head, [], T0 + 9)
     assert "start" not in kinds(actions)
     _, actions = H.decide(head, [], T0 + 10.6)
-    assert ("start", 2, "10.1.0.1") in actions and head.doc["attempt"] == 2
+    assert ("start", 2, "10.1.0.1") in starts(actions) and head.doc["attempt"] == 2
     assert all(r["state"] == "pending" and r["attempt"] == 2 for r in head.doc["ranks"])
     # a late report of attempt 1 changes nothing
     H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 4)}, attempt=1)], T0 + 11)
@@ -422,3 +427,88 @@ def test_a_report_of_an_ended_rank_without_an_end_is_refused():
     with pytest.raises(protocol.ProtocolError):
         protocol._parse_rank({**base, "state": "running", "end": 5.0})
     assert protocol._parse_rank({**base, "state": "exited", "end": 5.0})["state"] == "exited"
+
+
+# --------------------------------------------------------------------------- spares
+
+def _server(name, addr, ranks=()):
+    return {"name": name, "address": addr, "slots": 2, "ranks": [list(r) for r in ranks], "device_ips": {},
+            "super_device_ids": {}, "super_pod_id": None}
+
+
+def with_spares(spares=("s1",), fits=None, **cfg):
+    """A running head over hosts a, b (ranks 0-3, mpirun's hostfile) with spares that may replace b."""
+    fits = fits if fits is not None else {s: ["b"] for s in spares}
+    servers = [_server("a", "10.0.0.1", [(0, 0), (1, 1)]), _server("b", "10.0.0.2", [(2, 0), (3, 1)])]
+    head = make(spares=list(spares), spare_fits=fits, tables={"hostfile": "hostfile"}, servers=servers,
+                spare_servers=[_server(s, "10.0.0.%d" % (9 + i)) for i, s in enumerate(spares)], **cfg)
+    _, actions = H.decide(head, [H.joined(h, "10.0.0.1") for h in ("b", *spares)], T0 + 1)
+    assert starts(actions) == [("start", 1, "10.0.0.1")]
+    H.decide(head, [rep(head, h, {}) for h in ("a", "b")], T0 + 1.5)
+    return head
+
+
+def lose_b(head, t):
+    """b's supervisor connection closes; a's ranks stop; returns the actions of the stop's end."""
+    H.decide(head, [H.gone("b")], t)
+    H.decide(head, [], t + 0.1)
+    _, actions = H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, t + 0.2), 1: ("stopped", None, 15, t + 0.2)},
+                                     live=False)], t + 0.5)
+    return actions
+
+
+def test_a_lost_host_is_replaced_by_a_spare_which_runs_its_ranks_with_files_rendered_for_the_new_host_set():
+    head = with_spares()
+    lose_b(head, T0 + 3)
+    assert head.phase == H.Phase.DELAY and head.state == RunState.RUNNING     # restarts: 0, yet replaced
+    assert "host b replaced by spare s1: starting attempt 2" in head.doc["message"]
+    _, actions = H.decide(head, [], T0 + 4)
+    (start,) = [a for a in actions if a[0] == "start"]
+    _, k, _, setup = start
+    assert k == 2 and setup["slots"] == {"s1": "b"} and setup["replaced"] == "b->s1"
+    assert setup["files"] == {"hostfile": "# orch: 2 hosts, 4 ranks, in plan order (ranks are contiguous per host, "
+                                          "by slot)\n10.0.0.1 slots=2\n10.0.0.9 slots=2\n"}
+    assert [r["host"] for r in head.doc["ranks"]] == ["a", "a", "s1", "s1"]
+    assert head.doc["hosts"] == ["a", "s1"] and head.doc["spares"] == [] and head.doc["lost"] == []
+    assert head.doc["attempts"][0]["hosts"] == ["a", "b"] and head.doc["attempts"][1]["hosts"] == ["a", "s1"]
+    assert head.doc["replaced"][0]["host"] == "b" and head.doc["replaced"][0]["by"] == "s1"
+    assert "connection to its supervisor closed" in head.doc["replaced"][0]["why"]
+    # the spare's reports now count for ranks 2-3; the old host's are ignored
+    H.decide(head, [rep(head, "a", {0: ("exited", 0, None, T0 + 5), 1: ("exited", 0, None, T0 + 5)}),
+                    rep(head, "s1", {2: ("exited", 0, None, T0 + 5), 3: ("exited", 0, None, T0 + 5)})], T0 + 5)
+    finish_stopping(head, T0 + 5.5, hosts=("a", "s1"))
+    assert head.state == RunState.SUCCEEDED and head.doc["message"] == "all 4 ranks exited 0"
+
+
+def test_with_no_spare_left_the_run_ends_lost_naming_the_host_and_where_the_spares_went():
+    head = with_spares(spares=("s1", "s2"), lost_after=100)
+    H.decide(head, [H.gone("s2")], T0 + 2)          # an idle spare is lost: the run goes on
+    assert head.phase == H.Phase.RUN and head.doc["spares"] == ["s1"]
+    lose_b(head, T0 + 3)
+    H.decide(head, [], T0 + 4)
+    H.decide(head, [rep(head, "a", {}), rep(head, "s1", {})], T0 + 4.5)
+    assert head.doc["attempt"] == 2
+    H.decide(head, [H.gone("s1")], T0 + 6)            # now the spare that took b's place is lost too
+    H.decide(head, [], T0 + 6.1)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 6.2), 1: ("stopped", None, 15, T0 + 6.2)},
+                        live=False)], T0 + 6.5)
+    assert head.state == RunState.LOST and head.phase == H.Phase.DONE
+    msg = head.doc["message"]
+    assert "lost contact with host s1" in msg and "no spare host left to take the place of s1" in msg
+    assert "s1 took b's place in attempt 2" in msg and "s2 was lost" in msg
+
+
+def test_a_spare_replaces_only_a_host_it_fits_and_never_the_launch_host():
+    head = with_spares(fits={"s1": []})
+    lose_b(head, T0 + 3)
+    assert head.state == RunState.LOST and "no spare host left to take the place of b" in head.doc["message"]
+    assert "s1 does not fit" in head.doc["message"]
+
+
+def test_a_failure_not_naming_a_host_restarts_on_the_same_hosts_with_the_restarts_budget():
+    head = with_spares(restarts=1)
+    H.decide(head, [rep(head, "b", {2: ("failed", 1, None, T0 + 2)})], T0 + 2)
+    finish_stopping(head, T0 + 2.2)
+    assert head.phase == H.Phase.DELAY and head.doc["replaced"] == [] and head.doc["hosts"] == ["a", "b"]
+    _, actions = H.decide(head, [], T0 + 3)
+    assert [a[3]["slots"] for a in actions if a[0] == "start"] == [{}]
