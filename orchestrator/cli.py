@@ -535,6 +535,10 @@ def _report_outcome(result, as_json: bool = False) -> None:
     if view is not None and len(view.attempts) > 1:
         for a in view.attempts:
             click.echo(f"orch: attempt {a['attempt']}: {a['state']}: {a.get('message') or ''}", err=True)
+        from .runstate import history
+
+        for line in history(view):
+            click.echo(f"orch: {line}", err=True)
     missing = result.logs_missing
     if result.exit_code == 0:
         click.secho(f"orch: run {run.id} succeeded: {outcome.message} ({where})", fg="green", err=True)
@@ -600,6 +604,8 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
                 runstate.describe(r["exit_code"], r.get("signal")))
             table.add_row(str(r["rank"]), r["host"], str(r["device"]), str(r["pid"] or "-"), r["state"], how)
         console.print(table)
+        for line in runstate.history(view):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         if view.message:
             console.print(view.message, soft_wrap=True)
         for host, err in view.unreachable.items():

@@ -393,6 +393,8 @@ class Lifecycle:
         attempt = self.view.attempt if self.view and self.view.attempt else 1
         from . import logs
 
+        if self.view and self.view.replaced:   # which host ran which rank (logs.gather reads it here)
+            self.run.data["replaced"] = self.view.replaced
         out = logs.gather(self.run, self.cluster, self.plan, self.pool, hosts, launcher_attempt=attempt)
         missing = {n: why for n, why in out.items() if why != "ok"}
         missing.update({n: "lost" for n in lost})
@@ -427,7 +429,7 @@ def record(run: Run, outcome: RunEnd) -> None:
         data.update(exit_codes={str(r["rank"]): r.get("exit_code") for r in view.ranks},
                     signals={str(r["rank"]): r["signal"] for r in view.ranks if r.get("signal")},
                     attempt=max(1, view.attempt), attempts=view.attempts, lost=view.lost,
-                    ranks=view.ranks)
+                    ranks=view.ranks, **({"replaced": view.replaced} if view.replaced else {}))
     run.data.update(data)
     run.save()
 

@@ -21,6 +21,7 @@ from typing import Mapping
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
 from .launchers import PY, run_dir
+from .plan import current_hosts, ranks_by_host
 from .runs import Run
 
 _LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")  # (attempt, rank)
@@ -292,6 +293,7 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
     A host that answered but whose gather failed still gets its launcher log read alone; one that
     cannot be reached is not asked again. Never raises: {host: "ok" or why not}."""
     launchers = launcher_hosts(cluster, plan) if launcher_attempt is not None else []
+    ran = ranks_by_host(plan, run.data.get("replaced") or ())
 
     def one(h):
         remote = local = None
@@ -300,7 +302,7 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
         sink = _Gathered(run, local)
         ok = False
         try:
-            res = pool[h].run(gather_script(run, cluster, [r.rank for r in plan.by_host(h.name)], remote), sink=sink)
+            res = pool[h].run(gather_script(run, cluster, ran.get(h.name, []), remote), sink=sink)
             ok = res.ok
         finally:
             sink.close(ok)
@@ -311,7 +313,7 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
                 pass  # left out, silently: the ranks' logs say what matters
         res.check("gathering logs")
 
-    hosts = plan.hosts if hosts is None else hosts
+    hosts = [h for h in (plan.all_hosts if hosts is None else hosts) if h.name in ran or h.name in launchers]
     res = fan_out(hosts, one, limit=cluster.ssh.fanout)
     return {n: ("ok" if o.ok else str(o.error)) for n, o in res.items()}
 
@@ -436,8 +438,9 @@ class Follow:
 
         q: queue.Queue = queue.Queue(maxsize=64)
         by_host: dict[str, list[int]] = {}
+        now = current_hosts(plan, self.run.data.get("replaced") or ())
         for r in self.ranks:
-            by_host.setdefault(plan.ranks[r].host, []).append(r)
+            by_host.setdefault(now[r], []).append(r)
         window = supervisor.lost_after(cluster)
 
         def one(host: str, ranks: list[int]) -> None:
@@ -522,9 +525,10 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
         return
     cluster = run.cluster()
     plan = plan_from_run(run)
-    hosts = {plan.ranks[r].host for r in ranks}
+    ran = ranks_by_host(plan, run.data.get("replaced") or ())
+    hosts = {h for h, rs in ran.items() if set(rs) & set(ranks)}
     with Pool(cluster) as pool:  # only the selected ranks' hosts are asked
-        got = gather(run, cluster, plan, pool, [h for h in plan.hosts if h.name in hosts])
+        got = gather(run, cluster, plan, pool, [h for h in plan.all_hosts if h.name in hosts])
         short = {h: why for h, why in got.items() if why != "ok"}
         k = attempt or _latest_local_attempt(run, ranks)
         yield from first_pass(k)
@@ -554,7 +558,7 @@ def _complete(run: Run) -> dict[str, str]:
 
     cluster = run.cluster()
     plan = plan_from_run(run)
-    hosts = [h for h in plan.hosts if h.name in set(run.data["logs_incomplete"])]
+    hosts = [h for h in plan.all_hosts if h.name in set(run.data["logs_incomplete"])]
     with Pool(cluster) as pool:
         res = gather(run, cluster, plan, pool, hosts)
     run.reload()

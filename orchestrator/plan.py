@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from . import sh
 from .devices import HCCN_CONF
@@ -150,6 +150,23 @@ class RankPlan:
             **({"spares": [{"name": h.name, "address": h.address, "devices": list(h.devices)} for h in self.spares]}
                if self.spares else {}),
         }
+
+
+def ranks_by_host(plan: RankPlan, replacements: Sequence[Mapping] = ()) -> dict[str, list[int]]:
+    """{host: the ranks it ran in any attempt}: the planned hosts' own, and each spare that took a
+    lost host's place (the head's `replaced` records, in order: {"host", "by", ...}) that host's."""
+    out = {h.name: [r.rank for r in plan.by_host(h.name)] for h in plan.hosts}
+    for rec in replacements:
+        out[rec["by"]] = sorted(set(out.get(rec["by"], [])) | set(out.get(rec["host"], [])))
+    return out
+
+
+def current_hosts(plan: RankPlan, replacements: Sequence[Mapping] = ()) -> dict[int, str]:
+    """{rank: the host that runs it now} (after the replacements, in order)."""
+    now = {r.rank: r.host for r in plan.ranks}
+    for rec in replacements:
+        now = {k: rec["by"] if h == rec["host"] else h for k, h in now.items()}
+    return now
 
 
 def replaced(plan: RankPlan, swaps: Mapping[str, str]) -> RankPlan:

@@ -52,6 +52,7 @@ class RunView:
     ended: float | None = None
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
     run_id: str | None = None   # which run (api.status sets it)
+    replaced: list[dict] = field(default_factory=list)   # spares in lost hosts' places: attempt, host, by, why
 
     @property
     def final(self) -> bool:
@@ -65,7 +66,8 @@ class RunView:
         return {"state": self.state, "message": self.message, "attempt": self.attempt, "attempts": self.attempts,
                 "first_failure": self.first_failure, "lost": self.lost, "ranks": self.ranks,
                 "unreachable": self.unreachable, "started": self.started, "ended": self.ended,
-                **({"slurm": self.slurm} if self.slurm is not None else {})}
+                **({"slurm": self.slurm} if self.slurm is not None else {}),
+                **({"replaced": self.replaced} if self.replaced else {})}
 
 
 def _row(r: Mapping) -> dict:
@@ -86,7 +88,7 @@ def from_head(doc: Mapping) -> RunView:
                    attempt=int(doc.get("attempt") or 0), attempts=list(doc.get("attempts") or []),
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
-                   ended=doc.get("ended"))
+                   ended=doc.get("ended"), replaced=list(doc.get("replaced") or []))
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
@@ -140,3 +142,17 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
             f"stop them with `orch down --run {rid}`")
     view.unreachable = dict(unreachable)
     return view
+
+
+def history(view: RunView) -> list[str]:
+    """What `orch status` and `orch up` say of a run whose hosts changed: each attempt's host set
+    and state, then each replacement and why (nothing when every attempt ran on the planned hosts)."""
+    if not view.replaced:
+        return []
+    from .hostsets import fold
+
+    lines = [f"attempt {a['attempt']} on {fold(a.get('hosts') or ())}: {a.get('state')}" for a in view.attempts]
+    lines += [f"attempt {r['attempt']}: spare {r['by']} took the place of {r['host']} ({r['why']})"
+              for r in view.replaced]
+    return lines
+

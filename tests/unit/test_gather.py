@@ -19,6 +19,7 @@ class FakeRun:
     def __init__(self, here: Path):
         self.id = "RID"
         self.dir = here
+        self.data: dict = {}
 
     def local_log(self, rank: int, attempt: int = 1) -> Path:
         base = self.dir / "logs" if attempt <= 1 else self.dir / "logs" / f"attempt-{attempt}"
@@ -143,7 +144,7 @@ def test_a_host_that_cannot_be_reached_is_asked_once_one_that_answered_gets_its_
             return 0
 
     hosts = [SimpleNamespace(name=n) for n in ("down", "broken", "fine")]
-    plan = SimpleNamespace(hosts=hosts, launch_host=hosts[0], by_host=lambda name: (),
+    plan = SimpleNamespace(hosts=hosts, all_hosts=hosts, launch_host=hosts[0], by_host=lambda name: (),
                            node_rank=lambda name: [h.name for h in hosts].index(name))
     cluster = SimpleNamespace(job=SimpleNamespace(workdir="/w", launcher="msrun"), ssh=SimpleNamespace(fanout=4))
     pool = type("Pool", (), {"__getitem__": lambda self, h: Conn(h.name)})()
