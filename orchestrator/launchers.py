@@ -26,7 +26,8 @@ from .plan import RankPlan
 from .model import Cluster, Host
 
 # the names the hosts' supervisor uses too: one copy, in the agent package
-from .agent.layout import AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR, RANK_OUTPUT_VAR, RUN_VAR
+from .agent.layout import (AGENT, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR, RANK_OUTPUT_VAR, REPLACED_VAR,
+                           RUN_VAR)
 from .agent.layout import ATTEMPT_DIR_TOKEN as ATTEMPT_DIR
 from .agent.layout import ORCH_DIR
 # In an argv or env value: the launch host's address as the other hosts reached it (torchrun's and
@@ -196,7 +197,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         c = _with_env(cluster, job_x)
         argv = render.mpirun_argv(c, plan, hostfile_path=render.hostfile_path(c), root=root.get(head.name, False),
                                   interface=mca, output_dir=ATTEMPT_DIR,
-                                  pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR),
+                                  pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR, REPLACED_VAR),
                                   command=_wrapped(rdir, job.command), tag=(RUN_VAR, run_id))
         env = _launcher_path_env(cluster, head.name)
         procs[head.name].append(Proc("mpirun", tuple(argv), env, job.workdir, "mpirun.log"))

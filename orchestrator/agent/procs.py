@@ -227,9 +227,8 @@ class Local:
             env.update(json.loads(env.pop(SLURM_JOB_VAR)))
             env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")  # mpirun's orteds share our nodes
         env.update({k: substitute(v, adir, self.head_address) for k, v in p["env"].items()})
-        env.update({RUN_VAR: self.run_id, DIR_VAR: self.rundir, ATTEMPT_VAR: str(attempt)})
-        if self.replaced:
-            env[REPLACED_VAR] = self.replaced
+        # the hosts replaced by spares so far ("" when none): mpirun passes it on to its ranks (-x)
+        env.update({RUN_VAR: self.run_id, DIR_VAR: self.rundir, ATTEMPT_VAR: str(attempt), REPLACED_VAR: self.replaced})
         rank = p.get("rank")
         try:
             os.makedirs(os.path.dirname(log), exist_ok=True)

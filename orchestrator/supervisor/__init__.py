@@ -83,7 +83,7 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
             "launcher": job.launcher, "on_failure": job.on_failure, "restarts": job.restarts,
             "restart_delay": job.restart_delay, "stall_timeout": job.stall_timeout, "timeout": job.timeout,
             "grace": STOP_GRACE, "lost_after": lost_after(cluster), "join_timeout": JOIN_TIMEOUT,
-            "ranks": [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
+            "ranks": [] if h.spare else [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
             "procs": [p.to_config() for p in launch.procs.get(h.name, ())],
             "secret_env": dict(launch.secret_env.get(h.name, {})),
             **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
