@@ -113,7 +113,7 @@ class LocalWriteError(OrchError):
     exit_code = 5
 
     @classmethod
-    def of_log(cls, path, exc: OSError) -> "LocalWriteError":
+    def of_log(cls, path, exc: OSError) -> LocalWriteError:
         """A log's copy here that cannot be written (the hosts keep the log)."""
         return cls(f"cannot write {path}: {exc.strerror or exc}",
                    hint="free some space here, then `orch logs` fetches the rest")

@@ -56,7 +56,7 @@ class Results(dict, Generic[T]):
         return {n: o.value for n, o in self.items() if o.error is None}
 
     def raise_if_failed(self, error: Callable[..., OrchError], message: str, *, hint: str | None = None,
-                        brief: bool = False) -> "Results[T]":
+                        brief: bool = False) -> Results[T]:
         """Raise `error(message + the failures, hint=hint)` when some host failed; `{n}` in the
         message is the number of hosts that did. Each failure on its own line: in full, or
         (`brief`) its first line, at most SHOWN_ERRORS of them. Returns self when none did."""

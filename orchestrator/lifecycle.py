@@ -52,7 +52,7 @@ class RunEnd:
         return self.view.exit_codes if self.view else {}
 
     @classmethod
-    def of(cls, view: RunView) -> "RunEnd":
+    def of(cls, view: RunView) -> RunEnd:
         return cls(view.state, view.message, view.first_failure, view)
 
 

@@ -61,7 +61,7 @@ class Host:
     device_ips: Mapping[int, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     hostname: str | None = None          # where SSH connects, when ssh_config's HostName differs from address
-    jump: tuple["Host", ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
+    jump: tuple[Host, ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
     proxy_command: str | None = None     # ssh_config's ProxyCommand, tokens expanded
     mpi_address: str | None = None       # how the other hosts reach this one, when not as the controller does
     keepalive: float | None = None       # ssh_config's ServerAliveInterval
@@ -97,7 +97,7 @@ class Host:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Host":
+    def from_dict(cls, d: Mapping) -> Host:
         return cls(**_known(cls, d, devices=_tuple(d, "devices"),
                             device_ips={int(k): v for k, v in (d.get("device_ips") or {}).items()},
                             env=dict(d.get("env") or {}), jump=tuple(cls.from_dict(j) for j in d.get("jump") or ()),
@@ -118,7 +118,7 @@ class SshSettings:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "SshSettings":
+    def from_dict(cls, d: Mapping) -> SshSettings:
         return cls(**_known(cls, d))
 
 
@@ -156,7 +156,7 @@ class Job:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Job":
+    def from_dict(cls, d: Mapping) -> Job:
         return cls(**_known(cls, d, **{k: _tuple(d, k) for k in _JOB_TUPLES}, env=dict(d.get("env") or {})))
 
 
@@ -174,7 +174,7 @@ class Checks:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Checks":
+    def from_dict(cls, d: Mapping) -> Checks:
         return cls(**_known(cls, d, versions=_tuple(d, "versions"), skip=_tuple(d, "skip")))
 
 
@@ -200,7 +200,7 @@ class Slurm:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Slurm":
+    def from_dict(cls, d: Mapping) -> Slurm:
         login = d.get("login_host")
         return cls(**_known(cls, d, template=Host.from_dict(d["template"]), extra=_tuple(d, "extra"),
                             login_host=Host.from_dict(login) if login else None))
@@ -247,7 +247,7 @@ class Cluster:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Cluster":
+    def from_dict(cls, d: Mapping) -> Cluster:
         slurm = d.get("slurm")
         return cls(**_known(cls, d, path=Path(d["path"]), hosts=tuple(Host.from_dict(h) for h in d.get("hosts", ())),
                             job=Job.from_dict(d["job"]), ssh=SshSettings.from_dict(d.get("ssh") or {}),
@@ -261,7 +261,7 @@ class Cluster:
                 return h
         raise KeyError(name)
 
-    def select(self, pattern: str | None) -> "Cluster":
+    def select(self, pattern: str | None) -> Cluster:
         """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
         if not pattern:
             return self

@@ -103,7 +103,7 @@ class Listen:
     why), its global IPv4 addresses, job.interface there (when set)."""
     port: int | None
     addresses: tuple[str, ...]
-    interface: "IfAddr | None"
+    interface: IfAddr | None
     error: str = ""
 
 

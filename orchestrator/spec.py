@@ -478,7 +478,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
 
 
 class _SshLookup(NamedTuple):
-    config: "SshConfig"
+    config: SshConfig
     timeout_from_config: bool  # ssh.connect_timeout not set in cluster.yaml: ConnectTimeout applies
 
 

@@ -238,7 +238,7 @@ class Relay:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, plan) -> "Relay | None":
+    def of(cls, plan) -> Relay | None:
         """None when no host tests (check skipped, one host)."""
         if SECTION not in plan.checks or not _applies(plan, plan.launch):
             return None

@@ -177,7 +177,7 @@ class Lab:
 
     def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
            slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False,
-           dual_homed_head: bool = False) -> "Lab":
+           dual_homed_head: bool = False) -> Lab:
         """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
         returns self. `ssh_port`: every sshd listens there; `user`: the inventory's user, an
         ordinary account (uid 4300) on every host; `bastion`: the hosts are reachable only

@@ -59,7 +59,10 @@ def up_batch(bridge: str, k: int, hosts: Sequence[LabHost], jump: dict | None = 
         f"link set {bridge} up",
     ]
     hosts_bridge = bridge
-    no_v6 = (lambda dev: [f"link set {dev} addrgenmode none"] if v6 and jump is not None else [])
+
+    def no_v6(dev: str) -> list[str]:
+        return [f"link set {dev} addrgenmode none"] if v6 and jump is not None else []
+
     if jump:
         hosts_bridge = jump["bridge"]
         netns, veth, back = jump["netns"], jump["veth"], jump["back_veth"]

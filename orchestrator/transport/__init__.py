@@ -77,7 +77,7 @@ class Pool:
             except Exception:  # noqa: BLE001 - closing must never mask the real outcome
                 pass
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:

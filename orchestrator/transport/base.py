@@ -58,7 +58,7 @@ class Result:
     def err(self) -> str:
         return self.stderr.decode("utf-8", "replace")
 
-    def check(self, what: str | None = None) -> "Result":
+    def check(self, what: str | None = None) -> Result:
         if self.exit_code != 0:
             tail = (self.err.strip() or self.out.strip())[-500:]
             raise RemoteCommandError(
@@ -81,10 +81,10 @@ class Transport(ABC):
         """Run `script` with sh; return (exit code, stdout, stderr). If `sink` is given,
         stdout is streamed into it (and the returned stdout is b"")."""
 
-    def connect(self) -> None:
+    def connect(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
         """Open the connection now (SSH); a no-op locally."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
         """Release the connection."""
 
     # ---- shared operations

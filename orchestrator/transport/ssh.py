@@ -218,7 +218,7 @@ class Gateways:
         self._lock = threading.Lock()
         self._hops: dict[tuple, tuple[SshTransport, threading.BoundedSemaphore]] = {}
 
-    def hop(self, chain: tuple[Host, ...]) -> tuple["SshTransport", threading.BoundedSemaphore]:
+    def hop(self, chain: tuple[Host, ...]) -> tuple[SshTransport, threading.BoundedSemaphore]:
         """The connection to chain[-1] (made through chain[:-1]) and its slots for new tunnels."""
         key = tuple((j.user, j.ssh_address, j.port, j.identity_file, j.known_hosts) for j in chain)
         with self._lock:
@@ -259,7 +259,7 @@ class SshTransport(Transport):
         self._failed: tuple[float, ConnectError] | None = None
 
     @classmethod
-    def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> "SshTransport":
+    def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> SshTransport:
         return cls(host, connect_timeout=ssh.connect_timeout, command_timeout=ssh.command_timeout,
                    retries=ssh.retries, host_key_policy=ssh.host_key_policy, gateways=gateways)
 
@@ -314,7 +314,7 @@ class SshTransport(Transport):
         finally:
             slots.release()
 
-    def open_tunnel(self, address: str, port: int, timeout: float) -> "_Tunnel":
+    def open_tunnel(self, address: str, port: int, timeout: float) -> _Tunnel:
         """A TCP connection from this host to address:port (as `ssh -W` makes), for a host behind it."""
         self.connect()
         transport = self._transport
@@ -334,7 +334,7 @@ class SshTransport(Transport):
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
 
-    def _handshake(self, timeout: float, gw: "SshTransport | None") -> paramiko.SSHClient:
+    def _handshake(self, timeout: float, gw: SshTransport | None) -> paramiko.SSHClient:
         h = self.host
         kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
@@ -367,7 +367,7 @@ class SshTransport(Transport):
                 # small message after another one waits for the peer's delayed ACK (40 ms on Linux).
                 # That was 40-80 ms on every command (a channel open, the exec request, stdin, EOF).
                 kwargs["sock"].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - _translate names it for the user (Ctrl-C passes through)
                 raise self._translate(exc, timeout) from None
         client = paramiko.SSHClient()
         if os.path.exists(h.known_hosts):
@@ -379,7 +379,7 @@ class SshTransport(Transport):
         client.set_missing_host_key_policy(_Policy(h, self.host_key_policy == "accept-new"))
         try:
             client.connect(h.ssh_address, port=h.port, username=h.user, transport_factory=_make_transport, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - _translate names it for the user (Ctrl-C passes through)
             client.close()
             kwargs["sock"].close()
             raise self._translate(exc, timeout) from None
@@ -460,7 +460,7 @@ class SshTransport(Transport):
                                         hint=_UNREACHABLE_HINT) from None
         try:
             return _drive(chan, script, stdin, sink, deadline, self.host.name, timeout)
-        except (socket.error, paramiko.SSHException, EOFError) as exc:
+        except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
