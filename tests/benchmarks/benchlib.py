@@ -50,7 +50,7 @@ class Measured:
     stderr: bytes
     own_cpu: float = 0.0  # user + sys of the process alone (its last /proc sample, up to 5 ms before its end)
 
-    def check(self, what: str) -> "Measured":
+    def check(self, what: str) -> Measured:
         if self.rc != 0:
             tail = (self.stderr or self.stdout)[-2000:].decode("utf-8", "replace")
             raise RuntimeError(f"{what}: exit code {self.rc}: {tail}")
@@ -188,7 +188,7 @@ class SshdCounter:
         self.hosts = hosts
         self.offsets: dict[str, int] = {}
 
-    def start(self) -> "SshdCounter":
+    def start(self) -> SshdCounter:
         for h in self.hosts:
             p = h.lab.sshd_log(h.index)
             self.offsets[h.name] = p.stat().st_size if p.exists() else 0

@@ -119,7 +119,7 @@ def closed_by_peer(s: socket.socket, limit=8.0) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
