@@ -188,6 +188,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     plan_for = relay.plan_for if relay is not None else None
 
     def launch_probe(h: Host, on_connected) -> ProbeRun:
+        assert relay is not None  # probe() calls it only when there is a relay
         run = None
         try:
             run = probe_host(plan, pool, h, on_connected=on_connected, watch=relay.feed)
@@ -252,7 +253,7 @@ def resolve_address(address: str) -> frozenset[str] | None:
     except ValueError:
         pass
     try:
-        return frozenset(ai[4][0] for ai in socket.getaddrinfo(address, None))
+        return frozenset(str(ai[4][0]) for ai in socket.getaddrinfo(address, None))
     except OSError:
         return None
 
