@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Literal
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
@@ -240,7 +241,7 @@ class Gateways:
 
 class SshTransport(Transport):
     def __init__(self, host: Host, *, connect_timeout: float = 10, command_timeout: float = 120,
-                 retries: int = 3, host_key_policy: str = "strict", gateways: Gateways | None = None):
+                 retries: int = 3, host_key_policy: Literal["strict", "accept-new"] = "strict", gateways: Gateways | None = None):
         super().__init__(host, command_timeout)
         self.connect_timeout = host.connect_timeout or connect_timeout
         self.retries = retries
@@ -266,7 +267,7 @@ class SshTransport(Transport):
     # ---- connection
     def connect(self) -> None:
         with self._lock:
-            if self._transport is not None and self._transport.active:
+            if self._transport is not None and self._transport.is_active():
                 return
             if self._refused is not None:  # asking again would only be refused again (and logged)
                 raise self._refused
@@ -300,6 +301,7 @@ class SshTransport(Transport):
     def _open(self, timeout: float) -> paramiko.SSHClient:
         if not self.host.jump:
             return self._handshake(timeout, None)
+        assert self.gateways is not None  # made in __init__ for a host behind jump hosts
         gw, slots = self.gateways.hop(self.host.jump)
         try:
             gw.connect()
@@ -336,7 +338,7 @@ class SshTransport(Transport):
 
     def _handshake(self, timeout: float, gw: SshTransport | None) -> paramiko.SSHClient:
         h = self.host
-        kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
+        kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
         if h.identity_file:
             if not os.path.exists(h.identity_file):
@@ -385,6 +387,7 @@ class SshTransport(Transport):
             raise self._translate(exc, timeout) from None
         self.connections_opened += 1
         transport = client.get_transport()
+        assert transport is not None  # connect() succeeded
         transport.set_keepalive(int(h.keepalive) if h.keepalive else 15)
         # paramiko's thread wakes every socket timeout (0.1 s) to look at its own state: 0.7 ms of
         # CPU per host per second, for every idle connection of the invocation (all of them, while
@@ -443,7 +446,7 @@ class SshTransport(Transport):
                 self._client.close()
                 self._client = None
                 self._transport = None
-        if self._own_gateways:
+        if self._own_gateways and self.gateways is not None:
             self.gateways.close()
 
     # ---- the primitive
