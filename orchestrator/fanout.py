@@ -78,7 +78,7 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
     """Call fn(host) for every host, `limit` at a time. Returns {host.name: Outcome} (Results),
     in the order of `hosts`."""
     hosts = list(hosts)
-    todo: queue.SimpleQueue[Host | None] = queue.SimpleQueue()
+    todo: queue.SimpleQueue[Host] = queue.SimpleQueue()
     done: queue.SimpleQueue[tuple[Outcome[T], int]] = queue.SimpleQueue()
     cancel = threading.Event()
     started: dict[str, float] = {}
