@@ -7,7 +7,10 @@ errors about a host carry the host, errors about a file carry where in it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .checks.base import Report
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class LabError(OrchError):
 
 class PreflightFailed(OrchError):
     exit_code = 3
+    report: Report | None = None  # the checks that failed (api.up), for the CLI to print
 
 
 class LocalWriteError(OrchError):
