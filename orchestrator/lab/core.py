@@ -200,7 +200,7 @@ class Lab:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
         plan_vary = parse_vary(vary)
         for idx in plan_vary:
-            if idx != "*" and not 1 <= idx <= n:
+            if isinstance(idx, int) and not 1 <= idx <= n:
                 raise LabError(f"--vary names host {idx}, but the lab has hosts 1..{n}")
         refuse = set()
         for idx in refuse_key or ():
@@ -237,7 +237,7 @@ class Lab:
                                  created=created, python=python, now=time.time())
             labstate.save(self.state_path, state)
         try:
-            if passwd is not None:
+            if passwd is not None and group is not None:
                 write(self.state_dir / "passwd", passwd)
                 write(self.state_dir / "group", group)
             build.build(self, state, hosts, plan_vary, refuse, tools)
