@@ -6,6 +6,7 @@ errors about a host carry the host, errors about a file carry where in it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +118,7 @@ class LocalWriteError(OrchError):
     exit_code = 5
 
     @classmethod
-    def of_log(cls, path, exc: OSError) -> LocalWriteError:
+    def of_log(cls, path: str | os.PathLike[str], exc: OSError) -> LocalWriteError:
         """A log's copy here that cannot be written (the hosts keep the log)."""
         return cls(f"cannot write {path}: {exc.strerror or exc}",
                    hint="free some space here, then `orch logs` fetches the rest")

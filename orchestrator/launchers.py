@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from . import render, sh
 from .plan import RankPlan
@@ -62,7 +62,7 @@ class Proc:
     rank: int | None = None
     env_log: bool = False           # save the rank's environment beside its log (seed 001)
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, Any]:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
                 "log": self.log, "rank": self.rank, "env_log": self.env_log}
 
@@ -126,7 +126,7 @@ class Launch:
     head: HeadReach | None = None
 
 
-def _wrapped(rdir: str, command) -> list[str]:
+def _wrapped(rdir: str, command: Iterable[str]) -> list[str]:
     """A rank's command under `agent.py rank` (mpirun and msrun start ranks, not the supervisor)."""
     return [*PY, posixpath.join(rdir, AGENT), "rank", "--", *command]
 
@@ -222,7 +222,7 @@ _MSRUN_EXEC = ("import os,sys; a=sys.argv[1:]; e=os.environ; "
                "[sys.executable, e['ORCH_RUN_DIR']+'/agent.py', 'rank', '--']+a if w else a)")
 
 
-def msrun_task(command) -> list[str]:
+def msrun_task(command: Iterable[str]) -> list[str]:
     """What msrun runs for every worker, in place of `script args`."""
     command = list(command)
     script = render.msrun_script(command)
@@ -250,7 +250,7 @@ PLAN_RUN_ID = "<run-id>"
 
 
 def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: bool = True, device_ips: Mapping[str, Mapping[int, str]] | None = None,
-                    run_id: str = PLAN_RUN_ID) -> dict[str, list[dict]]:
+                    run_id: str = PLAN_RUN_ID) -> dict[str, list[dict[str, Any]]]:
     """{host name: [process record]}: exactly what each host's supervisor starts for attempt 1
     of a run (`orch up` runs these very argv lists), hosts in plan order. A record is
     {"key", "argv", "env", "cwd", "stdout"} plus "rank" for a rank the supervisor starts
@@ -262,12 +262,12 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips,
                    interfaces=planned_interfaces(cluster, plan))
     adir = posixpath.join(run_dir(cluster, run_id), "a1")
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[dict[str, Any]]] = {}
     for h in plan.hosts:
         recs = []
         for p in launch.procs[h.name]:
             env, argv = (sh.shown_env(p.env), map(sh.shown, p.argv)) if redact else (dict(p.env), p.argv)
-            rec = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in argv], "env": env,
+            rec: dict[str, Any] = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in argv], "env": env,
                    "cwd": p.cwd, "stdout": posixpath.join(adir, p.log)}
             if p.rank is not None:
                 rec["rank"] = p.rank
@@ -276,7 +276,7 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     return out
 
 
-def recorded_commands(configs: Mapping[str, Mapping]) -> dict[str, list[dict]]:
+def recorded_commands(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """What run.json keeps of the processes in the supervisors' configurations: {host: [{"key",
     "command", "cwd"}]}, each command line with its Secret words masked."""
     return {h: [{"key": p["key"], "command": sh.shown_join(p["argv"]), "cwd": p["cwd"]} for p in cfg["procs"]]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 from .errors import PlanError
 from .plan import Rank, RankPlan, visible_devices_var
@@ -141,10 +141,10 @@ def rank_table_v12(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]]) 
                         hint="get them with devices.super_devices_for (inventory super_device_ids/super_pod_id "
                              "or npu-smi info -t spod-info on the hosts)")
     servers = []
-    pods: dict[int, list[dict[str, str]]] = {}
+    pods: dict[int | None, list[dict[str, str]]] = {}
     for h in plan.hosts:
         ips = _ips(device_ips, h)
-        server = {"server_id": h.cluster_address}
+        server: dict[str, Any] = {"server_id": h.cluster_address}
         if _is_ip(h.cluster_address):
             server["host_ip"] = h.cluster_address
         server["device"] = [{"device_id": str(r.device_id), "super_device_id": str(h.super_device_ids[r.device_id]),
@@ -195,7 +195,7 @@ def _ips(device_ips: Mapping[str, Mapping[int, str]], h: Host) -> Mapping[int, s
     return ips
 
 
-def _dumps(obj) -> str:
+def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=4) + "\n"
 
 
@@ -427,7 +427,7 @@ def hccl_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
 # --------------------------------------------------------------------------- `orch plan --out`
 
 
-def plan_document(cluster: Cluster, plan: RankPlan) -> dict:
+def plan_document(cluster: Cluster, plan: RankPlan) -> dict[str, Any]:
     """plan.json: the cluster, the launcher, the hosts and every rank, in plan order."""
     doc = {"cluster": cluster.name, "file": str(cluster.path), **plan.to_dict()}
     if plan.launcher == "ranktable":
