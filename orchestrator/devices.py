@@ -91,11 +91,13 @@ def hccn_ips(conf: Mapping[int, HccnDevice]) -> dict[int, str]:
     """{device id: device NIC IP} from a parsed hccn.conf: only addresses that are IP addresses."""
     out: dict[int, str] = {}
     for d, dev in conf.items():
+        if dev.address is None:
+            continue
         try:
-            ipaddress.ip_address(dev.address or "")
+            ipaddress.ip_address(dev.address)
         except ValueError:
             continue
-        out[d] = dev.address  # type: ignore[assignment]
+        out[d] = dev.address
     return out
 
 

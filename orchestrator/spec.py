@@ -284,8 +284,8 @@ class RawJob(_Raw):
 
 
 class RawChecks(_Raw):
-    versions: list[Literal[KNOWN_TOOLS]] | None = None  # type: ignore[valid-type]
-    skip: list[Literal[KNOWN_CHECKS]] = []  # type: ignore[valid-type]
+    versions: list[Literal[KNOWN_TOOLS]] | None = None  # type: ignore[valid-type]  # pydantic reads it, mypy cannot
+    skip: list[Literal[KNOWN_CHECKS]] = []  # type: ignore[valid-type]  # a Literal of a tuple of names
     min_free_gib: float = 1.0
     clock_skew: float = 5.0
 

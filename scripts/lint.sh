@@ -18,6 +18,13 @@ echo "lint: ruff check" >&2
 "$py" -m ruff check --no-fix --output-format concise . || rc=1
 echo "lint: mypy" >&2
 "$py" -m mypy || rc=1
+# a deliberate exception says why, on its line: `# noqa: CODE - why`, `# type: ignore[code]  # why`
+bare=$(git ls-files '*.py' | xargs -r grep -nE '# noqa(: *[A-Z]+[0-9]+(, *[A-Z]+[0-9]+)*)? *$|# type: ignore(\[[-a-z, ]+\])? *$' || true)
+if [ -n "$bare" ]; then
+  echo "$bare" >&2
+  echo "lint: the noqa/type: ignore above carry no reason" >&2
+  rc=1
+fi
 if [ "$rc" != 0 ]; then
   echo "lint: findings above (fix them; a deliberate exception carries its reason: # noqa: CODE - why, # type: ignore[code]  # why)" >&2
 fi

@@ -653,7 +653,7 @@ class Supervisor:
                 doc = self.head.doc
                 try:   # this host's ranks as they ended (their pids, codes)
                     heads._merge(self.head, self.host, self.local.report())
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - best effort: the crash is recorded either way
                     pass
                 for r in doc["ranks"]:
                     if r.get("end") is None:
@@ -668,7 +668,7 @@ class Supervisor:
             else:
                 self.member_state = RunState.FAILED
             self.save()
-        except Exception as exc2:  # noqa: BLE001
+        except Exception as exc2:  # noqa: BLE001 - a crash while recording a crash: noted, not raised
             note(self.host, "could not record the crash: %r" % exc2)
         for c in list(self.conns) + ([self.head_conn] if self.head_conn else []):
             c.close()

@@ -288,8 +288,9 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
                 for c in applicable]
     out: list[CheckResult] = []
     for c in applicable:
+        assert c.judge is not None  # plan.applies() takes only checks with a judge
         try:
-            out += c.judge(plan, run)  # type: ignore[misc]
+            out += c.judge(plan, run)
         except (Missing, ProbeError) as exc:
             out.append(result(c.name, host, "error", str(exc)))
     return out

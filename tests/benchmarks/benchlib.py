@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.lab import Lab  # noqa: E402
+from orchestrator.lab import Lab  # noqa: E402 - once sys.path holds the checkout
 
 VENV = Path(os.environ.get("ORCH_BENCH_VENV", "/opt/orch-bench-venv"))
 ORCH = [sys.executable, "-m", "orchestrator.cli"]  # the real interpreter: no pyenv shim in the numbers
@@ -266,5 +266,5 @@ def fmt(v, unit: str = "", digits: int = 2) -> str:
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A GitHub-markdown table (also readable as plain text)."""
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731 - a one-line row formatter
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
