@@ -33,7 +33,7 @@ Actions:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
@@ -493,5 +493,5 @@ def _phase_done(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
     return False
 
 
-_PHASES: dict[Phase, Callable[[Head, float, list[tuple[Any, ...]]], bool]] = {Phase.JOIN: _phase_join, Phase.RUN: _phase_run, Phase.STOPPING: _phase_stopping,
+_PHASES = {Phase.JOIN: _phase_join, Phase.RUN: _phase_run, Phase.STOPPING: _phase_stopping,
            Phase.DELAY: _phase_delay, Phase.DONE: _phase_done}

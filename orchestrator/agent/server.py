@@ -512,7 +512,7 @@ class Supervisor:
         events, self.events = self.events, []
         if changed or now() - self.last_beat >= HEARTBEAT:
             events.append(heads.reported(self.host, self.local.report()))
-        assert self.head is not None
+        assert self.head is not None  # head_tick runs on the head
         _, actions = heads.decide(self.head, events, now())
         for a in actions:
             self.act(a)

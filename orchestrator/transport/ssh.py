@@ -241,7 +241,8 @@ class Gateways:
 
 class SshTransport(Transport):
     def __init__(self, host: Host, *, connect_timeout: float = 10, command_timeout: float = 120,
-                 retries: int = 3, host_key_policy: Literal["strict", "accept-new"] = "strict", gateways: Gateways | None = None):
+                 retries: int = 3, host_key_policy: Literal["strict", "accept-new"] = "strict",
+                 gateways: Gateways | None = None):
         super().__init__(host, command_timeout)
         self.connect_timeout = host.connect_timeout or connect_timeout
         self.retries = retries
