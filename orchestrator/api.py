@@ -91,7 +91,7 @@ class UpResult:
 
 def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, force: bool = False,
        follow_rank: int = 0, show_output: bool = True, events: Events | None = None,
-       on_finishing: Callable[[], None] | None = None) -> UpResult:
+       on_finishing: Callable[[], object] | None = None) -> UpResult:
     """Check, render, distribute, launch, follow (unless `detach`) and gather: `orch up`.
 
     PreflightFailed (its `.report` holds the check results) or another OrchError when nothing

@@ -7,11 +7,17 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import click
 
 from . import __version__
 from .errors import OrchError, UsageError
+
+if TYPE_CHECKING:
+    from .lifecycle import Events
+else:  # the lifecycle (and all it imports) is loaded only by the commands that run one
+    Events = object
 
 
 def _save_traceback() -> str:
@@ -423,7 +429,7 @@ def _print_check(cluster, report) -> None:
 # --- run commands (orch up / status / down / logs) ---
 
 
-class _CliEvents:
+class _CliEvents(Events):
     """Prints the lifecycle's progress: steps on stderr, the followed rank's bytes on stdout."""
 
     def __init__(self, quiet: bool):
@@ -489,7 +495,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
                         # finish stopping and gathering whatever signals come
                         on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
     except PreflightFailed as exc:
-        report = getattr(exc, "report", None)
+        report = exc.report
         if as_json:
             import json as _json
 
@@ -702,7 +708,9 @@ def completion_command(shell: str) -> None:
     ~/.bashrc (`orch completion zsh` in ~/.zshrc; `orch completion fish | source` for fish)."""
     from click.shell_completion import get_completion_class
 
-    click.echo(get_completion_class(shell)(cli, {}, "orch", "_ORCH_COMPLETE").source())
+    completion = get_completion_class(shell)
+    assert completion is not None  # click.Choice lets through only the shells click completes
+    click.echo(completion(cli, {}, "orch", "_ORCH_COMPLETE").source())
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import PlanError
 from .hostsets import fold
@@ -43,6 +43,8 @@ from .model import Host
 
 if TYPE_CHECKING:  # plan.py imports this module
     from .plan import RankPlan
+    from .transport import Pool
+    from .transport.base import Transport
 
 HCCN_CONF = "/etc/hccn.conf"
 NPU_SMI = "npu-smi"
@@ -89,15 +91,17 @@ def hccn_ips(conf: Mapping[int, HccnDevice]) -> dict[int, str]:
     """{device id: device NIC IP} from a parsed hccn.conf: only addresses that are IP addresses."""
     out: dict[int, str] = {}
     for d, dev in conf.items():
+        if dev.address is None:
+            continue
         try:
-            ipaddress.ip_address(dev.address or "")
+            ipaddress.ip_address(dev.address)
         except ValueError:
             continue
-        out[d] = dev.address  # type: ignore[assignment]
+        out[d] = dev.address
     return out
 
 
-def read_hccn(pool, hosts: Sequence[Host], what: str = "", timeout: float | None = None
+def read_hccn(pool: Pool, hosts: Sequence[Host], what: str = "", timeout: float | None = None
               ) -> dict[str, dict[int, HccnDevice]]:
     """Each host's /etc/hccn.conf, over the pool's connections (at once, up to ssh.fanout):
     {host name: parse_hccn}. A host it cannot read from -> PlanError naming them all (`what`
@@ -147,7 +151,8 @@ def parse_spod_info(text: str) -> SpodInfo:
             continue
         value = m.group(2)
         found[key] = int(value) if value.isdigit() and int(value) <= MAX_SUPER_DEVICE_ID else None
-    return SpodInfo(output=text, **{k: found.get(k) for k in _SPOD_KEYS.values()})
+    values: dict[str, Any] = {k: found.get(k) for k in _SPOD_KEYS.values()}
+    return SpodInfo(output=text, **values)
 
 
 _MAPPING_HEADER = re.compile(r"^\s*NPU ID\s+Chip ID\s+Chip Logic ID\s+Chip Phy-ID\s+Chip Name\b")
@@ -244,7 +249,7 @@ def needs_probe(h: Host) -> bool:
     return h.super_pod_id is None or any(d not in h.super_device_ids for d in h.devices)
 
 
-def read_spod(transport, h: Host) -> dict[int, SpodInfo]:
+def read_spod(transport: Transport, h: Host) -> dict[int, SpodInfo]:
     """{device: SpodInfo} read on the host (through `transport`, two commands) for the devices
     whose super_device_id the inventory lacks; for its first device when only super_pod_id is
     lacking. Each SpodInfo carries its query, for error messages."""
@@ -320,7 +325,7 @@ def super_pod_problems(hosts: Sequence[Host]) -> list[str]:
     super_device_id twice in a SuperPoD, a SuperPoD whose servers are not listed together (in
     plan order)."""
     out: list[str] = []
-    seen: dict[tuple[int, int], str] = {}
+    seen: dict[tuple[int | None, int], str] = {}
     for h in hosts:
         for d in h.devices:
             v = h.super_device_ids.get(d)
@@ -336,7 +341,7 @@ def super_pod_problems(hosts: Sequence[Host]) -> list[str]:
                 seen[key] = f"host {h.name} device {d}"
         if h.super_pod_id is None:
             out.append(f"host {h.name}: no super_pod_id")
-    order: list = []
+    order: list[tuple[int | None, list[str]]] = []
     for h in hosts:
         if not order or order[-1][0] != h.super_pod_id:
             order.append((h.super_pod_id, []))

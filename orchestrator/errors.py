@@ -6,8 +6,12 @@ errors about a host carry the host, errors about a file carry where in it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .checks.base import Report
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class LabError(OrchError):
 
 class PreflightFailed(OrchError):
     exit_code = 3
+    report: Report | None = None  # the checks that failed (api.up), for the CLI to print
 
 
 class LocalWriteError(OrchError):
@@ -113,7 +118,7 @@ class LocalWriteError(OrchError):
     exit_code = 5
 
     @classmethod
-    def of_log(cls, path, exc: OSError) -> "LocalWriteError":
+    def of_log(cls, path: str | os.PathLike[str], exc: OSError) -> LocalWriteError:
         """A log's copy here that cannot be written (the hosts keep the log)."""
         return cls(f"cannot write {path}: {exc.strerror or exc}",
                    hint="free some space here, then `orch logs` fetches the rest")

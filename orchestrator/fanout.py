@@ -56,7 +56,7 @@ class Results(dict, Generic[T]):
         return {n: o.value for n, o in self.items() if o.error is None}
 
     def raise_if_failed(self, error: Callable[..., OrchError], message: str, *, hint: str | None = None,
-                        brief: bool = False) -> "Results[T]":
+                        brief: bool = False) -> Results[T]:
         """Raise `error(message + the failures, hint=hint)` when some host failed; `{n}` in the
         message is the number of hosts that did. Each failure on its own line: in full, or
         (`brief`) its first line, at most SHOWN_ERRORS of them. Returns self when none did."""
@@ -78,7 +78,7 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,
     """Call fn(host) for every host, `limit` at a time. Returns {host.name: Outcome} (Results),
     in the order of `hosts`."""
     hosts = list(hosts)
-    todo: queue.SimpleQueue[Host | None] = queue.SimpleQueue()
+    todo: queue.SimpleQueue[Host] = queue.SimpleQueue()
     done: queue.SimpleQueue[tuple[Outcome[T], int]] = queue.SimpleQueue()
     cancel = threading.Event()
     started: dict[str, float] = {}

@@ -211,7 +211,9 @@ class DeviceNet:
 
 def _blocks(text: str):
     """(header line, output, rc) for each `orch:run`/`orch:ping` block of the hccn section."""
-    header, body, out = None, [], []
+    header: str | None = None
+    body: list[str] = []
+    out: list[tuple[str, str, int | None]] = []
     for line in text.splitlines():
         if line.startswith((MARK_RUN + " ", MARK_PING + " ")):
             if header is not None:

@@ -7,9 +7,10 @@ folded line per value. Nothing here consults ClusterShell's group sources.
 from __future__ import annotations
 
 import re
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, TypeVar
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+from ClusterShell.NodeSet import NodeSetParseError as NodeSetParseError  # model.py catches it from here
 
 # NodeSet must never consult ClusterShell's group sources (/etc/clustershell/groups*): orch
 # resolves its own groups, and `*` or `@x` in an inventory must not expand to this machine's groups.
@@ -17,16 +18,16 @@ _NO_GROUPS = RESOLVER_NOGROUP
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
 
 
-def fold(names) -> str:
+def fold(names: Iterable[object]) -> str:
     """node01,node02,node03 -> node[01-03] (ClusterShell's folding). Names that are not plain
     host names (spaces, quotes, NodeSet operators...) are listed as they are, never parsed."""
-    names = [str(n) for n in names]
-    if not all(_PLAIN_NAME.match(n) for n in names):
-        return ",".join(names)
+    strs = [str(n) for n in names]
+    if not all(_PLAIN_NAME.match(n) for n in strs):
+        return ",".join(strs)
     try:
-        return str(NodeSet.fromlist(names, resolver=_NO_GROUPS))
+        return str(NodeSet.fromlist(strs, resolver=_NO_GROUPS))
     except NodeSetParseError:
-        return ",".join(names)
+        return ",".join(strs)
 
 
 MAX_EXPANSION = 100_000  # hosts one pattern may expand to (more is a typo, and would take forever)
@@ -76,12 +77,15 @@ def expand_names(name: str) -> list[str]:
     return expand(name)
 
 
-def by_value(pairs: Iterable[tuple[str, Hashable]], *, most_first: bool = False) -> list[tuple[Hashable, str]]:
+V = TypeVar("V", bound=Hashable)
+
+
+def by_value(pairs: Iterable[tuple[str, V]], *, most_first: bool = False) -> list[tuple[V, str]]:
     """(host, value) pairs -> [(value, folded hosts)], one entry per distinct value, in the
     order first seen (`most_first`: the value most hosts share first, ties as first seen):
     what a table or a message shows once, labelled with its hosts (`node[01-16]`), instead of
     once per host."""
-    groups: dict[Hashable, list[str]] = {}
+    groups: dict[V, list[str]] = {}
     for host, value in pairs:
         groups.setdefault(value, []).append(host)
     ordered = sorted(groups.items(), key=lambda kv: -len(kv[1])) if most_first else list(groups.items())

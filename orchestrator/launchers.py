@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from . import render, sh
 from .plan import RankPlan
@@ -63,7 +63,7 @@ class Proc:
     rank: int | None = None
     env_log: bool = False           # save the rank's environment beside its log (seed 001)
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, Any]:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
                 "log": self.log, "rank": self.rank, "env_log": self.env_log}
 
@@ -125,7 +125,7 @@ class Launch:
     # (mpirun: secrets never travel on Open MPI's wire)
     secret_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     head: HeadReach | None = None
-    spares: "Spares | None" = None
+    spares: Spares | None = None
 
 
 @dataclass(frozen=True)
@@ -137,14 +137,14 @@ class Spares:
 
     slot_procs: Mapping[str, Mapping[str, tuple[Proc, ...]]]   # spare -> {host it replaces: its processes}
     tables: Mapping[str, object]                               # agent.tables.render's spec
-    servers: tuple[dict, ...]                                  # the planned hosts, plan order
-    spare_servers: tuple[dict, ...]                            # the spares' facts (their ranks: none)
+    servers: tuple[dict[str, Any], ...]                        # the planned hosts, plan order
+    spare_servers: tuple[dict[str, Any], ...]                  # the spares' facts (their ranks: none)
 
     def fits(self) -> dict[str, list[str]]:
         return {s: list(slots) for s, slots in self.slot_procs.items()}
 
 
-def _wrapped(rdir: str, command) -> list[str]:
+def _wrapped(rdir: str, command: Iterable[str]) -> list[str]:
     """A rank's command under `agent.py rank` (mpirun and msrun start ranks, not the supervisor)."""
     return [*PY, posixpath.join(rdir, AGENT), "rank", "--", *command]
 
@@ -255,7 +255,7 @@ def launch_files(cluster: Cluster) -> dict[str, object]:
 
 
 def spare_launch(cluster: Cluster, plan: RankPlan, run_id: str, *, device_ips: Mapping[str, Mapping[int, str]] | None,
-                 aarch64: bool, **kw) -> Spares:
+                 aarch64: bool, **kw: Any) -> Spares:
     """Each spare's processes in the place of each host it may replace (plan.can_replace), and the
     facts the head renders the launch files from (the spares' device IPs and super devices
     included: a spare without them is a PlanError now, not at 3 a.m.)."""
@@ -296,7 +296,7 @@ _MSRUN_EXEC = ("import os,sys; a=sys.argv[1:]; e=os.environ; "
                "[sys.executable, e['ORCH_RUN_DIR']+'/agent.py', 'rank', '--']+a if w else a)")
 
 
-def msrun_task(command) -> list[str]:
+def msrun_task(command: Iterable[str]) -> list[str]:
     """What msrun runs for every worker, in place of `script args`."""
     command = list(command)
     script = render.msrun_script(command)
@@ -322,7 +322,7 @@ PLAN_RUN_ID = "<run-id>"
 
 
 def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: bool = True, device_ips: Mapping[str, Mapping[int, str]] | None = None,
-                    run_id: str = PLAN_RUN_ID) -> dict[str, list[dict]]:
+                    run_id: str = PLAN_RUN_ID) -> dict[str, list[dict[str, Any]]]:
     """{host name: [process record]}: exactly what each host's supervisor starts for attempt 1
     of a run (`orch up` runs these very argv lists), hosts in plan order. A record is
     {"key", "argv", "env", "cwd", "stdout"} plus "rank" for a rank the supervisor starts
@@ -334,12 +334,12 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips,
                    interfaces=planned_interfaces(cluster, plan))
     adir = posixpath.join(run_dir(cluster, run_id), "a1")
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[dict[str, Any]]] = {}
     for h in plan.hosts:
         recs = []
         for p in launch.procs[h.name]:
             env, argv = (sh.shown_env(p.env), map(sh.shown, p.argv)) if redact else (dict(p.env), p.argv)
-            rec = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in argv], "env": env,
+            rec: dict[str, Any] = {"key": p.key, "argv": [a.replace(ATTEMPT_DIR, adir) for a in argv], "env": env,
                    "cwd": p.cwd, "stdout": posixpath.join(adir, p.log)}
             if p.rank is not None:
                 rec["rank"] = p.rank
@@ -348,7 +348,7 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     return out
 
 
-def recorded_commands(configs: Mapping[str, Mapping]) -> dict[str, list[dict]]:
+def recorded_commands(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """What run.json keeps of the processes in the supervisors' configurations: {host: [{"key",
     "command", "cwd"}]}, each command line with its Secret words masked."""
     return {h: [{"key": p["key"], "command": sh.shown_join(p["argv"]), "cwd": p["cwd"]} for p in cfg["procs"]]

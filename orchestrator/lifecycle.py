@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import AbstractSet, Any, Callable, Mapping
 
 from . import runstate, supervisor
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
-from .fanout import fan_out
+from .fanout import Results, fan_out
 from .launchers import Launch, recorded_commands, run_dir
 from .plan import RankPlan
 from .render import is_root
@@ -52,7 +52,7 @@ class RunEnd:
         return self.view.exit_codes if self.view else {}
 
     @classmethod
-    def of(cls, view: RunView) -> "RunEnd":
+    def of(cls, view: RunView) -> RunEnd:
         return cls(view.state, view.message, view.first_failure, view)
 
 
@@ -82,7 +82,7 @@ class Prepared:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts) -> dict:
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts) -> Results[dict]:
     """prepare's round trip, one per host of `hosts`: {host: Outcome of its parsed reply}
     (supervisor.parse_prepare)."""
     script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
@@ -153,7 +153,7 @@ class Stopped:
 
 
 def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: str,
-             lost: set[str] = frozenset()) -> Stopped:
+             lost: AbstractSet[str] = frozenset()) -> Stopped:
     """Stop every process of a run on every host: ask its head (it stops every host, and
     records why), then sweep what is left on each host (TERM, then KILL) and read its state."""
     reachable = [h for h in plan.all_hosts if h.name not in lost]
@@ -420,7 +420,7 @@ class Lifecycle:
 def record(run: Run, outcome: RunEnd) -> None:
     """The outcome into run.json (atomically)."""
     view = outcome.view
-    data = {"state": outcome.state, "message": outcome.message, "first_failure": outcome.first_failure}
+    data: dict[str, Any] = {"state": outcome.state, "message": outcome.message, "first_failure": outcome.first_failure}
     if outcome.state != "detached":
         data["ended"] = time.time()
     else:

@@ -16,7 +16,7 @@ import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping
+from typing import Any, BinaryIO, Mapping
 
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
@@ -131,12 +131,13 @@ class _Gathered:
         self.buf = bytearray()
         self.left = 0               # bytes of the current frame still to come
         self.skip = 0               # of which to drop (already here)
-        self.out = None             # where the current frame's kept bytes go
+        self.out: BinaryIO | None = None  # where the current frame's kept bytes go
         self.key: tuple[int, int] | None = None
-        self.log = None             # (its lock, the file written, the copy it becomes or None) of log self.key
+        # (its lock, the file written, the copy it becomes or None) of log self.key
+        self.log: tuple[Any, BinaryIO, Path | None] | None = None
         self.pos = 0                # the local copy's size
         self.launcher = launcher
-        self.tmp: tuple[Path, object] | None = None
+        self.tmp: tuple[Path, BinaryIO] | None = None
 
     def write(self, data: bytes) -> int:
         self.buf += data
@@ -149,7 +150,7 @@ class _Gathered:
                         self.out.write(self.buf[drop:n])
                     except OSError as exc:
                         if self.out is not self.tmp_fh:  # named as the copy (a new one is a temporary file)
-                            raise LocalWriteError.of_log(self.log[2] or self.out.name, exc) from None
+                            raise LocalWriteError.of_log((self.log and self.log[2]) or self.out.name, exc) from None
                         self.out, self.launcher = None, None  # left out, as gather does when it cannot be kept
                     else:
                         if self.out is not self.tmp_fh:
@@ -167,6 +168,7 @@ class _Gathered:
             if line[:1] == [b"D"] and len(line) == len(nums) + 1 == 5:
                 attempt, rank, off, self.left = nums
                 self._open(rank, attempt)
+                assert self.log is not None  # _open opened it
                 # as append(): the bytes [off, off + n) go at the copy's end; those below it are here already
                 self.out, self.skip = (self.log[1], self.pos - off) if off <= self.pos else (None, 0)
             elif line[:1] == [b"R"] and len(line) == len(nums) + 1 == 3:
@@ -190,6 +192,7 @@ class _Gathered:
         local = self.run.local_log(rank, attempt)
         lock = _locked(local)
         lock.__enter__()
+        fh: BinaryIO
         try:
             if local.exists():
                 fh, tmp = open(local, "r+b"), None
@@ -203,7 +206,7 @@ class _Gathered:
         self.key, self.log = (rank, attempt), (lock, fh, tmp)
 
     @staticmethod
-    def _temp(local: Path):
+    def _temp(local: Path) -> BinaryIO:
         import tempfile
 
         fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
@@ -212,6 +215,7 @@ class _Gathered:
 
     def _truncate(self) -> None:
         """Rewritten there: the copy is fetched again from the start, into a new file."""
+        assert self.log is not None  # a frame of the current log asks for it
         lock, fh, tmp = self.log
         if tmp is None:
             local = Path(fh.name)
@@ -298,6 +302,7 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
     def one(h):
         remote = local = None
         if h.name in launchers:
+            assert launcher_attempt is not None  # launchers is empty otherwise
             remote, local = launcher_log(run, cluster, plan, h, launcher_attempt)
         sink = _Gathered(run, local)
         ok = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping, TypeVar
 
 from . import sh
 from .errors import UsageError
@@ -18,7 +18,7 @@ from .errors import UsageError
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """A model value as JSON holds it: tuples as lists, mapping keys as strings, Paths as text."""
     if hasattr(value, "to_dict"):
         return value.to_dict()
@@ -31,18 +31,18 @@ def _plain(value):
     return value
 
 
-def _fields_dict(obj) -> dict:
+def _fields_dict(obj: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
 
 
-def _known(cls, d: Mapping, **converted) -> dict:
+def _known(cls: type, d: Mapping[str, Any], **converted: Any) -> dict[str, Any]:
     """`d`'s keys that are fields of `cls` (a record from another orch version may hold others),
     with `converted` values put back in their model types."""
     names = {f.name for f in fields(cls)}
     return {**{k: v for k, v in d.items() if k in names}, **{k: v for k, v in converted.items() if k in d}}
 
 
-def _tuple(d: Mapping, key: str):
+def _tuple(d: Mapping[str, Any], key: str) -> tuple[Any, ...] | None:
     v = d.get(key)
     return None if v is None else tuple(v)
 
@@ -61,7 +61,7 @@ class Host:
     device_ips: Mapping[int, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     hostname: str | None = None          # where SSH connects, when ssh_config's HostName differs from address
-    jump: tuple["Host", ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
+    jump: tuple[Host, ...] = ()        # jump hosts, first hop first (ProxyJump / inventory `jump:`)
     proxy_command: str | None = None     # ssh_config's ProxyCommand, tokens expanded
     mpi_address: str | None = None       # how the other hosts reach this one, when not as the controller does
     keepalive: float | None = None       # ssh_config's ServerAliveInterval
@@ -93,12 +93,12 @@ class Host:
             return f"{self.target} via ProxyCommand {self.proxy_command}"
         return self.target
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready, lossless: `Host.from_dict(h.to_dict()) == h`."""
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Host":
+    def from_dict(cls, d: Mapping[str, Any]) -> Host:
         return cls(**_known(cls, d, devices=_tuple(d, "devices"),
                             device_ips={int(k): v for k, v in (d.get("device_ips") or {}).items()},
                             env=dict(d.get("env") or {}), jump=tuple(cls.from_dict(j) for j in d.get("jump") or ()),
@@ -115,11 +115,11 @@ class SshSettings:
     config_file: str | None = "~/.ssh/config"   # None: `none`, no ssh_config read
     jump_fanout: int = 10       # new connections opened through one jump host at once
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "SshSettings":
+    def from_dict(cls, d: Mapping[str, Any]) -> SshSettings:
         return cls(**_known(cls, d))
 
 
@@ -147,17 +147,17 @@ class Job:
     hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
     hccl_exec_timeout: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "env", sh.mark(self.env, self.is_secret))
 
     def is_secret(self, name: str) -> bool:
         return name in self.secret_env or bool(SECRET_NAME.search(name))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Job":
+    def from_dict(cls, d: Mapping[str, Any]) -> Job:
         return cls(**_known(cls, d, **{k: _tuple(d, k) for k in _JOB_TUPLES}, env=dict(d.get("env") or {})))
 
 
@@ -171,11 +171,11 @@ class Checks:
     min_free_gib: float = 1.0
     clock_skew: float = 5.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Checks":
+    def from_dict(cls, d: Mapping[str, Any]) -> Checks:
         return cls(**_known(cls, d, versions=_tuple(d, "versions"), skip=_tuple(d, "skip")))
 
 
@@ -197,14 +197,17 @@ class Slurm:
     conf: str | None = None    # SLURM_CONF for those commands; None: Slurm's own default
     login_host: Host | None = None  # `login` as SSH reaches it (ssh_config, jump hosts), port 22 by default
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Slurm":
+    def from_dict(cls, d: Mapping[str, Any]) -> Slurm:
         login = d.get("login_host")
         return cls(**_known(cls, d, template=Host.from_dict(d["template"]), extra=_tuple(d, "extra"),
                             login_host=Host.from_dict(login) if login else None))
+
+
+_MaybeHost = TypeVar("_MaybeHost", bound="Host | None")
 
 
 @dataclass(frozen=True)
@@ -218,13 +221,13 @@ class Cluster:
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     slurm: Slurm | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         """Secret values become sh.Secret here, the first place that knows both a job's secret
         names and every host's env: whatever prints or records them (sh.shown) masks them by type.
         A word of job.command holding a secret value (the user's own text) is found by search."""
         job = self.job
 
-        def marked(h: Host | None) -> Host | None:
+        def marked(h: _MaybeHost) -> _MaybeHost:
             if h is None or all(isinstance(v, sh.Secret) or not job.is_secret(k) for k, v in h.env.items()):
                 return h
             return replace(h, env=sh.mark(h.env, job.is_secret))
@@ -243,12 +246,12 @@ class Cluster:
     def base_dir(self) -> Path:
         return self.path.parent
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready, lossless: `Cluster.from_dict(c.to_dict()) == c`."""
         return _fields_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Cluster":
+    def from_dict(cls, d: Mapping[str, Any]) -> Cluster:
         slurm = d.get("slurm")
         return cls(**_known(cls, d, path=Path(d["path"]), hosts=tuple(Host.from_dict(h) for h in d.get("hosts", ())),
                             job=Job.from_dict(d["job"]), ssh=SshSettings.from_dict(d.get("ssh") or {}),
@@ -262,7 +265,7 @@ class Cluster:
                 return h
         raise KeyError(name)
 
-    def select(self, pattern: str | None) -> "Cluster":
+    def select(self, pattern: str | None) -> Cluster:
         """Subset by `--hosts`: names, addresses, ranges (node[01-04]) or group names, comma-separated."""
         if not pattern:
             return self

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from . import sh
 from .devices import HCCN_CONF
@@ -75,7 +75,7 @@ class Rank:
     local_rank: int
     device_id: int   # physical device id
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "address": self.address,
                 "local_rank": self.local_rank, "device_id": self.device_id}
 
@@ -136,7 +136,7 @@ class RankPlan:
         except KeyError:
             raise KeyError(f"host {name!r} is not in the plan") from None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "launcher": self.launcher,
             "platform": self.platform,
@@ -152,7 +152,7 @@ class RankPlan:
         }
 
 
-def ranks_by_host(plan: RankPlan, replacements: Sequence[Mapping] = ()) -> dict[str, list[int]]:
+def ranks_by_host(plan: RankPlan, replacements: Sequence[Mapping[str, Any]] = ()) -> dict[str, list[int]]:
     """{host: the ranks it ran in any attempt}: the planned hosts' own, and each spare that took a
     lost host's place (the head's `replaced` records, in order: {"host", "by", ...}) that host's."""
     out = {h.name: [r.rank for r in plan.by_host(h.name)] for h in plan.hosts}
@@ -161,7 +161,7 @@ def ranks_by_host(plan: RankPlan, replacements: Sequence[Mapping] = ()) -> dict[
     return out
 
 
-def current_hosts(plan: RankPlan, replacements: Sequence[Mapping] = ()) -> dict[int, str]:
+def current_hosts(plan: RankPlan, replacements: Sequence[Mapping[str, Any]] = ()) -> dict[int, str]:
     """{rank: the host that runs it now} (after the replacements, in order)."""
     now = {r.rank: r.host for r in plan.ranks}
     for rec in replacements:
@@ -189,7 +189,7 @@ def replaced(plan: RankPlan, swaps: Mapping[str, str]) -> RankPlan:
 # --------------------------------------------------------------------------- ordering
 
 
-def server_key(address: str) -> tuple:
+def server_key(address: str) -> tuple[int, int, int, str]:
     """Sort key of a host address: IPv4 (numeric) < IPv6 (numeric) < DNS names (lexicographic)."""
     try:
         ip = ipaddress.ip_address(address)
@@ -198,7 +198,7 @@ def server_key(address: str) -> tuple:
     return (0, ip.version, int(ip), "")
 
 
-def order_hosts(hosts) -> tuple[Host, ...]:
+def order_hosts(hosts: Iterable[Host]) -> tuple[Host, ...]:
     return by_super_pod(tuple(sorted(hosts, key=lambda h: server_key(h.cluster_address))))
 
 
@@ -208,7 +208,7 @@ def by_super_pod(hosts: tuple[Host, ...]) -> tuple[Host, ...]:
     by id, hosts by address inside each. Otherwise the order is unchanged."""
     if not hosts or any(h.super_pod_id is None for h in hosts):
         return hosts
-    return tuple(sorted(hosts, key=lambda h: h.super_pod_id))
+    return tuple(sorted(hosts, key=lambda h: h.super_pod_id or 0))  # every one has an id (above)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -286,7 +286,7 @@ def spare_violations(hosts: tuple[Host, ...], spares: tuple[Host, ...]) -> list[
                        "where the run's supervisor decides, is never replaced)")
         elif s.devices not in replaceable:
             out.append(f"spare {s.name}: devices {list(s.devices)} match no host that runs ranks (its ranks keep "
-                       f"their DEVICE_ID on the spare); hosts have " + _describe_by(hosts[1:], lambda h: list(h.devices)))
+                       f"their DEVICE_ID on the spare); hosts have " + _describe_by(hosts[1:], lambda h: ",".join(map(str, h.devices))))
     return out
 
 
@@ -394,7 +394,7 @@ def _devs(h: Host) -> str:
     return "{" + ",".join(map(str, h.devices)) + "}"
 
 
-def _describe_by(hosts, key, limit: int = 8) -> str:
+def _describe_by(hosts: Iterable[Host], key: Callable[..., Hashable], limit: int = 8) -> str:
     """Group hosts by a value and fold their names: 'node[01-04]: 8; node05: 4'."""
     parts = [f"{names}: {value}" for value, names in by_value((h.name, key(h)) for h in hosts)]
     if len(parts) > limit:

@@ -31,7 +31,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence, TypedDict
 
 from . import devices
 from .devices import HccnDevice
@@ -94,7 +94,7 @@ class ReachTarget:
     addresses: tuple[str, ...] = ()
     until: float = 0.0
     untested: str = ""
-    status: str = "error"
+    status: Literal["warn", "error"] = "error"
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Listen:
     why), its global IPv4 addresses, job.interface there (when set)."""
     port: int | None
     addresses: tuple[str, ...]
-    interface: "IfAddr | None"
+    interface: IfAddr | None
     error: str = ""
 
 
@@ -113,7 +113,7 @@ class Reach:
     order tried; or why it was not tested (`untested`, with the `status` to give it)."""
     tried: tuple[tuple[str, str], ...] = ()
     untested: str = ""
-    status: str = "error"
+    status: Literal["warn", "error"] = "error"
 
 
 # --------------------------------------------------------------------------- building the probe
@@ -623,7 +623,14 @@ def parse_reach(text: str) -> Reach | None:
     return Reach(tuple(tried))
 
 
-def parse_path(text: str) -> dict[str, object]:
+class PathInfo(TypedDict):
+    PATH: str
+    JOBPATH: str | None
+    tools: dict[str, str | None]
+    supervisor: str | None
+
+
+def parse_path(text: str) -> PathInfo:
     """The path section -> {'PATH': str, 'JOBPATH': str|None, 'tools': {label: path|None},
     'supervisor': python3's major.minor there, "" if none, None if the section did not say}."""
     path = re.search(r"^PATH=(.*)$", text, re.M)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 from .agent import tables
 from .errors import PlanError
@@ -67,7 +67,7 @@ def log_dir_path(cluster: Cluster) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def servers(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]] | None = None) -> list[dict]:
+def servers(plan: RankPlan, device_ips: Mapping[str, Mapping[int, str]] | None = None) -> list[tables.Server]:
     """The plan's hosts as the launch files' renderer takes them (agent.tables), in plan order;
     with `device_ips`, every device must have one (else a PlanError naming the host)."""
     return [tables.server(h.name, h.cluster_address, h.slots, [(r.rank, r.device_id) for r in plan.by_host(h.name)],
@@ -368,7 +368,7 @@ def hccl_env(cluster: Cluster, plan: RankPlan) -> dict[str, str]:
 # --------------------------------------------------------------------------- `orch plan --out`
 
 
-def plan_document(cluster: Cluster, plan: RankPlan) -> dict:
+def plan_document(cluster: Cluster, plan: RankPlan) -> dict[str, Any]:
     """plan.json: the cluster, the launcher, the hosts and every rank, in plan order."""
     doc = {"cluster": cluster.name, "file": str(cluster.path), **plan.to_dict()}
     if plan.launcher == "ranktable":

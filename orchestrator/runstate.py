@@ -81,7 +81,7 @@ def from_head(doc: Mapping) -> RunView:
     this orch does not read says so (skew) instead of guessing."""
     said = skew(doc)
     if said is not None:   # its own word for the state, shown as it is, and who can read the rest
-        word = doc.get("state") if isinstance(doc.get("state"), str) and doc["state"].isidentifier() else "?"
+        word = s if isinstance(s := doc.get("state"), str) and s.isidentifier() else "?"
         return RunView(state=word[:40], message=said, attempt=int(doc.get("attempt") or 0)
                        if isinstance(doc.get("attempt"), int) else 0, started=doc.get("started"))
     return RunView(state=run_state(doc.get("state")).value, message=doc.get("message") or "",

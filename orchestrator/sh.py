@@ -16,7 +16,9 @@ Values become Secret in the model (model.Job / model.Cluster), where `Job.is_sec
 from __future__ import annotations
 
 import shlex
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+T = TypeVar("T")
 
 MASK = "***"
 MIN_MASKED = 6  # mask_values: shorter values are not searched for (they would hit unrelated text)
@@ -30,7 +32,9 @@ class Secret(str):
     """A secret value: the real text as a str (what runs), `shown` where it is printed or
     recorded (MASK, or the value with the secret parts masked for a word that holds one)."""
 
-    def __new__(cls, value: str, shown: str = MASK):
+    shown: str
+
+    def __new__(cls, value: str, shown: str = MASK) -> Secret:
         s = super().__new__(cls, value)
         s.shown = shown
         return s
@@ -38,11 +42,11 @@ class Secret(str):
     def __repr__(self) -> str:
         return f"Secret({self.shown!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Secret], tuple[str, str]]:
         return (Secret, (str(self), self.shown))
 
 
-def shown(value):
+def shown(value: T) -> T | str:
     """What may be printed or recorded for `value`: a Secret's masked form, anything else as is."""
     return value.shown if isinstance(value, Secret) else value
 
@@ -51,7 +55,7 @@ def shown_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: shown(v) for k, v in env.items()}
 
 
-def shown_tree(value):
+def shown_tree(value: Any) -> Any:
     """A JSON-ready structure (dicts, lists, tuples) with every Secret in it masked: what a record
     written to disk holds, whatever put a Secret where."""
     if isinstance(value, Mapping):
@@ -61,7 +65,7 @@ def shown_tree(value):
     return shown(value)
 
 
-def secrets_in(value) -> list[str]:
+def secrets_in(value: Any) -> list[str]:
     """Every Secret value in a JSON-ready structure (dicts, lists, tuples)."""
     if isinstance(value, Mapping):
         return [s for v in value.values() for s in secrets_in(v)]

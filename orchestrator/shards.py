@@ -32,7 +32,7 @@ import select
 import signal
 import threading
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import AbstractSet, Any, Callable, Sequence, TypeVar
 
 from . import errors
 from .errors import HostError, OrchError
@@ -75,8 +75,8 @@ def decode_error(rec: dict) -> OrchError:
     err = cls.__new__(cls)
     Exception.__init__(err, rec["message"])
     err.message, err.hint = rec["message"], rec.get("hint")
-    if issubclass(cls, HostError):
-        err.host, err.result = rec.get("host"), None
+    if isinstance(err, HostError):
+        err.host, err.result = rec.get("host", ""), None
     return err
 
 
@@ -96,7 +96,7 @@ def _split(hosts: Sequence[Host], procs: int, keep: set[str]) -> list[list[Host]
 def fan_out_procs(hosts: Sequence[Host], fn: Callable[[Host], T], *, procs: int,
                   encode: Callable[[T], Any], decode: Callable[[Host, Any], T], limit: int = 64,
                   timeout: float | None = None, on_done: Callable[[Outcome[T]], None] | None = None,
-                  keep: set[str] = frozenset(), gate: threading.Event | None = None, gate_timeout: float = 0.0,
+                  keep: AbstractSet[str] = frozenset(), gate: threading.Event | None = None, gate_timeout: float = 0.0,
                   child_fn: Callable[[Host], T] | None = None,
                   child_exit: Callable[[], None] | None = None, late: Callable[[], bytes] | None = None,
                   child_late: Callable[[bytes], None] | None = None) -> Results[T]:
@@ -227,6 +227,7 @@ def _read_child(child: dict, share: list[Host], by_name: dict, decode, deadline:
     seen: set[str] = set()
     buf = b""
     fd = child["out"]
+    why: str | None
     try:
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -244,6 +245,7 @@ def _read_child(child: dict, share: list[Host], by_name: dict, decode, deadline:
             for line in lines:
                 rec = json.loads(line)
                 h = by_name[rec["host"]]
+                o: Outcome[Any]
                 if "error" in rec:
                     o = Outcome(h, error=decode_error(rec["error"]), duration=rec["duration"])
                 else:

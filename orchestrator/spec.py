@@ -293,8 +293,8 @@ class RawJob(_Raw):
 
 
 class RawChecks(_Raw):
-    versions: list[Literal[KNOWN_TOOLS]] | None = None  # type: ignore[valid-type]
-    skip: list[Literal[KNOWN_CHECKS]] = []  # type: ignore[valid-type]
+    versions: list[Literal[KNOWN_TOOLS]] | None = None  # type: ignore[valid-type]  # pydantic reads it, mypy cannot
+    skip: list[Literal[KNOWN_CHECKS]] = []  # type: ignore[valid-type]  # a Literal of a tuple of names
     min_free_gib: float = 1.0
     clock_skew: float = 5.0
 
@@ -343,7 +343,7 @@ def _is_union_tag(p: str) -> bool:
         ("list[", "dict[", "literal[", "function-"))
 
 
-_KNOWN_KEYS = {
+_KNOWN_KEYS: dict[tuple[str, ...], type[BaseModel]] = {
     (): RawCluster, ("ssh",): RawSsh, ("job",): RawJob, ("checks",): RawChecks,
     ("job", "rank_table"): RawRankTable, ("job", "hccl"): RawHccl,
 }
@@ -372,7 +372,7 @@ def _read(path: Path, what: str, loc: Location | None) -> str:
         raise SpecError([(loc or Location(str(path)), f"cannot read {what} {path}: {exc}")]) from None
 
 
-def load_cluster(path: str | Path, inventory: str | Path | None = None) -> Cluster:
+def load_cluster(path: str | os.PathLike[str], inventory: str | os.PathLike[str] | None = None) -> Cluster:
     """Parse and validate a cluster file; `inventory` (a path, relative to the current directory)
     replaces the file's own `inventory:` (Ansible's -i). Raises SpecError listing every problem."""
     path = Path(path).expanduser().absolute()
@@ -478,7 +478,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
         if not s.strip():
             problems.add(src.loc(("job", "sync", i)), "empty sync path")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
-               env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
+               env={k: str(v) for k, v in rj.env.items()}, secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
@@ -487,7 +487,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
 
 
 class _SshLookup(NamedTuple):
-    config: "SshConfig"
+    config: SshConfig
     timeout_from_config: bool  # ssh.connect_timeout not set in cluster.yaml: ConnectTimeout applies
 
 
@@ -698,15 +698,15 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
     if hosts and all(h.spare for h in hosts) and not inv.spares:
         problems.add(sub.loc(("hosts",)), "every host is a spare (spare: true): at least one must run ranks")
     groups: dict[str, tuple[str, ...]] = {}
-    names = {h.name for h in hosts} | {h.address for h in hosts}
+    known = {h.name for h in hosts} | {h.address for h in hosts}
     for g, members in inv.groups.items():
         expanded: list[str] = []
         for m in members:
             try:
-                expanded.extend([m] if m in names else expand(m))  # a host's exact name is literal
+                expanded.extend([m] if m in known else expand(m))  # a host's exact name is literal
             except NodeSetParseError as exc:
                 problems.add(sub.loc(("groups", g)), f"bad member {m!r}: {exc}")
-        missing = [m for m in expanded if m not in names]
+        missing = [m for m in expanded if m not in known]
         if missing:
             problems.add(sub.loc(("groups", g)), f"group {g!r} names unknown hosts: {', '.join(missing)}")
         by_addr = {h.address: h.name for h in hosts}

@@ -493,7 +493,10 @@ _DIGESTS_LOCK = threading.Lock()
 
 def _digest(e: Entry) -> str:
     """sha256 of a local file as listed (path, size, mtime), computed once for every host."""
-    return e.sha256 or _digest_of(e.local, e.size, e.mtime_ns)
+    if e.sha256:
+        return e.sha256
+    assert e.local is not None  # an entry without its digest is a local file
+    return _digest_of(e.local, e.size, e.mtime_ns)
 
 
 def _digest_of(path: Path, size: int, mtime_ns: int) -> str:

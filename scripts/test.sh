@@ -33,6 +33,9 @@ fi
 . scripts/venv.sh
 orch_venv "[test]"
 
+# lint and type checks first: seconds, and a finding fails the run (scripts/lint.sh)
+ORCH_PY="$ORCH_PY" bash scripts/lint.sh
+
 # The end-to-end training tests (tests/e2e) run real MindSpore (msrun) and mpi4py (mpirun)
 # jobs on the lab: libopenmpi-dev + a venv at /opt/orch-venvs/train. Quick when installed;
 # ~8 min on a fresh machine, ~1.5 min with a warm pip cache.

@@ -113,7 +113,7 @@ def lab_factory():
         made.append(lab)
         return lab.up(n, vary=vary, refuse_key=refuse_key, slurm=slurm, **topology)
 
-    make.name = _name  # type: ignore[attr-defined]
+    make.name = _name  # type: ignore[attr-defined]  # a helper hung on the fixture's function
     yield make
     errors = []
     for lab in reversed(made):

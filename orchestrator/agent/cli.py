@@ -172,7 +172,7 @@ def run_agent(cfg, listeners, lock_fd, ready_fd, advertised=()):
         return 1
     sup.local.drop_secrets()
     # the head's exit status is the run's (a Slurm job step: the job ends COMPLETED only if it succeeded)
-    return 0 if not sup.is_head or sup.head.doc["state"] == RunState.SUCCEEDED else 1
+    return 0 if sup.head is None or sup.head.doc["state"] == RunState.SUCCEEDED else 1  # None: not the head
 
 
 # --------------------------------------------------------------------------- Slurm
@@ -209,6 +209,7 @@ def cmd_batch(gofile):
     head_proc = subprocess.Popen(step([head]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                  env=env)
     line = b""
+    assert head_proc.stdout is not None  # a pipe
     deadline = now() + float(spec.get("start_timeout", 120))
     while not line.endswith(b"\n") and now() < deadline and len(line) < 4096:
         ready, _, _ = select.select([head_proc.stdout], [], [], 0.5)

@@ -37,7 +37,10 @@ Actions:
     ("done",)                          the head's work is over
 """
 
+from __future__ import annotations
+
 from enum import Enum
+from typing import Any
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
@@ -59,18 +62,18 @@ class Phase(str, Enum):
 class HostView:
     __slots__ = ("joined", "connected", "last", "report", "address")
 
-    def __init__(self, now):
+    def __init__(self, now: float) -> None:
         self.joined = False
         self.connected = False
         self.last = now
-        self.report = None      # the last report of the current attempt
-        self.address = None     # the head's address this host reached it on
+        self.report: dict[str, Any] | None = None   # the last report of the current attempt
+        self.address: str | None = None             # the head's address this host reached it on
 
 
 class Head:
     """What the head knows of the run. `doc` is the run's document (state.json, watchers)."""
 
-    def __init__(self, cfg, now):
+    def __init__(self, cfg: dict[str, Any], now: float) -> None:
         self.run_id = cfg["run_id"]
         self.me = cfg["host"]
         self.on_failure = cfg.get("on_failure", "stop")
@@ -80,19 +83,19 @@ class Head:
         self.timeout = float(cfg.get("timeout") or 0)
         self.grace = float(cfg.get("grace", 5))
         self.lost_after = float(cfg.get("lost_after", 10))
-        self.addresses = list(cfg.get("head_addresses") or [])
-        self.active = list(cfg["hosts"])            # the hosts of the current attempt, in plan order
-        self.slot_of = {h: h for h in self.active}  # host -> the planned host whose ranks it runs
-        self.spares = list(cfg.get("spares") or [])  # spares not used (nor lost) yet, in inventory order
+        self.addresses: list[str] = list(cfg.get("head_addresses") or [])
+        self.active: list[str] = list(cfg["hosts"])     # the hosts of the current attempt, in plan order
+        self.slot_of = {h: h for h in self.active}      # host -> the planned host whose ranks it runs
+        self.spares: list[str] = list(cfg.get("spares") or [])  # spares not used (nor lost) yet, inventory order
         self.fits = {s: set(v) for s, v in (cfg.get("spare_fits") or {}).items()}  # spare -> hosts it may replace
-        self.tables = cfg.get("tables") or {}       # which launch files name hosts (tables.render)
+        self.tables: dict[str, Any] = cfg.get("tables") or {}   # which launch files name hosts (tables.render)
         self.servers = {s["name"]: s for s in cfg.get("servers") or ()}           # planned hosts' facts
         self.spare_servers = {s["name"]: s for s in cfg.get("spare_servers") or ()}
-        self.replacements = 0                       # attempts started by a replacement (they use no restart)
+        self.replacements = 0                           # attempts started by a replacement (they use no restart)
         self.hosts = {h: HostView(now) for h in self.active + self.spares}
         self.hosts[self.me].joined = self.hosts[self.me].connected = True
         self.rank_host = {r["rank"]: r["host"] for r in cfg["all_ranks"]}
-        self.doc = {"v": STATE_VERSION, "orch": cfg.get("orch_version"), "run": self.run_id,
+        self.doc: dict[str, Any] = {"v": STATE_VERSION, "orch": cfg.get("orch_version"), "run": self.run_id,
                     "state": RunState.STARTING, "head": self.me, "attempt": 0, "attempts": [],
                     "ranks": [dict(r) for r in cfg["all_ranks"]], "lost": [], "message": "",
                     "first_failure": None, "started": now, "ended": None, "launcher": cfg.get("launcher"),
@@ -100,55 +103,56 @@ class Head:
                     "hosts": list(self.active), "spares": list(self.spares), "replaced": [], "spares_lost": []}
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
-        self.stop_request = None
-        self.lost_why = {}            # host -> what was seen when it was counted lost
-        self.outcome = None           # (state, message) of the attempt that is ending
+        self.stop_request: str | None = None
+        self.lost_why: dict[str, str] = {}  # host -> what was seen when it was counted lost
+        self.outcome: tuple[RunState, str] | None = None  # (state, message) of the attempt that is ending
         self.settle_until = 0.0
         self.stop_sent = False
-        self.launcher_end = None
+        self.launcher_end: float | None = None
         self.attempt_started = now
 
     # ---- helpers
     @property
-    def state(self):
-        return self.doc["state"]
+    def state(self) -> RunState:
+        return RunState(self.doc["state"])
 
-    def others(self):
+    def others(self) -> list[tuple[str, HostView]]:
         """The other hosts of the current attempt (not the spares waiting, not a replaced host)."""
         return [(n, self.hosts[n]) for n in self.active if n != self.me]
 
-    def can_join(self, host):
+    def can_join(self, host: str) -> bool:
         """A member may join once: a second join for a host (a replay, or someone posing as it) is refused."""
         h = self.hosts.get(host)
         return h is not None and host != self.me and not h.joined
 
-    def _run_to(self, new):
+    def _run_to(self, new: RunState) -> None:
         self.doc["state"] = check(RUN_TRANSITIONS, self.doc["state"], new, "run")
 
-    def _rank_to(self, r, new):
+    def _rank_to(self, r: dict[str, Any], new: RankState) -> None:
         r["state"] = check(RANK_TRANSITIONS, RankState(r["state"]), new, "rank %d" % r["rank"])
 
 
 # --------------------------------------------------------------------------- events
 
-def joined(host, address):
+def joined(host: str, address: str | None) -> tuple[Any, ...]:
     return ("joined", host, address)
 
 
-def reported(host, report):
+def reported(host: str, report: dict[str, Any]) -> tuple[Any, ...]:
     return ("report", host, report)
 
 
-def gone(host):
+def gone(host: str) -> tuple[Any, ...]:
     return ("gone", host)
 
 
-def stop_asked(reason):
+def stop_asked(reason: str) -> tuple[Any, ...]:
     return ("stop", reason)
 
 
-def _apply(head, ev, now):
+def _apply(head: Head, ev: tuple[Any, ...], now: float) -> bool:
     kind = ev[0]
+    h: HostView | None
     if kind == "joined":
         h = head.hosts[ev[1]]
         h.joined = h.connected = True
@@ -178,7 +182,7 @@ def _apply(head, ev, now):
     raise ValueError("unknown event %r" % (kind,))
 
 
-def _merge(head, host, rep):
+def _merge(head: Head, host: str, rep: dict[str, Any]) -> bool:
     """A host's report of its own ranks -> the run's rank records. Only that host's ranks, only
     ranks not ended yet (a late report never undoes or rewrites an end), and only transitions
     the table allows."""
@@ -200,9 +204,9 @@ def _merge(head, host, rep):
 
 # --------------------------------------------------------------------------- decide
 
-def decide(head, events, now):
+def decide(head: Head, events: list[tuple[Any, ...]], now: float) -> tuple[Head, list[tuple[Any, ...]]]:
     """Apply the events, then take the phase's decisions. Returns (head, actions)."""
-    actions = []
+    actions: list[tuple[Any, ...]] = []
     changed = False
     for ev in events:
         changed = _apply(head, ev, now) or changed
@@ -214,7 +218,7 @@ def decide(head, events, now):
     return head, actions
 
 
-def _seen_lost(head, h, now):
+def _seen_lost(head: Head, h: HostView, now: float) -> str | None:
     """What was seen of a joined host that is gone, no more (a cut link closes nothing); None: it is not."""
     if not h.joined:
         return None
@@ -225,7 +229,7 @@ def _seen_lost(head, h, now):
     return None
 
 
-def _notice_lost(head, now):
+def _notice_lost(head: Head, now: float) -> bool:
     """A joined member whose connection closed, or that stayed silent for lost_after seconds; a
     spare that is gone is no longer offered (the run goes on)."""
     if head.phase == Phase.DONE:
@@ -247,7 +251,7 @@ def _notice_lost(head, now):
     return changed
 
 
-def _phase_join(head, now, actions):
+def _phase_join(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
     missing = [n for n in head.active if not head.hosts[n].joined]   # spares may join later
     if head.stop_request:
         _finish(head, now, actions, RunState.STOPPED,
@@ -266,10 +270,10 @@ def _phase_join(head, now, actions):
     return True
 
 
-def head_address(head):
+def head_address(head: Head) -> str:
     """The launch host's address as the other hosts reached it (most of them; ties: the
     preferred one), for torchrun's and msrun's master address and MASTER_ADDR."""
-    counts = {}
+    counts: dict[str, int] = {}
     for _, h in head.others():
         if h.address:
             counts[h.address] = counts.get(h.address, 0) + 1
@@ -279,7 +283,7 @@ def head_address(head):
     return sorted(counts, key=lambda a: (-counts[a], order.get(a, len(order)), a))[0]
 
 
-def _start_attempt(head, now, actions, k):
+def _start_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], k: int) -> None:
     head.phase = Phase.RUN
     if head.doc["state"] == RunState.STARTING:
         head._run_to(RunState.RUNNING)
@@ -297,11 +301,11 @@ def _start_attempt(head, now, actions, k):
     actions.append(("publish",))
 
 
-def attempt_setup(head):
+def attempt_setup(head: Head) -> dict[str, Any]:
     """What the hosts of an attempt need beyond its number: which spare runs whose ranks and, when
     the host set is not the planned one, the launch files rendered for it (tables.render)."""
     moved = {h: slot for h, slot in head.slot_of.items() if h != slot}
-    setup = {"slots": moved, "files": {}, "files_to": "head" if head.tables.get("hostfile") else "all",
+    setup: dict[str, Any] = {"slots": moved, "files": {}, "files_to": "head" if head.tables.get("hostfile") else "all",
              "replaced": ",".join("%s->%s" % (r["host"], r["by"]) for r in head.doc["replaced"])}
     if moved and head.tables:
         servers = []
@@ -312,11 +316,11 @@ def attempt_setup(head):
     return setup
 
 
-def pick_spares(head, lost):
+def pick_spares(head: Head, lost: list[str]) -> dict[str, str] | None:
     """{lost host: the spare that takes its place}: the first spare still offered (joined, not
     lost) that fits it; None when some lost host has no spare left."""
     free = [s for s in head.spares if head.hosts[s].joined and head.hosts[s].connected]
-    swaps = {}
+    swaps: dict[str, str] = {}
     for name in lost:
         slot = head.slot_of.get(name, name)
         fit = next((s for s in free if slot in head.fits.get(s, ())), None)
@@ -327,7 +331,7 @@ def pick_spares(head, lost):
     return swaps
 
 
-def replace_hosts(head, swaps, now):
+def replace_hosts(head: Head, swaps: dict[str, str], now: float) -> None:
     """Each lost host of `swaps` leaves the run; its spare takes its place and its ranks."""
     k = head.doc["attempt"]
     for old, new in swaps.items():
@@ -349,31 +353,31 @@ def replace_hosts(head, swaps, now):
 
 # ---- the duties of a running attempt
 
-def _failures(head, now):
+def _failures(head: Head, now: float) -> list[tuple[float, dict[str, Any], str]]:
     """(when, rank record, how) of every failed rank, the first to end first."""
     out = [((r.get("end") or now), r, describe(r["exit_code"], r["signal"]))
            for r in head.doc["ranks"] if r["state"] == RankState.FAILED]
     return sorted(out, key=lambda f: (f[0], f[1]["rank"]))
 
 
-def _name_first_failure(head, now):
+def _name_first_failure(head: Head, now: float) -> dict[str, Any] | None:
     fails = _failures(head, now)
     if not fails:
         return None
     _, r, how = fails[0]
-    head.doc["first_failure"] = {"rank": r["rank"], "host": r["host"], "device": r.get("device"),
-                                 "exit_code": r["exit_code"], "signal": r["signal"], "how": how,
-                                 "attempt": head.doc["attempt"]}
-    return head.doc["first_failure"]
+    head.doc["first_failure"] = ff = {"rank": r["rank"], "host": r["host"], "device": r.get("device"),
+                                      "exit_code": r["exit_code"], "signal": r["signal"], "how": how,
+                                      "attempt": head.doc["attempt"]}
+    return ff
 
 
-def _failure_message(ff):
+def _failure_message(ff: dict[str, Any]) -> str:
     return "rank %d on %s (device %s) failed: %s" % (ff["rank"], ff["host"], ff["device"], ff["how"])
 
 
-def _launchers(head):
+def _launchers(head: Head) -> dict[str, tuple[str, dict[str, Any]]]:
     """{key: (host, proc record)} of every launcher process (mpirun, msrun, torchrun), every host."""
-    out = {}
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, h in head.hosts.items():
         rep = h.report
         if rep is None or rep.get("attempt") != head.doc["attempt"]:
@@ -384,13 +388,13 @@ def _launchers(head):
     return out
 
 
-def duty_stop_asked(head, now):
+def duty_stop_asked(head: Head, now: float) -> tuple[Any, ...] | None:
     if head.stop_request:
         return RunState.STOPPED, "stopped by %s" % head.stop_request, 0.0
     return None
 
 
-def duty_lost(head, now):
+def duty_lost(head: Head, now: float) -> tuple[Any, ...] | None:
     lost = head.doc["lost"]
     if not lost:
         return None
@@ -402,7 +406,7 @@ def duty_lost(head, now):
                                                                           head.run_id), 0.0)
 
 
-def duty_fail_fast(head, now):
+def duty_fail_fast(head: Head, now: float) -> tuple[Any, ...] | None:
     ff = _name_first_failure(head, now)
     if ff is None:
         return None
@@ -412,7 +416,7 @@ def duty_fail_fast(head, now):
     return None
 
 
-def duty_launchers(head, now):
+def duty_launchers(head: Head, now: float) -> tuple[Any, ...] | str | None:
     """A launcher (mpirun, msrun, torchrun) that failed, or ended with ranks that never said how
     they ended: its ranks report within moments (their wrapper writes before exiting), so wait
     LAUNCHER_REPORT_GRACE first."""
@@ -437,7 +441,7 @@ def duty_launchers(head, now):
     return None
 
 
-def duty_success(head, now):
+def duty_success(head: Head, now: float) -> tuple[Any, ...] | None:
     if head.doc["first_failure"] is not None:
         return None
     if not all(r["end"] is not None for r in head.doc["ranks"]):
@@ -448,7 +452,7 @@ def duty_success(head, now):
     return RunState.SUCCEEDED, "all %d ranks exited 0" % len(head.doc["ranks"]), 0.0
 
 
-def duty_stall(head, now):
+def duty_stall(head: Head, now: float) -> tuple[Any, ...] | None:
     if not head.stall_timeout:
         return None
     last = max([head.attempt_started] + [h.report["out"] for _, h in head.hosts.items()
@@ -459,7 +463,7 @@ def duty_stall(head, now):
             "stacks.txt beside it with py-spy)" % head.stall_timeout, 2.0)
 
 
-def duty_timeout(head, now):
+def duty_timeout(head: Head, now: float) -> tuple[Any, ...] | None:
     if head.timeout and now - head.doc["started"] > head.timeout:
         return (RunState.TIMEOUT, "the job did not finish within job.timeout = %gs (timed out)" % head.timeout, 0.0)
     return None
@@ -468,10 +472,10 @@ def duty_timeout(head, now):
 DUTIES = (duty_stop_asked, duty_lost, duty_fail_fast, duty_launchers, duty_success, duty_stall, duty_timeout)
 
 
-def _phase_run(head, now, actions):
+def _phase_run(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
     for duty in DUTIES:
         verdict = duty(head, now)
-        if verdict == "wait":
+        if isinstance(verdict, str):   # "wait"
             return False
         if verdict is not None:
             state, message, settle = verdict[:3]
@@ -485,7 +489,8 @@ def _phase_run(head, now, actions):
     return False
 
 
-def _end_attempt(head, now, actions, outcome, message, settle=0.0):
+def _end_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], outcome: RunState, message: str,
+                 settle: float = 0.0) -> None:
     head.outcome = (outcome, message)
     att = head.doc["attempts"][-1]
     att["state"] = check(ATTEMPT_TRANSITIONS, RunState(att["state"]), outcome, "attempt")
@@ -498,15 +503,17 @@ def _end_attempt(head, now, actions, outcome, message, settle=0.0):
     actions.append(("publish",))
 
 
-def _phase_stopping(head, now, actions):
+def _phase_stopping(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
+    assert head.outcome is not None  # _end_attempt set it
     if not head.stop_sent:
         if now < head.settle_until:
             return False
         head.stop_sent = True
         actions.append(("stop", head.outcome[1]))
         return False
-    remaining = [n for n in head.active if n not in head.doc["lost"] and head.hosts[n].joined
-                 and (head.hosts[n].report is None or head.hosts[n].report.get("live"))]
+    views = [(n, head.hosts[n]) for n in head.active]
+    remaining = [n for n, h in views if n not in head.doc["lost"] and h.joined
+                 and (h.report is None or h.report.get("live"))]
     if remaining and now <= head.phase_until:
         return False
     for r in head.doc["ranks"]:
@@ -547,7 +554,7 @@ def _phase_stopping(head, now, actions):
     return True
 
 
-def _spares_said(head):
+def _spares_said(head: Head) -> str:
     """Where the spares went, for the message of a run that needed one more."""
     parts = ["%s took %s's place in attempt %d" % (r["by"], r["host"], r["attempt"]) for r in head.doc["replaced"]]
     parts += ["%s was lost (%s)" % (x["host"], x["why"]) for x in head.doc["spares_lost"]]
@@ -556,11 +563,12 @@ def _spares_said(head):
     return "spares: " + "; ".join(parts) if parts else "no spares"
 
 
-def _settle_failures(head, now):
+def _settle_failures(head: Head, now: float) -> str:
     """The failure named is the rank that ended first, on whichever host (the others most often
     died of it: mpirun and msrun kill a failed rank's siblings); ranks killed after it by a
     launcher's TERM/KILL count as stopped, not failed. Called only when a rank failed."""
     ff = _name_first_failure(head, now)
+    assert ff is not None  # a rank failed
     first_end = _failures(head, now)[0][0]
     for r in head.doc["ranks"]:
         if (r["state"] == RankState.FAILED and r["rank"] != ff["rank"] and r["signal"] in (15, 9)
@@ -569,7 +577,7 @@ def _settle_failures(head, now):
     return _failure_message(ff)
 
 
-def _phase_delay(head, now, actions):
+def _phase_delay(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
     if head.stop_request:
         _finish(head, now, actions, RunState.STOPPED, "stopped by %s" % head.stop_request)
         return True
@@ -579,7 +587,7 @@ def _phase_delay(head, now, actions):
     return False
 
 
-def _finish(head, now, actions, outcome, message):
+def _finish(head: Head, now: float, actions: list[tuple[Any, ...]], outcome: RunState, message: str) -> None:
     head._run_to(outcome)
     head.doc.update(message=message, ended=now)
     if head.doc["attempts"] and head.doc["attempts"][-1]["state"] == RunState.RUNNING:
@@ -590,7 +598,7 @@ def _finish(head, now, actions, outcome, message):
     actions.append(("publish",))
 
 
-def _phase_done(head, now, actions):
+def _phase_done(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
     connected = [n for n, h in head.hosts.items() if n != head.me and n not in head.doc["lost"] and h.connected]
     if not connected or now > head.phase_until:
         actions.append(("done",))

@@ -6,6 +6,8 @@ capture their stacks. And the rank wrapper itself (`agent.py rank`).
 Nothing here forces a umask: the ranks, their logs and checkpoints get the user's own.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import shutil
@@ -28,7 +30,7 @@ def run_pids(run_id, me=None):
     needle = ("%s=%s" % (RUN_VAR, run_id)).encode()
     agent = (AGENT_VAR + "=1").encode()
     me = os.getpid() if me is None else me
-    out = []
+    out: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:   # out of descriptors, say: nothing found this time, asked again next tick
@@ -273,7 +275,7 @@ class Local:
         changed, self.changed = self.changed, False
         return changed
 
-    def ended(self, rec, code, sig):
+    def ended(self, rec: dict, code, sig):
         rec.update(exit_code=code, signal=sig, end=now())
         self.changed = True
         if rec.get("rank") is not None and self.procs.get(rec["key"]) is rec:
@@ -489,6 +491,8 @@ def run_rank(argv):
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
     env = dict(os.environ)
     env.update(read_secrets(rundir))
+    code: int | None
+    sig: int | None
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
                                 stderr=subprocess.STDOUT if out is not None else None,
@@ -497,7 +501,6 @@ def run_rank(argv):
         msg = "orch: cannot start %s: %s\n" % (argv[0] if argv else "(nothing)", exc.strerror)
         os.write(out, msg.encode()) if out is not None else sys.stderr.write(msg)
         code, sig, start = 127, None, now()
-        proc = None
     else:
         start = now()
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):

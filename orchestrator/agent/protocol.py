@@ -36,12 +36,15 @@ Anything else - not JSON, not an object, an unknown type, a missing or mistyped 
 wrong MAC, deep nesting - raises ProtocolError, and the server closes that one connection.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import json
 import math
 import os
 import struct
+from typing import Any, Callable, Dict, Literal, overload
 
 VERSION = 1           # of this protocol: in hello and challenge
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
@@ -53,13 +56,21 @@ ROLES = ("member", "watcher", "control")
 MAC_HEX = 64
 
 
+# a message (a JSON object) as it goes on the wire, and the checked fields a parser returns
+Msg = Dict[str, Any]
+
+
 class ProtocolError(ValueError):
     """A frame that breaks the protocol: the connection that sent it is closed."""
 
 
 # --------------------------------------------------------------------------- field checks
 
-def _str(m, key, limit=256, optional=False):
+@overload
+def _str(m: Msg, key: str, limit: int = ..., optional: Literal[False] = ...) -> str: ...
+@overload
+def _str(m: Msg, key: str, limit: int = ..., *, optional: bool) -> str | None: ...
+def _str(m: Msg, key: str, limit: int = 256, optional: bool = False) -> str | None:
     v = m.get(key)
     if v is None and optional:
         return None
@@ -68,7 +79,11 @@ def _str(m, key, limit=256, optional=False):
     return v
 
 
-def _int(m, key, optional=False, lo=None):
+@overload
+def _int(m: Msg, key: str, optional: Literal[False] = ..., lo: int | None = ...) -> int: ...
+@overload
+def _int(m: Msg, key: str, optional: bool, lo: int | None = ...) -> int | None: ...
+def _int(m: Msg, key: str, optional: bool = False, lo: int | None = None) -> int | None:
     v = m.get(key)
     if v is None and optional:
         return None
@@ -77,7 +92,11 @@ def _int(m, key, optional=False, lo=None):
     return v
 
 
-def _num(m, key, optional=False):
+@overload
+def _num(m: Msg, key: str, optional: Literal[False] = ...) -> float: ...
+@overload
+def _num(m: Msg, key: str, optional: bool) -> float | None: ...
+def _num(m: Msg, key: str, optional: bool = False) -> float | None:
     v = m.get(key)
     if v is None and optional:
         return None
@@ -86,7 +105,7 @@ def _num(m, key, optional=False):
     return float(v)
 
 
-def _hex(m, key, n):
+def _hex(m: Msg, key: str, n: int) -> str:
     v = _str(m, key, n)
     if len(v) != n or any(c not in "0123456789abcdef" for c in v):
         raise ProtocolError("field %r: %d hex digits expected" % (key, n))
@@ -96,13 +115,13 @@ def _hex(m, key, n):
 NONCE_HEX = 32
 
 
-def new_nonce():
+def new_nonce() -> str:
     return os.urandom(NONCE_HEX // 2).hex()
 
 
 # --------------------------------------------------------------------------- frames
 
-def decode(line, limit):
+def decode(line: bytes, limit: int) -> Msg:
     """One line (bytes, without its newline) -> a dict with a string `t`. ProtocolError else."""
     if len(line) > limit:
         raise ProtocolError("line of %d bytes (limit %d)" % (len(line), limit))
@@ -115,7 +134,7 @@ def decode(line, limit):
     return m
 
 
-def encode(m):
+def encode(m: Msg) -> bytes:
     return json.dumps(m, separators=(",", ":")).encode()
 
 
@@ -123,11 +142,11 @@ class Lines:
     """Bytes in, complete lines out; a line longer than `limit` (newline not seen yet
     included) raises ProtocolError, so no peer makes us hold more than `limit` bytes."""
 
-    def __init__(self, limit):
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.buf = bytearray()
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[bytes]:
         self.buf += data
         out = []
         start = 0
@@ -146,19 +165,19 @@ class Lines:
 
 # --------------------------------------------------------------------------- authentication
 
-def _h(token, *parts):
+def _h(token: str, *parts: str) -> str:
     return hmac.new(token.encode(), b"\0".join(p.encode() for p in parts), hashlib.sha256).hexdigest()
 
 
-def server_proof(token, run, nc, ns):
+def server_proof(token: str, run: str, nc: str, ns: str) -> str:
     return _h(token, "server", run, nc, ns)
 
 
-def client_proof(token, run, role, host, nc, ns):
+def client_proof(token: str, run: str, role: str, host: str | None, nc: str, ns: str) -> str:
     return _h(token, "client", run, role, host or "", nc, ns)
 
 
-def session_keys(token, nc, ns):
+def session_keys(token: str, nc: str, ns: str) -> tuple[bytes, bytes]:
     """(client -> head key, head -> client key) of one connection."""
     return (hmac.new(token.encode(), b"c2s\0" + nc.encode() + ns.encode(), hashlib.sha256).digest(),
             hmac.new(token.encode(), b"s2c\0" + nc.encode() + ns.encode(), hashlib.sha256).digest())
@@ -168,20 +187,20 @@ class Sealer:
     """One direction of an authenticated connection: seal() frames to send, open() frames
     received (each MAC covers the direction's sequence number and the JSON)."""
 
-    def __init__(self, key):
+    def __init__(self, key: bytes) -> None:
         self.key = key
         self.seq = 0
 
-    def _mac(self, body):
+    def _mac(self, body: bytes) -> bytes:
         return hmac.new(self.key, struct.pack(">Q", self.seq) + body, hashlib.sha256).hexdigest().encode()
 
-    def seal(self, m):
+    def seal(self, m: Msg) -> bytes:
         body = encode(m)
         mac = self._mac(body)
         self.seq += 1
         return mac + b" " + body + b"\n"
 
-    def open(self, line, limit):
+    def open(self, line: bytes, limit: int) -> Msg:
         if len(line) < MAC_HEX + 2 or line[MAC_HEX:MAC_HEX + 1] != b" ":
             raise ProtocolError("an authenticated frame must start with its MAC")
         mac, body = line[:MAC_HEX], line[MAC_HEX + 1:]
@@ -193,11 +212,11 @@ class Sealer:
 
 # --------------------------------------------------------------------------- messages: one constructor and parser each
 
-def hello(role, host, run, nonce):
+def hello(role: str, host: str | None, run: str, nonce: str) -> Msg:
     return {"t": "hello", "v": VERSION, "role": role, "host": host, "run": run, "nonce": nonce}
 
 
-def parse_hello(m):
+def parse_hello(m: Msg) -> Msg:
     if m.get("t") != "hello":
         raise ProtocolError("the first message must be hello, not %r" % str(m.get("t"))[:20])
     v = _int(m, "v")
@@ -210,11 +229,11 @@ def parse_hello(m):
             "nonce": _hex(m, "nonce", NONCE_HEX)}
 
 
-def challenge(nonce, proof):
+def challenge(nonce: str, proof: str) -> Msg:
     return {"t": "challenge", "v": VERSION, "nonce": nonce, "proof": proof}
 
 
-def parse_challenge(m):
+def parse_challenge(m: Msg) -> dict[str, str]:
     if m.get("t") == "refused":
         raise ProtocolError("refused by the head: %s" % str(m.get("why"))[:200])
     if m.get("t") != "challenge":
@@ -224,44 +243,45 @@ def parse_challenge(m):
     return {"nonce": _hex(m, "nonce", NONCE_HEX), "proof": _hex(m, "proof", 64)}
 
 
-def auth(proof):
+def auth(proof: str) -> Msg:
     return {"t": "auth", "proof": proof}
 
 
-def parse_auth(m):
+def parse_auth(m: Msg) -> str:
     if m.get("t") != "auth":
         raise ProtocolError("expected auth, got %r" % str(m.get("t"))[:20])
     return _hex(m, "proof", 64)
 
 
-def welcome():
+def welcome() -> Msg:
     return {"t": "welcome"}
 
 
-def refused(why):
+def refused(why: str) -> Msg:
     return {"t": "refused", "why": why[:500]}
 
 
-def parse_welcome(m):
+def parse_welcome(m: Msg) -> None:
     if m.get("t") == "refused":
         raise ProtocolError("refused by the head: %s" % str(m.get("why"))[:200])
     if m.get("t") != "welcome":
         raise ProtocolError("expected welcome, got %r" % str(m.get("t"))[:20])
 
 
-def report(rep):
+def report(rep: Msg) -> Msg:
     return {"t": "report", "report": rep}
 
 
-def stop(reason):
+def stop(reason: str) -> Msg:
     return {"t": "stop", "reason": reason[:2000]}
 
 
-def start(attempt, head_address, slot=None, files=None, replaced=""):
+def start(attempt: int, head_address: str, slot: str | None = None, files: dict[str, str] | None = None,
+          replaced: str = "") -> Msg:
     """Start an attempt. A spare taking a lost host's place gets `slot` (that host: it runs its
     ranks); when the host set is not the planned one, every host gets the launch `files` the head
     rendered for it ({name: text}) and `replaced` (ORCH_REPLACED_HOSTS for the ranks)."""
-    m = {"t": "start", "attempt": attempt, "head_address": head_address}
+    m: Msg = {"t": "start", "attempt": attempt, "head_address": head_address}
     if slot:
         m["slot"] = slot
     if files:
@@ -274,7 +294,7 @@ def start(attempt, head_address, slot=None, files=None, replaced=""):
 FILE_NAME = 64   # a launch file's name (hostfile, rank_table.json): a plain name, no directory
 
 
-def _files(m, key):
+def _files(m: Msg, key: str) -> dict[str, str]:
     v = m.get(key)
     if v is None:
         return {}
@@ -287,23 +307,23 @@ def _files(m, key):
     return dict(v)
 
 
-def dump():
+def dump() -> Msg:
     return {"t": "dump"}
 
 
-def exit_(state):
+def exit_(state: str) -> Msg:
     return {"t": "exit", "state": state}
 
 
-def heartbeat():
+def heartbeat() -> Msg:
     return {"t": "hb"}
 
 
-def state(doc):
+def state(doc: Msg) -> Msg:
     return {"t": "state", "state": doc}
 
 
-def _parse_rank(r):
+def _parse_rank(r: object) -> Msg:
     if not isinstance(r, dict):
         raise ProtocolError("a rank record must be an object")
     from .states import RankState
@@ -312,7 +332,7 @@ def _parse_rank(r):
         RankState(st)
     except ValueError:
         raise ProtocolError("unknown rank state %r" % st) from None
-    out = {"rank": _int(r, "rank", lo=0), "state": st, "pid": _int(r, "pid", optional=True),
+    out: Msg = {"rank": _int(r, "rank", lo=0), "state": st, "pid": _int(r, "pid", optional=True),
            "exit_code": _int(r, "exit_code", optional=True), "signal": _int(r, "signal", optional=True),
            "start": _num(r, "start", optional=True), "end": _num(r, "end", optional=True),
            "attempt": _int(r, "attempt", lo=0)}
@@ -321,7 +341,7 @@ def _parse_rank(r):
     return out
 
 
-def _parse_proc(p):
+def _parse_proc(p: object) -> Msg:
     if not isinstance(p, dict):
         raise ProtocolError("a process record must be an object")
     return {"key": _str(p, "key", 300), "rank": _int(p, "rank", optional=True), "pid": _int(p, "pid", optional=True),
@@ -329,7 +349,7 @@ def _parse_proc(p):
             "start": _num(p, "start", optional=True), "end": _num(p, "end", optional=True)}
 
 
-def parse_report(rep):
+def parse_report(rep: object) -> Msg:
     """A member's report (procs.Local.report()), every field checked."""
     if not isinstance(rep, dict):
         raise ProtocolError("a report must be an object")
@@ -345,13 +365,14 @@ def parse_report(rep):
 
 
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
-TO_HEAD = {
+Parser = Callable[[Msg], Msg]
+TO_HEAD: dict[str, dict[str, Parser]] = {
     "member": {"report": lambda m: {"report": parse_report(m.get("report"))},
                "stop": lambda m: {"reason": _str(m, "reason", 2000)}},
     "watcher": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
     "control": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
 }
-TO_MEMBER = {
+TO_MEMBER: dict[str, Parser] = {
     "start": lambda m: {"attempt": _int(m, "attempt", lo=1), "head_address": _str(m, "head_address", 255),
                         "slot": _str(m, "slot", 255, optional=True), "files": _files(m, "files"),
                         "replaced": _str(m, "replaced", 1 << 16, optional=True) or ""},
@@ -360,15 +381,15 @@ TO_MEMBER = {
     "exit": lambda m: {"state": _str(m, "state", 16)},
     "hb": lambda m: {},
 }
-TO_WATCHER = {   # and to a control
+TO_WATCHER: dict[str, Parser] = {   # and to a control
     "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {}},
     "hb": lambda m: {},
 }
 
 
-def parse(table, m):
+def parse(table: dict[str, Parser], m: Msg) -> tuple[str, Msg]:
     """(type, fields) of a message the table accepts; ProtocolError for any other."""
-    t = m.get("t")
+    t = str(m.get("t"))   # decode() let only a string through
     fn = table.get(t)
     if fn is None:
         raise ProtocolError("unexpected message type %r" % str(t)[:20])

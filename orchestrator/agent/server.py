@@ -9,6 +9,8 @@ Before authentication at most MAX_PENDING connections plus one per host of the r
 MAX_WATCHERS watchers.
 """
 
+from __future__ import annotations
+
 import errno
 import hmac
 import json
@@ -48,7 +50,7 @@ def note(host, text):
 def local_addresses():
     """This host's IPv4 addresses but loopback's, from the kernel's routing tables
     (/proc/net/fib_trie: `|-- A` followed by `/32 host LOCAL`), in the order first seen."""
-    out = []
+    out: list[str] = []
     try:
         with open("/proc/net/fib_trie") as fh:
             lines = fh.read().splitlines()
@@ -139,7 +141,7 @@ class Conn:
     def send(self, m):
         if self.closed:
             return
-        self.out += self.tx.seal(m) if self.authed else proto.encode(m) + b"\n"
+        self.out += self.tx.seal(m) if self.tx is not None else proto.encode(m) + b"\n"
         self.flush()
 
     def flush(self):
@@ -170,7 +172,7 @@ class Conn:
         return self.lines.feed(data)
 
     def message(self, line, limit):
-        return self.rx.open(line, limit) if self.authed else proto.decode(line, proto.PREAUTH_LINE)
+        return self.rx.open(line, limit) if self.rx is not None else proto.decode(line, proto.PREAUTH_LINE)
 
     def register(self, sel):
         sel.register(self, selectors.EVENT_READ, self)
@@ -244,7 +246,7 @@ def client_handshake(sock, token, run, role, host, limit, timeout=proto.HANDSHAK
 def open_client(addresses, port, token, run, role, host, limit, timeout=CONNECT_TIMEOUT):
     """Connect and authenticate to the head on the first of `addresses` that answers.
     Returns (Conn, address). Raises OSError or ProtocolError (the last one met)."""
-    err = None
+    err: Exception | None = None
     for addr in addresses:
         try:
             sock = connect(addr, port, timeout)
@@ -300,7 +302,7 @@ class Supervisor:
 
     # ---- documents
     def document(self):
-        if self.is_head:
+        if self.head is not None:   # the head's (is_head)
             return self.head.doc
         return {"v": proto.STATE_VERSION, "orch": self.cfg.get("orch_version"), "run": self.run_id,
                 "host": self.host, "role": "member", **self.local.report(), "state": self.member_state,
@@ -378,6 +380,7 @@ class Supervisor:
         at most PER_SOURCE from one address: a newcomer beyond either cap evicts the oldest
         unauthenticated connection (of its own address first), so a flood cannot keep the run's
         own peers out, only make them retry. Out of descriptors: the listeners pause a second."""
+        assert self.head is not None  # only the head listens
         for _ in range(64):
             try:
                 sock, addr = listener.accept()
@@ -449,7 +452,7 @@ class Supervisor:
 
     # ---- head: the handshake and the members' messages
     def on_line(self, conn, line):
-        if conn is self.head_conn:
+        if self.head_conn is not None and conn is self.head_conn:   # a member: its link to the head
             return self.on_head_message(conn.message(line, proto.LINE))
         if conn.authed:
             t, fields = proto.parse(proto.TO_HEAD[conn.role], conn.message(line, proto.LINE))
@@ -465,6 +468,7 @@ class Supervisor:
                 self.events.append(heads.stop_asked(fields["reason"]))
             return
         m = conn.message(line, proto.PREAUTH_LINE)
+        assert self.head is not None  # only the head has unauthenticated connections
         if conn.stage == "hello":
             h = proto.parse_hello(m)
             if h["run"] != self.run_id:
@@ -508,6 +512,7 @@ class Supervisor:
         events, self.events = self.events, []
         if changed or now() - self.last_beat >= HEARTBEAT:
             events.append(heads.reported(self.host, self.local.report()))
+        assert self.head is not None  # head_tick runs on the head
         _, actions = heads.decide(self.head, events, now())
         for a in actions:
             self.act(a)
@@ -521,6 +526,7 @@ class Supervisor:
         kind = a[0]
         if kind == "start":
             k, address, setup = a[1], a[2], a[3]
+            assert self.head is not None   # only the head acts
             active = set(self.head.active)
             everyone = setup["files_to"] == "all"
             for c in self.conns:
@@ -546,11 +552,13 @@ class Supervisor:
 
     def quote_launcher(self, key, host):
         """A failed launcher: where its own output is, and (on this host) how it ends."""
+        assert self.head is not None  # the head starts the launchers
         log = os.path.join(attempt_dir(self.rundir, self.head.doc["attempt"]), "%s.log" % key.split(".")[0])
         said = tail_lines(log) if host == self.host else ""
         extra = " (its own output: %s)%s" % (log, (", ending:\n" + said) if said else "")
         self.head.doc["message"] += extra
         self.head.doc["attempts"][-1]["message"] += extra
+        assert self.head.outcome is not None  # decide() ended the attempt with the launcher's failure
         self.head.outcome = (self.head.outcome[0], self.head.outcome[1] + extra)
 
     def broadcast(self, m, roles=("member",)):
@@ -559,6 +567,7 @@ class Supervisor:
                 c.send(m)
 
     def publish(self):
+        assert self.head is not None  # the head publishes its document
         self.save()
         self.broadcast(proto.state(self.head.doc), roles=("watcher", "control"))
 
@@ -567,7 +576,7 @@ class Supervisor:
         deadline = now() + float(self.cfg.get("join_timeout", 60))
         addresses = list(self.cfg.get("head_addresses") or [self.cfg.get("head_address")])
         port = self.cfg["head_port"]
-        err = None
+        err: Exception | None = None
         while now() < deadline and self.stop_request is None:
             try:
                 conn, addr = open_client(addresses, port, self.token, self.run_id, "member", self.host, proto.LINE)
@@ -647,11 +656,11 @@ class Supervisor:
         message = ("the run's supervisor on %s crashed (%s; its traceback is in %s); this host's ranks were "
                    "stopped" % (self.host, what, os.path.join(self.rundir, "agent.log")))
         try:
-            if self.is_head:
+            if self.head is not None:   # the head's (is_head)
                 doc = self.head.doc
                 try:   # this host's ranks as they ended (their pids, codes)
                     heads._merge(self.head, self.host, self.local.report())
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - best effort: the crash is recorded either way
                     pass
                 for r in doc["ranks"]:
                     if r.get("end") is None:
@@ -666,7 +675,7 @@ class Supervisor:
             else:
                 self.member_state = RunState.FAILED
             self.save()
-        except Exception as exc2:  # noqa: BLE001
+        except Exception as exc2:  # noqa: BLE001 - a crash while recording a crash: noted, not raised
             note(self.host, "could not record the crash: %r" % exc2)
         for c in list(self.conns) + ([self.head_conn] if self.head_conn else []):
             c.close()

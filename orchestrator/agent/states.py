@@ -15,8 +15,11 @@ Values are plain strings on the wire and in every document (the enums are `str`s
 views the controller shows; no supervisor records them.
 """
 
+from __future__ import annotations
+
 import signal
 from enum import Enum
+from typing import AbstractSet, Iterable, Mapping, TypeVar
 
 
 class RunState(str, Enum):
@@ -31,11 +34,11 @@ class RunState(str, Enum):
     INTERRUPTED = "interrupted"
     UNKNOWN = "unknown"
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
     @property
-    def is_terminal(self):
+    def is_terminal(self) -> bool:
         return self in TERMINAL
 
 
@@ -49,11 +52,11 @@ class RankState(str, Enum):
     UNKNOWN = "unknown"
     ORPHANED = "orphaned"
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
     @property
-    def ended(self):
+    def ended(self) -> bool:
         return self in (RankState.EXITED, RankState.FAILED, RankState.STOPPED, RankState.LOST)
 
 
@@ -80,18 +83,21 @@ class IllegalTransition(ValueError):
     pass
 
 
-def allowed(table, old, new):
+_S = TypeVar("_S", RunState, RankState)
+
+
+def allowed(table: Mapping[_S, AbstractSet[_S]], old: _S, new: _S) -> bool:
     return new == old or new in table.get(old, ())
 
 
-def check(table, old, new, what="state"):
+def check(table: Mapping[_S, AbstractSet[_S]], old: _S, new: _S, what: str = "state") -> _S:
     """`new` if the table allows old -> new (or they are equal); else IllegalTransition."""
     if not allowed(table, old, new):
         raise IllegalTransition("%s: %s -> %s is not a transition" % (what, old, new))
     return new
 
 
-def run_state(value, default=RunState.UNKNOWN):
+def run_state(value: object, default: RunState = RunState.UNKNOWN) -> RunState:
     """A run state from a document's string; `default` for anything else."""
     try:
         return RunState(value)
@@ -99,14 +105,14 @@ def run_state(value, default=RunState.UNKNOWN):
         return default
 
 
-def rank_state(value, default=RankState.UNKNOWN):
+def rank_state(value: object, default: RankState = RankState.UNKNOWN) -> RankState:
     try:
         return RankState(value)
     except ValueError:
         return default
 
 
-def describe(code, sig=None):
+def describe(code: int | None, sig: int | None = None) -> str:
     """How a process ended, in words: `exit code 3`, `killed by signal 9 (SIGKILL)`. A shell's
     128+N is an exit code, not a signal: only `sig` says a signal killed it."""
     if sig:
@@ -120,16 +126,16 @@ def describe(code, sig=None):
     return "exit code %d" % code
 
 
-def rank_ranges(ranks):
+def rank_ranges(ranks: Iterable[int]) -> str:
     """`rank 3`, `ranks 0-3,8`: rank numbers folded (the hosts have no ClusterShell; the
     controller folds with RangeSet, and a unit test holds the two to the same text)."""
-    ranks = sorted(set(ranks))
-    if not ranks:
+    ordered = sorted(set(ranks))
+    if not ordered:
         return "no rank"
-    if len(ranks) == 1:
-        return "rank %d" % ranks[0]
-    parts, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [None]:
+    if len(ordered) == 1:
+        return "rank %d" % ordered[0]
+    parts, start, prev = [], ordered[0], ordered[0]
+    for r in [*ordered[1:], None]:
         if r is not None and r == prev + 1:
             prev = r
             continue

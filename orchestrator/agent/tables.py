@@ -11,28 +11,35 @@ it replaces a lost host by a spare, so both write the same bytes for the same ho
     super_pod_id (1.2 only)
 """
 
+from __future__ import annotations
+
 import ipaddress
 import json
+from typing import Any, Dict, Mapping, Sequence
+
+Server = Dict[str, Any]   # (typing's Dict: evaluated at run time, on python 3.8) one host as `servers` holds it (see the module's doc)
 
 
-def _get(mapping, device):
+def _get(mapping: Mapping[Any, Any], device: int) -> Any:
     """A {device id: value} map read with a str or int key (JSON turns int keys into strings)."""
     if device in mapping:
         return mapping[device]
     return mapping[str(device)]
 
 
-def server(name, address, slots, ranks, device_ips=None, super_device_ids=None, super_pod_id=None):
+def server(name: str, address: str, slots: int, ranks: Sequence[Sequence[int]],
+           device_ips: Mapping[int, str] | None = None, super_device_ids: Mapping[int, int] | None = None,
+           super_pod_id: int | None = None) -> Server:
     return {"name": name, "address": address, "slots": slots, "ranks": [list(r) for r in ranks],
             "device_ips": dict(device_ips or {}), "super_device_ids": dict(super_device_ids or {}),
             "super_pod_id": super_pod_id}
 
 
-def size(servers):
+def size(servers: Sequence[Server]) -> int:
     return sum(len(s["ranks"]) for s in servers)
 
 
-def hostfile(servers, by_name=False):
+def hostfile(servers: Sequence[Server], by_name: bool = False) -> str:
     """OpenMPI hostfile: `ADDRESS slots=N`, one host a line, in plan order (rank 0 on the first).
     `by_name`: host names instead (in a Slurm allocation, OpenMPI accepts only its node names)."""
     lines = ["# orch: %d hosts, %d ranks, in plan order (ranks are contiguous per host, by slot)"
@@ -41,9 +48,9 @@ def hostfile(servers, by_name=False):
     return "\n".join(lines) + "\n"
 
 
-def rank_table_v1(servers):
+def rank_table_v1(servers: Sequence[Server]) -> str:
     """HCCL rank table version 1.0 (hccl_tools.py's): every value a string."""
-    out = []
+    out: list[Server] = []
     for s in servers:
         out.append({
             "server_id": s["address"],
@@ -54,7 +61,7 @@ def rank_table_v1(servers):
     return _dumps({"version": "1.0", "server_count": str(len(servers)), "server_list": out, "status": "completed"})
 
 
-def rank_table_legacy(servers, aarch64=False):
+def rank_table_legacy(servers: Sequence[Server], aarch64: bool = False) -> str:
     """MindSpore 0.x rank table: one group, one instance per rank. board_id is 0x002f on aarch64
     (Kunpeng) hosts, as MindSpore's generator writes it there; para_plane_nic_name lists
     eth<device id> for every device id used."""
@@ -85,12 +92,12 @@ def rank_table_legacy(servers, aarch64=False):
     return _dumps(table)
 
 
-def rank_table_v12(servers):
+def rank_table_v12(servers: Sequence[Server]) -> str:
     """HCCL rank table version 1.2 (Atlas A3 SuperPoD), keys in the order of the HCCL user guide's
     example. host_ip only when the server's address is an IP (HCCL takes an IP there; the key is
     optional). The caller has checked every super_device_id and super_pod_id is there."""
-    out = []
-    pods = {}
+    out: list[Server] = []
+    pods: dict[Any, list[dict[str, str]]] = {}
     for s in servers:
         entry = {"server_id": s["address"]}
         if is_ip(s["address"]):
@@ -103,7 +110,7 @@ def rank_table_v12(servers):
                    "super_pod_list": [{"super_pod_id": str(p), "server_list": x} for p, x in pods.items()]})
 
 
-def rank_table(version, servers, aarch64=False):
+def rank_table(version: str, servers: Sequence[Server], aarch64: bool = False) -> str:
     """The rank table in `version` ("1.0", "1.2" or "legacy")."""
     if version == "legacy":
         return rank_table_legacy(servers, aarch64)
@@ -112,11 +119,11 @@ def rank_table(version, servers, aarch64=False):
     return rank_table_v1(servers)
 
 
-def render(spec, servers):
+def render(spec: Mapping[str, Any], servers: Sequence[Server]) -> dict[str, str]:
     """{file name: text} of the launch files `spec` names, for these servers. spec (the head's
     configuration, `tables`): {"hostfile": name or None, "by_name": bool, "rank_table": name or
     None, "version": ..., "aarch64": bool}."""
-    out = {}
+    out: dict[str, str] = {}
     if spec.get("hostfile"):
         out[spec["hostfile"]] = hostfile(servers, bool(spec.get("by_name")))
     if spec.get("rank_table"):
@@ -124,7 +131,7 @@ def render(spec, servers):
     return out
 
 
-def is_ip(address):
+def is_ip(address: str) -> bool:
     try:
         ipaddress.ip_address(address)
     except ValueError:
@@ -132,5 +139,5 @@ def is_ip(address):
     return True
 
 
-def _dumps(obj):
+def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=4) + "\n"

@@ -207,8 +207,8 @@ class Missing(Exception):
     """A section the judge needs is not there (or was cut off): the check's result is `error`."""
 
 
-def section(sections: Mapping[str, Section], name: str) -> Section:
-    s = sections.get(name)
+def section(sections: Mapping[str, Section] | None, name: str) -> Section:
+    s = None if sections is None else sections.get(name)
     if s is None:
         raise Missing(f"the probe printed no '{name}' section (it stopped early, or its output was cut)")
     if not s.finished:

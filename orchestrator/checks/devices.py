@@ -65,7 +65,7 @@ def judge_devices(cluster: Cluster, host: Host, sections: Mapping[str, Section])
                         "device_ips (set them with hccn_tool -i <id> -ip -s address <ip> netmask <mask>)")
     bad = []
     for d in host.devices:
-        ip = host.device_ips.get(d) or (hccn.get(d).address if hccn and hccn.get(d) else None)
+        ip = host.device_ips.get(d) or (dev.address if hccn and (dev := hccn.get(d)) else None)
         if ip is not None:
             try:
                 ipaddress.ip_address(ip)
@@ -134,5 +134,5 @@ def _across(plan, runs) -> list[CheckResult]:
 
 
 register(Check("devices", applies=lambda plan, host: plan.cluster.job.platform in ("ascend", "gpu"),
-               probes=(ASCEND, GPUS), judge=lambda plan, run: [judge_devices(plan.cluster, run.host, run.sections)],
+               probes=(ASCEND, GPUS), judge=lambda plan, run: [judge_devices(plan.cluster, run.host, run.sections or {})],
                across=_across))

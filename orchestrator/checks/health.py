@@ -15,4 +15,4 @@ HEALTH = Probe("health", lambda plan, host: health.sections(plan.cluster, host))
 register(Check("health", applies=lambda plan, host: plan.cluster.job.platform in ("ascend", "gpu"),
                probes=(ASCEND, HEALTH), probe_after="devices",
                judge=lambda plan, run: [result("health", run.host,
-                                               *astuple(health.judge(plan.cluster, run.host, run.sections)))]))
+                                               *astuple(health.judge(plan.cluster, run.host, run.sections or {})))]))

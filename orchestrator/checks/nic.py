@@ -49,10 +49,12 @@ def judge_nic(host: Host, sec: Section, resolved: Iterable[str] | None) -> tuple
 def judge_interface(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     """job.interface on this host: it must exist and have an IPv4 address."""
     want = cluster.job.interface
+    assert want is not None  # _judge asks only when job.interface is set
     got = probes.parse_interface(sec.body)
     problem = probes.interface_problem(want, got)
     if problem is not None:
         return result("nic", host, "fail", problem)
+    assert got is not None  # interface_problem says what is wrong when nothing was found
     return result("nic", host, "pass", f"job.interface {want}: {got.ifname} {got.address}/{got.prefixlen}")
 
 
@@ -71,7 +73,7 @@ def judge_interfaces(per_host: Mapping[str, IfAddr]) -> list[CheckResult]:
 def judge_nic_names(per_host: Mapping[str, IfAddr]) -> list[CheckResult]:
     """{host: interface address carrying its inventory address} -> warn when the names differ."""
     named = {h: a for h, a in per_host.items() if a.ifname}
-    groups, parts = split_by({h: a.ifname for h, a in named.items()})
+    groups, parts = split_by({h: a.ifname for h, a in named.items() if a.ifname})
     if len(groups) <= 1:
         return []
     nets = []

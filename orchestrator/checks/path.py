@@ -53,7 +53,9 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     from .prepare import reads_lock
 
     env = probes.tool_env(plan.cluster, host)
-    plain, job, fixed = [], [], []
+    plain: list[tuple[str, str]] = []
+    job: list[tuple[str, str]] = []
+    fixed: list[tuple[str, str]] = []
     for label, how in launch_tools(plan.cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
     # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
@@ -80,7 +82,7 @@ _PATH_HINT_ORTED = ("mpirun starts orted on every host over a non-interactive ss
 
 def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
     info = probes.parse_path(sec.body)
-    tools: dict = info["tools"]  # type: ignore[assignment]
+    tools = info["tools"]
     env_path = probes.tool_env(cluster, host).get("PATH")
     missing_job, missing_plain, missing_fixed, found = [], [], [], []
     for label, how in launch_tools(cluster):

@@ -238,7 +238,7 @@ class Relay:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, plan) -> "Relay | None":
+    def of(cls, plan) -> Relay | None:
         """None when no host tests (check skipped, one host)."""
         if SECTION not in plan.checks or not _applies(plan, plan.launch):
             return None
@@ -269,7 +269,7 @@ class Relay:
     def plan_for(self, host: Host):
         """The check plan a host's probe is made from: with the listener (or why there is none)."""
         self.ready.wait(self.wait)
-        t = self.target if self.ready.is_set() else ReachTarget(
+        t = self.target if self.ready.is_set() and self.target is not None else ReachTarget(
             untested=f"not tested: the launch host {self.plan.launch.name}'s listener was not up within "
                      f"{self.wait:g}s")
         if t.port and time.monotonic() > t.until:
@@ -290,7 +290,8 @@ class Relay:
 
         try:
             port, addrs, until, untested, status = json.loads(data)
-            self.resolve(ReachTarget(int(port), tuple(addrs), float(until), str(untested), str(status)))
+            self.resolve(ReachTarget(int(port), tuple(addrs), float(until), str(untested),
+                                     "warn" if status == "warn" else "error"))
         except (ValueError, TypeError):
             self.done("the fan-out process did not get the launch host's listener")
 

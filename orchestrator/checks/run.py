@@ -188,6 +188,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     plan_for = relay.plan_for if relay is not None else None
 
     def launch_probe(h: Host, on_connected) -> ProbeRun:
+        assert relay is not None  # probe() calls it only when there is a relay
         run = None
         try:
             run = probe_host(plan, pool, h, on_connected=on_connected, watch=relay.feed)
@@ -252,7 +253,7 @@ def resolve_address(address: str) -> frozenset[str] | None:
     except ValueError:
         pass
     try:
-        return frozenset(ai[4][0] for ai in socket.getaddrinfo(address, None))
+        return frozenset(str(ai[4][0]) for ai in socket.getaddrinfo(address, None))
     except OSError:
         return None
 
@@ -287,8 +288,9 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
                 for c in applicable]
     out: list[CheckResult] = []
     for c in applicable:
+        assert c.judge is not None  # plan.applies() takes only checks with a judge
         try:
-            out += c.judge(plan, run)  # type: ignore[misc]
+            out += c.judge(plan, run)
         except (Missing, ProbeError) as exc:
             out.append(result(c.name, host, "error", str(exc)))
     return out

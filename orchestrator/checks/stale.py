@@ -4,7 +4,7 @@ their environment)."""
 from __future__ import annotations
 
 from .. import probes, sh
-from ..launchers import RUN_VAR
+from ..agent.layout import RUN_VAR
 from ..probes import Section
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section

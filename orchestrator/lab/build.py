@@ -24,7 +24,7 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
     port, user, brec, jrec = state["ssh_port"], state["user"], state.get("bastion"), labstate.jump(state)
     head = jrec["index"] if jrec and not brec else None  # a dual-homed head: host 1 is the jump host
     plans = [HostPlan(h, lab.host_dir(h.index), versions.host_versions(vary, h.index), h.index in refuse,
-                      back_address=jrec["back_address"] if h.index == head else None)
+                      back_address=jrec["back_address"] if jrec and h.index == head else None)
              for h in hosts]
     bplan = HostPlan(labstate.host_from(brec), lab.host_dir(brec["index"]),
                      back_address=brec["back_address"]) if brec else None
@@ -57,7 +57,7 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
     hosts_text = render.etc_hosts(base_hosts, lab.name,
                                   [dataclasses.replace(p.host, address=p.back_address) if p.back_address else p.host
                                    for p in plans],
-                                  (bplan.back_address, bplan.host.name) if bplan else None)
+                                  (bplan.back_address, bplan.host.name) if bplan and bplan.back_address else None)
     try:
         base_bashrc = Path("/root/.bashrc").read_text()
     except OSError:

@@ -177,7 +177,7 @@ class Lab:
 
     def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
            slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False,
-           dual_homed_head: bool = False) -> "Lab":
+           dual_homed_head: bool = False) -> Lab:
         """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
         returns self. `ssh_port`: every sshd listens there; `user`: the inventory's user, an
         ordinary account (uid 4300) on every host; `bastion`: the hosts are reachable only
@@ -200,7 +200,7 @@ class Lab:
             raise LabError(f"a lab has 1..{MAX_HOSTS} hosts, not {n!r}")
         plan_vary = parse_vary(vary)
         for idx in plan_vary:
-            if idx != "*" and not 1 <= idx <= n:
+            if isinstance(idx, int) and not 1 <= idx <= n:
                 raise LabError(f"--vary names host {idx}, but the lab has hosts 1..{n}")
         refuse = set()
         for idx in refuse_key or ():
@@ -237,7 +237,7 @@ class Lab:
                                  created=created, python=python, now=time.time())
             labstate.save(self.state_path, state)
         try:
-            if passwd is not None:
+            if passwd is not None and group is not None:
                 write(self.state_dir / "passwd", passwd)
                 write(self.state_dir / "group", group)
             build.build(self, state, hosts, plan_vary, refuse, tools)

@@ -59,7 +59,10 @@ def up_batch(bridge: str, k: int, hosts: Sequence[LabHost], jump: dict | None = 
         f"link set {bridge} up",
     ]
     hosts_bridge = bridge
-    no_v6 = (lambda dev: [f"link set {dev} addrgenmode none"] if v6 and jump is not None else [])
+
+    def no_v6(dev: str) -> list[str]:
+        return [f"link set {dev} addrgenmode none"] if v6 and jump is not None else []
+
     if jump:
         hosts_bridge = jump["bridge"]
         netns, veth, back = jump["netns"], jump["veth"], jump["back_veth"]
@@ -109,8 +112,10 @@ def remove(name: str, bridges: Sequence[str], route: str | None) -> bool:
     lines += [f"netns del {ns}" for ns in nss]
 
     def route_left() -> bool:
-        return bool(route) and bool(run(["ip", "-4", "route", "show", "type", "unreachable", route],
-                                        check=False, timeout=10).stdout.strip())
+        if not route:
+            return False
+        return bool(run(["ip", "-4", "route", "show", "type", "unreachable", route],
+                        check=False, timeout=10).stdout.strip())
 
     if route_left():
         lines.append(f"route del unreachable {route}")
@@ -157,6 +162,7 @@ def await_reachable(hosts: Sequence[LabHost], port: int, jump: dict | None, dead
                                    hint=f"check the link: orch lab status --name {lab}") from None
                 time.sleep(0.02)
     if behind:
+        assert jump is not None  # only hosts behind a jump host are out of this machine's reach
         left = max(deadline - time.monotonic(), 0.5)
         res = run(["nsenter", f"--net={NETNS_DIR}/{jump['netns']}", sys.executable, "-I", "-S", "-c",
                    REACH_PROBE, f"{left:.2f}", *(f"{h.address}:{port}" for h in behind)],

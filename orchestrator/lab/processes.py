@@ -30,7 +30,7 @@ def holder(lab: Lab, i: int) -> int:
     rec = state.record(lab.state(), i, lab.name)
     pid = rec.get("holder_pid")
     ns = ns_inode(f"{NETNS_DIR}/{rec['netns']}")
-    if not holder_alive(pid) or ns is None or ns_inode(f"/proc/{pid}/ns/net") != ns:
+    if pid is None or not holder_alive(pid) or ns is None or ns_inode(f"/proc/{pid}/ns/net") != ns:
         raise LabError(
             f"{rec['name']}: the lab host is gone (its namespace holder, pid {pid}, is not running)",
             hint=f"recreate the lab: orch lab up N --name {lab.name}",
@@ -106,7 +106,7 @@ def sshd_pid(lab: Lab, i: int, init: int | None = None) -> int | None:
         return None
     if init is None:
         init = state.record(lab.state(), i, lab.name).get("holder_pid")
-    if not holder_alive(init):
+    if init is None or not holder_alive(init):
         return None
     pid = root_pid(init, host_pid)
     return pid if pid_alive(pid, "sshd") else None

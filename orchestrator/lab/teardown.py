@@ -104,7 +104,7 @@ def down(lab: Lab) -> bool:
     # to their subnet)
     route = None
     with contextlib.suppress(KeyError, TypeError, IndexError):
-        route = labstate.jump(state)["subnet"]
+        route = (labstate.jump(state) or {})["subnet"]
     if network.remove(lab.name, (lab.bridge, lab.hosts_bridge_name), route):
         found = True
 

@@ -187,8 +187,8 @@ def install(p: HostPlan, opt: Path, mpirun: str, real_ompi: str) -> list[Path]:
             if version != "none":
                 write(opt / "bin" / "mpirun", mpirun_shim(mpirun, real_ompi, version), 0o755)
                 write(opt / "bin" / "mpiexec", mpirun_shim(mpirun, real_ompi, version), 0o755)
-                info = which("ompi_info") or "/usr/bin/ompi_info"
-                write(opt / "bin" / "ompi_info", ompi_info_shim(info, real_ompi, version), 0o755)
+                ompi_info = which("ompi_info") or "/usr/bin/ompi_info"
+                write(opt / "bin" / "ompi_info", ompi_info_shim(ompi_info, real_ompi, version), 0o755)
         elif tool == "python":
             write(opt / "bin" / "python3", python_shim(version, host_python()), 0o755)
             os.symlink("python3", opt / "bin" / "python")

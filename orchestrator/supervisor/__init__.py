@@ -19,7 +19,8 @@ from typing import Callable, Mapping
 
 from .. import __version__, sh
 from ..agent import layout
-from ..launchers import AGENT, PY, RUN_VAR, HeadReach, Launch, head_reach, orch_dir, run_dir
+from ..agent.layout import AGENT, RUN_VAR
+from ..launchers import PY, HeadReach, Launch, head_reach, orch_dir, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ..model import Cluster, Host, SshSettings
 from .base import Result, Transport, build_script, quote_argv
+
+if TYPE_CHECKING:
+    from ..slurm import Client
+    from .ssh import Gateways
 
 __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quote_argv"]
 
@@ -29,8 +34,8 @@ class Pool:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._transports: dict[str, Transport] = {}
-        self._gateways = None  # ssh.Gateways, made for the first host behind a jump host
-        self._slurm = None
+        self._gateways: Gateways | None = None  # made for the first host behind a jump host
+        self._slurm: Client | None = None
         self._lock = threading.Lock()
 
     def __getitem__(self, host: Host | str) -> Transport:
@@ -64,6 +69,7 @@ class Pool:
 
     def close(self) -> None:
         with self._lock:
+            transports: list[Transport | Gateways]
             transports, self._transports = list(self._transports.values()), {}
             if self._slurm is not None:
                 transports.append(self._slurm.transport)
@@ -77,7 +83,7 @@ class Pool:
             except Exception:  # noqa: BLE001 - closing must never mask the real outcome
                 pass
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Mapping, Sequence
+from typing import BinaryIO, Iterable, Mapping, Protocol, Sequence
 
 from .. import sh
 from ..errors import LocalWriteError, RemoteCommandError
@@ -33,6 +33,18 @@ CHUNK = 1 << 16
 # What runs on the remote command line when the script comes on stdin: read it all (stdin is
 # then at EOF for the script's commands, as it would be without a script on it), then run it.
 BOOTSTRAP = 'eval "$(cat)"'
+
+
+class Reader(Protocol):
+    """What `run` reads stdin from, when it is not bytes: an open file, or a stream made as it is read."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+class Writer(Protocol):
+    """Where `run` passes stdout on to (`sink`): an open file, or an object that consumes it."""
+
+    def write(self, data: bytes, /) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class Result:
     def err(self) -> str:
         return self.stderr.decode("utf-8", "replace")
 
-    def check(self, what: str | None = None) -> "Result":
+    def check(self, what: str | None = None) -> Result:
         if self.exit_code != 0:
             tail = (self.err.strip() or self.out.strip())[-500:]
             raise RemoteCommandError(
@@ -76,21 +88,21 @@ class Transport(ABC):
 
     # ---- the one primitive a transport implements
     @abstractmethod
-    def _exec(self, script: str, *, stdin: bytes | BinaryIO | None, sink: BinaryIO | None,
+    def _exec(self, script: str, *, stdin: bytes | Reader | None, sink: Writer | None,
               timeout: float) -> tuple[int, bytes, bytes]:
         """Run `script` with sh; return (exit code, stdout, stderr). If `sink` is given,
         stdout is streamed into it (and the returned stdout is b"")."""
 
-    def connect(self) -> None:
+    def connect(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
         """Open the connection now (SSH); a no-op locally."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
         """Release the connection."""
 
     # ---- shared operations
     def run(self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
-            cwd: str | None = None, timeout: float | None = None, stdin: bytes | BinaryIO | None = None,
-            sink: BinaryIO | None = None) -> Result:
+            cwd: str | None = None, timeout: float | None = None, stdin: bytes | Reader | None = None,
+            sink: Writer | None = None) -> Result:
         """Run a command. A sequence is an argv (every item quoted); a string is a sh snippet.
         Without `stdin`, the script itself goes on stdin (see BOOTSTRAP): never on a command line."""
         script = build_script(command, env=env, cwd=cwd)

@@ -57,6 +57,7 @@ class LocalTransport(Transport):
         import time
 
         def feed() -> None:
+            assert proc.stdin is not None  # started only when there is one
             try:
                 if data:
                     proc.stdin.write(data)
@@ -65,9 +66,11 @@ class LocalTransport(Transport):
                 pass
 
         errs: list[bytes] = []
+        stderr = proc.stderr
+        assert proc.stdout is not None and stderr is not None  # both are pipes here
         if proc.stdin is not None:
             threading.Thread(target=feed, daemon=True).start()
-        t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
+        t = threading.Thread(target=lambda: errs.append(stderr.read()), daemon=True)
         t.start()
         fd = proc.stdout.fileno()
         last = time.monotonic()

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Literal
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
@@ -218,7 +219,7 @@ class Gateways:
         self._lock = threading.Lock()
         self._hops: dict[tuple, tuple[SshTransport, threading.BoundedSemaphore]] = {}
 
-    def hop(self, chain: tuple[Host, ...]) -> tuple["SshTransport", threading.BoundedSemaphore]:
+    def hop(self, chain: tuple[Host, ...]) -> tuple[SshTransport, threading.BoundedSemaphore]:
         """The connection to chain[-1] (made through chain[:-1]) and its slots for new tunnels."""
         key = tuple((j.user, j.ssh_address, j.port, j.identity_file, j.known_hosts) for j in chain)
         with self._lock:
@@ -240,7 +241,8 @@ class Gateways:
 
 class SshTransport(Transport):
     def __init__(self, host: Host, *, connect_timeout: float = 10, command_timeout: float = 120,
-                 retries: int = 3, host_key_policy: str = "strict", gateways: Gateways | None = None):
+                 retries: int = 3, host_key_policy: Literal["strict", "accept-new"] = "strict",
+                 gateways: Gateways | None = None):
         super().__init__(host, command_timeout)
         self.connect_timeout = host.connect_timeout or connect_timeout
         self.retries = retries
@@ -259,14 +261,14 @@ class SshTransport(Transport):
         self._failed: tuple[float, ConnectError] | None = None
 
     @classmethod
-    def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> "SshTransport":
+    def for_settings(cls, host: Host, ssh: SshSettings, gateways: Gateways | None = None) -> SshTransport:
         return cls(host, connect_timeout=ssh.connect_timeout, command_timeout=ssh.command_timeout,
                    retries=ssh.retries, host_key_policy=ssh.host_key_policy, gateways=gateways)
 
     # ---- connection
     def connect(self) -> None:
         with self._lock:
-            if self._transport is not None and self._transport.active:
+            if self._transport is not None and self._transport.is_active():
                 return
             if self._refused is not None:  # asking again would only be refused again (and logged)
                 raise self._refused
@@ -300,6 +302,7 @@ class SshTransport(Transport):
     def _open(self, timeout: float) -> paramiko.SSHClient:
         if not self.host.jump:
             return self._handshake(timeout, None)
+        assert self.gateways is not None  # made in __init__ for a host behind jump hosts
         gw, slots = self.gateways.hop(self.host.jump)
         try:
             gw.connect()
@@ -314,7 +317,7 @@ class SshTransport(Transport):
         finally:
             slots.release()
 
-    def open_tunnel(self, address: str, port: int, timeout: float) -> "_Tunnel":
+    def open_tunnel(self, address: str, port: int, timeout: float) -> _Tunnel:
         """A TCP connection from this host to address:port (as `ssh -W` makes), for a host behind it."""
         self.connect()
         transport = self._transport
@@ -334,9 +337,9 @@ class SshTransport(Transport):
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
 
-    def _handshake(self, timeout: float, gw: "SshTransport | None") -> paramiko.SSHClient:
+    def _handshake(self, timeout: float, gw: SshTransport | None) -> paramiko.SSHClient:
         h = self.host
-        kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
+        kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
                   "allow_agent": h.identity_file is None, "look_for_keys": h.identity_file is None}
         if h.identity_file:
             if not os.path.exists(h.identity_file):
@@ -367,7 +370,7 @@ class SshTransport(Transport):
                 # small message after another one waits for the peer's delayed ACK (40 ms on Linux).
                 # That was 40-80 ms on every command (a channel open, the exec request, stdin, EOF).
                 kwargs["sock"].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - _translate names it for the user (Ctrl-C passes through)
                 raise self._translate(exc, timeout) from None
         client = paramiko.SSHClient()
         if os.path.exists(h.known_hosts):
@@ -379,12 +382,13 @@ class SshTransport(Transport):
         client.set_missing_host_key_policy(_Policy(h, self.host_key_policy == "accept-new"))
         try:
             client.connect(h.ssh_address, port=h.port, username=h.user, transport_factory=_make_transport, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - _translate names it for the user (Ctrl-C passes through)
             client.close()
             kwargs["sock"].close()
             raise self._translate(exc, timeout) from None
         self.connections_opened += 1
         transport = client.get_transport()
+        assert transport is not None  # connect() succeeded
         transport.set_keepalive(int(h.keepalive) if h.keepalive else 15)
         # paramiko's thread wakes every socket timeout (0.1 s) to look at its own state: 0.7 ms of
         # CPU per host per second, for every idle connection of the invocation (all of them, while
@@ -443,7 +447,7 @@ class SshTransport(Transport):
                 self._client.close()
                 self._client = None
                 self._transport = None
-        if self._own_gateways:
+        if self._own_gateways and self.gateways is not None:
             self.gateways.close()
 
     # ---- the primitive
@@ -460,7 +464,7 @@ class SshTransport(Transport):
                                         hint=_UNREACHABLE_HINT) from None
         try:
             return _drive(chan, script, stdin, sink, deadline, self.host.name, timeout)
-        except (socket.error, paramiko.SSHException, EOFError) as exc:
+        except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None

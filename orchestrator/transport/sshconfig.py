@@ -105,7 +105,7 @@ class Resolved:
         return next((p for p in map(self.expand, self.entry.identity_files) if os.path.exists(p)), None)
 
 
-def resolve(config: "SshConfig | None", alias: str, user: str | None, port: int | None,
+def resolve(config: SshConfig | None, alias: str, user: str | None, port: int | None,
             default_user: str) -> Resolved:
     """`alias` looked up in `config` (none: nothing there), with `user`/`port` winning over it."""
     e = config.lookup(alias) if config is not None else Entry()
@@ -158,7 +158,7 @@ class SshConfig:
             raise SshConfigError(path, f"cannot parse it: {str(exc).replace(_PCT, '%')}") from None
 
     @classmethod
-    def load(cls, path: str) -> "SshConfig | None":
+    def load(cls, path: str) -> SshConfig | None:
         """The file at `path` (`~` expanded), Includes inlined; None when it does not exist."""
         full = os.path.expanduser(path)
         if not os.path.exists(full):

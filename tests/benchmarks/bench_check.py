@@ -48,12 +48,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import (  # noqa: E402
+from benchlib import (
     ORCH, SshdCounter, ansible_bin, base_env, conn_summary, fmt, lab_hosts, lab_up, measure, median, pdsh_available,
     pdsh_env, remote_sh, table, write_cluster,
 )
-from orchestrator.lab.model import MAX_HOSTS  # noqa: E402
-from orchestrator.shards import HOSTS_PER_PROC  # noqa: E402
+from orchestrator.lab.model import MAX_HOSTS
+from orchestrator.shards import HOSTS_PER_PROC
 
 END = b"@@orch:end clock1 "
 TOOLS = ("orch", "pdsh", "pdsh-c25519", "ansible", "orch-1proc")  # the last: only when asked for (--tools)

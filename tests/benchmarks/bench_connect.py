@@ -49,7 +49,7 @@ def main(n: int) -> None:
             with Pool(c) as pool:
                 w0, c0 = time.perf_counter(), cpu()
                 fan_out(c.hosts, lambda h: pool[h].connect(), limit=64)
-                rows.append((f"connect, fanned out (fanout 64)", time.perf_counter() - w0, cpu() - c0))
+                rows.append(("connect, fanned out (fanout 64)", time.perf_counter() - w0, cpu() - c0))
     finally:
         lab.down()
     print(f"{n} lab hosts, paramiko {__import__('paramiko').__version__}, ed25519 keys")

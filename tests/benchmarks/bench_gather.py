@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import (  # noqa: E402
+from benchlib import (
     ORCH, SshdCounter, base_env, conn_summary, fmt, lab_hosts, lab_up, measure, median, ssh_base, table,
     write_cluster,
 )
@@ -117,7 +117,7 @@ def bench(mb: int, repeat: int, keep: bool, lab_name: str = "pbgat"):
                       f"conns/host {conn_summary(conns)} complete={ok}", file=sys.stderr, flush=True)
         # exactness: every gathered copy is the remote file
         remote = {}
-        for i, h in enumerate(hosts):
+        for h in hosts:
             for line in ssh(h, f"cd {LOGS} && sha256sum rank.*/stdout").splitlines():
                 digest, name = line.split()
                 remote[int(name.split("/")[0].split(".")[1])] = digest
@@ -160,7 +160,7 @@ def bench(mb: int, repeat: int, keep: bool, lab_name: str = "pbgat"):
            "wall_s": median([m.wall for m, _, _ in incr]), "maxrss_mib": max(m.maxrss_kb for m, _, _ in incr) / 1024,
            "appended_ok": all(a == (1 << 20) * N_HOSTS * SLOTS for _, _, a in incr), "exact": exact}
     records.append(rec)
-    rows.append([f"+1 MB per rank", "orch", fmt(rec["wall_s"], " s"), f"{per_rank / 1e6:.2f} MB/rank moved", "",
+    rows.append(["+1 MB per rank", "orch", fmt(rec["wall_s"], " s"), f"{per_rank / 1e6:.2f} MB/rank moved", "",
                  fmt(rec["maxrss_mib"], " MiB", 0), "", "yes" if rec["appended_ok"] and exact else "NO", ""])
     ratio = records[0]["mb_s"] / records[1]["mb_s"]
     text = table(["logs", "how", "wall (median)", "throughput", "CPU", "peak RSS", "conns/host", "exact", "walls"],

@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.agent import protocol as proto  # noqa: E402
-from orchestrator.agent import server as S  # noqa: E402
-from tests.integration.test_agent_local import alive, config, rank_proc, start, state, wait  # noqa: E402
+from orchestrator.agent import protocol as proto
+from orchestrator.agent import server as S
+from tests.integration.test_agent_local import alive, config, rank_proc, start, state, wait
 
 TOKEN = "ab" * 16
 
@@ -159,12 +159,12 @@ def crash_local() -> None:
         with tempfile.TemporaryDirectory() as d:
             cfg = config(Path(d), [rank_proc(0, ["sleep", "300"]), rank_proc(1, ["sleep", "300"])], [0, 1])
             p = start(Path(d), cfg)
-            wait(lambda: state(cfg).get("state") == "running" and all(r.get("pid") for r in state(cfg)["ranks"]))
+            wait(lambda cfg=cfg: state(cfg).get("state") == "running" and all(r.get("pid") for r in state(cfg)["ranks"]))
             pids = [r["pid"] for r in state(cfg)["ranks"]]
             t0 = time.perf_counter()
             p.send_signal(signal.SIGKILL)
             p.wait()
-            wait(lambda: not any(alive(x) for x in pids), 10)
+            wait(lambda pids=pids: not any(alive(x) for x in pids), 10)
             times.append(time.perf_counter() - t0)
     print(f"head crash (kill -9) to its own ranks gone: median {statistics.median(times) * 1000:.0f} ms of 5")
 
@@ -189,11 +189,11 @@ def crash_lab() -> None:
                 run_id = subprocess.run([sys.executable, "-m", "orchestrator.cli", "up", "-q", "--detach",
                                          "--skip-checks"], cwd=d, capture_output=True, text=True,
                                         check=True).stdout.strip()
-                assert wait_until(lambda: len(leftovers(run_id, "sleep")) == 4, 60), leftovers(run_id)
+                assert wait_until(lambda run_id=run_id: len(leftovers(run_id, "sleep")) == 4, 60), leftovers(run_id)
                 doc = json.loads(lab.exec(1, ["cat", f"/data/bench-crash/.orch/{run_id}/state.json"]).stdout)
                 t0 = time.perf_counter()
                 lab.exec(1, ["kill", "-9", str(doc["agent_pid"])])
-                assert wait_until(lambda: leftovers(run_id) == [], 60, interval=0.01)
+                assert wait_until(lambda run_id=run_id: leftovers(run_id) == [], 60, interval=0.01)
                 times.append(time.perf_counter() - t0)
         print(f"head crash (kill -9) to the last process of the run gone on every host (4 hosts): median "
               f"{statistics.median(times) * 1000:.0f} ms of 3 ({', '.join(f'{t * 1000:.0f}' for t in times)} ms)")

@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ORCH, base_env, fmt, measure, median, table  # noqa: E402
+from benchlib import ORCH, base_env, fmt, measure, median, table
 
-from orchestrator.lab import Lab  # noqa: E402
+from orchestrator.lab import Lab
 
 
 def lab(name: str, n: int, bastion: bool) -> Lab:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.plan import device_ips_for, make_plan  # noqa: E402
+from orchestrator.plan import device_ips_for, make_plan
 from orchestrator.launchers import launch_commands, plan_files
-from orchestrator.render import (  # noqa: E402
+from orchestrator.render import (
     hostfile, mpirun_argv, msrun_argv, rank_env, rank_table_legacy, rank_table_v1,
 )
-from orchestrator.spec import Cluster, Host, Job  # noqa: E402
+from orchestrator.spec import Cluster, Host, Job
 
 
 def build(n_hosts: int, launcher: str) -> Cluster:

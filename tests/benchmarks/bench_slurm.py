@@ -21,7 +21,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.lab import Lab  # noqa: E402
+from orchestrator.lab import Lab
 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 STARTED = ["python3", "-c", "import time; print('started', repr(time.time()), flush=True)"]

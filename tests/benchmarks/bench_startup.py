@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import benchlib  # noqa: E402
+import benchlib  # noqa: E402 - once sys.path holds this directory
 
 TARGETS = {"orch --version": 0.10, "orch status": 0.25, "orch logs --rank 0": 0.25,
            "orch check (to first connection)": 0.35}

@@ -24,8 +24,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.lab import Lab  # noqa: E402
-from tests.support import leftovers, wait_until  # noqa: E402
+from orchestrator.lab import Lab
+from tests.support import leftovers, wait_until
 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 FAILER = ["sh", "-c", 'echo up $RANK_ID; if [ "$RANK_ID" = 2 ]; then sleep 2; date +%s.%N > failed_at; exit 3; fi; '

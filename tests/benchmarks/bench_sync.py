@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ORCH, base_env, fmt, lab_hosts, lab_up, measure, median, ssh_base, table, write_cluster  # noqa: E402
+from benchlib import ORCH, base_env, fmt, lab_hosts, lab_up, measure, median, ssh_base, table, write_cluster
 
 WORKDIR = "/data/benchsync"
 

@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.lab import Lab  # noqa: E402
+from orchestrator.lab import Lab  # noqa: E402 - once sys.path holds the checkout
 
 VENV = Path(os.environ.get("ORCH_BENCH_VENV", "/opt/orch-bench-venv"))
 ORCH = [sys.executable, "-m", "orchestrator.cli"]  # the real interpreter: no pyenv shim in the numbers
@@ -50,7 +50,7 @@ class Measured:
     stderr: bytes
     own_cpu: float = 0.0  # user + sys of the process alone (its last /proc sample, up to 5 ms before its end)
 
-    def check(self, what: str) -> "Measured":
+    def check(self, what: str) -> Measured:
         if self.rc != 0:
             tail = (self.stderr or self.stdout)[-2000:].decode("utf-8", "replace")
             raise RuntimeError(f"{what}: exit code {self.rc}: {tail}")
@@ -188,7 +188,7 @@ class SshdCounter:
         self.hosts = hosts
         self.offsets: dict[str, int] = {}
 
-    def start(self) -> "SshdCounter":
+    def start(self) -> SshdCounter:
         for h in self.hosts:
             p = h.lab.sshd_log(h.index)
             self.offsets[h.name] = p.stat().st_size if p.exists() else 0
@@ -266,5 +266,5 @@ def fmt(v, unit: str = "", digits: int = 2) -> str:
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A GitHub-markdown table (also readable as plain text)."""
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731 - a one-line row formatter
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])

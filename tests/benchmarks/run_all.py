@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import benchlib  # noqa: E402
+import benchlib  # noqa: E402 - once sys.path holds this directory
 
 
 def plan_bench() -> tuple[str, list[dict], list[str]]:

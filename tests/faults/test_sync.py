@@ -43,7 +43,7 @@ def test_an_interrupted_sync_keeps_the_old_file_and_no_partial_one(sy, tmp_path)
     finally:
         proc.kill()
     for i in (1, 2):
-        assert wait_until(lambda: remote_ls(sy, i, f"{wd}/.orch-sync-partial.*") == [], timeout=20), i
+        assert wait_until(lambda i=i: remote_ls(sy, i, f"{wd}/.orch-sync-partial.*") == [], timeout=20), i
         assert host_sha(sy, i, f"{wd}/big.bin") in (hashlib.sha256(old).hexdigest(),
                                                    hashlib.sha256((tmp_path / "big.bin").read_bytes()).hexdigest())
 

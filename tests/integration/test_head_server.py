@@ -61,7 +61,7 @@ class HeadUnderTest:
             while not self.stop.is_set():
                 self.sup.io(0.02)
                 self.sup.head_tick(False)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - the thread hands every error to the test
             self.errors.append(exc)
 
     def wait(self, cond, limit=10.0):
@@ -119,7 +119,7 @@ def closed_by_peer(s: socket.socket, limit=8.0) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

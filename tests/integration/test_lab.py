@@ -8,7 +8,6 @@ import pwd
 import re
 import socket
 import subprocess
-import sys
 import uuid
 from functools import partial
 from pathlib import Path

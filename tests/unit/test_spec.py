@@ -194,7 +194,7 @@ def _check_outcome(path: Path) -> None:
     except SpecError as exc:
         assert exc.problems and all(loc.file for loc, _ in exc.problems)
     except OrchError as exc:  # pragma: no cover - any other orch error must still locate itself
-        raise AssertionError(f"unexpected {type(exc).__name__}: {exc}")
+        raise AssertionError(f"unexpected {type(exc).__name__}: {exc}") from exc
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
