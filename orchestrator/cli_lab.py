@@ -43,9 +43,13 @@ _name_option = click.option("--name", default="lab", show_default=True, help="La
 @click.option("--dual-homed-head", is_flag=True,
               help="Host 1 is the only host this machine reaches (network A) and the others' jump host: it "
                    "is also on their network B, which this machine is not on; writes an ssh_config too.")
+@click.option("--shared", metavar="PATH", help="Mount one directory of the lab at PATH in every host (as NFS or "
+                                               "Lustre would): under /data (e.g. /data/shared), or an existing "
+                                               "directory of this machine.")
 @click.option("--replace", is_flag=True, help="Replace a lab of this name that is already up (everything on it stops).")
 def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refuse_key: tuple[int, ...],
-           slurm: bool, ssh_port: int, user: str, bastion: bool, dual_homed_head: bool, replace: bool) -> None:
+           slurm: bool, ssh_port: int, user: str, bastion: bool, dual_homed_head: bool, shared: str | None,
+           replace: bool) -> None:
     """Start N hosts; prints the inventory path. A lab of the same name that is up is replaced
     only with --replace (someone may be using it)."""
     lab = Lab(name)
@@ -61,7 +65,7 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
                             f"(`orch lab down --name {name}` removes it)")
     t0 = time.monotonic()
     lab.up(n, vary=[f"*:{a}" for a in all_] + list(vary), refuse_key=refuse_key, slurm=slurm, ssh_port=ssh_port,
-           user=user, bastion=bastion, dual_homed_head=dual_homed_head)
+           user=user, bastion=bastion, dual_homed_head=dual_homed_head, shared=shared)
     st = lab.state()
     head = st.get("dual_homed_head")
     where = (f"{st['hosts_subnet']} behind a bastion on {st['subnet']}" if st.get("bastion") else
@@ -85,6 +89,8 @@ def lab_up(n: int, name: str, vary: tuple[str, ...], all_: tuple[str, ...], refu
         click.echo(f"ssh_config (every host by name, through the bastion): {lab.ssh_config_path}")
     elif head:
         click.echo(f"ssh_config (every host by name, the others through host 1): {lab.ssh_config_path}")
+    if st.get("shared"):
+        click.echo(f"shared: {st['shared']} is one directory on every host ({lab.state_dir / 'shared'} here)")
     click.echo(f"use it with any cluster file: orch up FILE -i {lab.inventory_path}", err=True)
     click.echo(str(lab.inventory_path))
     if slurm:

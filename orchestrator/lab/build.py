@@ -72,7 +72,7 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
     write(lab.init_path, render.init_script(python), 0o755)
     for p in every:
         write_host(lab, p, user_pub, user_key, known, hosts_text, bashrc, real_ompi, hide_exes, tools,
-                   port=port, user=user)
+                   port=port, user=user, shared=state.get("shared"))
 
     # network: bridge(s), namespaces, veths in one `ip -batch`
     network.create(network.up_batch(lab.bridge, state["k"], hosts, jrec, v6=os.path.isdir("/proc/sys/net/ipv6")))
@@ -103,7 +103,7 @@ def build(lab: Lab, state: dict, hosts: list[LabHost], vary: dict, refuse: set[i
 
 def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, hosts_text: str, bashrc: str,
                real_ompi: str, hide_exes: dict[str, list[str]], tools: dict, *,
-               port: int = SSH_PORT, user: str = "root") -> None:
+               port: int = SSH_PORT, user: str = "root", shared: str | None = None) -> None:
     """Host p's dir: data/, tmp/, ssh/ (root's ~/.ssh), opt/ (--vary), home/ (--user), its
     /etc files, sshd_config and setup.sh."""
     d, h = p.dir, p.host
@@ -149,4 +149,4 @@ def write_host(lab: Lab, p: HostPlan, user_pub: str, user_key: str, known: str, 
             os.chown(path, USER_ID, USER_ID)
 
     write(d / "setup.sh", render.setup_script(p, state_dir=lab.state_dir, init_path=lab.init_path, user=user,
-                                              hide_exes=hide_exes, hide_dists=hide_dists), 0o755)
+                                              hide_exes=hide_exes, hide_dists=hide_dists, shared=shared), 0o755)

@@ -15,7 +15,8 @@ from ..errors import LabError
 from . import access, build, mounts, network, processes, render, state as labstate, teardown
 from . import slurm as labslurm  # up() has a flag named slurm
 from .model import (BASTION_INDEX, DEFAULT_ROOT, HEAD_INDEX, HOLDER_COMM, HOST_PREFIX, MAX_HOSTS, NETNS_DIR,
-                    SLOTS, SSH_PORT, SUBNET_PREFIX, HostStatus, LabHost, validate_name, validate_port, validate_user)
+                    SLOTS, SSH_PORT, SUBNET_PREFIX, USER_ID, HostStatus, LabHost, validate_name, validate_port,
+                    validate_shared, validate_user)
 from .pids import holder_alive, pid_alive, root_pid
 from .system import DOWN_TOOLS, UP_TOOLS, host_python, nsenter_run, preflight, write
 from .versions import parse_vary
@@ -177,7 +178,7 @@ class Lab:
 
     def up(self, n: int, vary: Iterable[str] | Mapping | None = None, refuse_key: Iterable[int] = (),
            slurm: bool = False, *, ssh_port: int = SSH_PORT, user: str = "root", bastion: bool = False,
-           dual_homed_head: bool = False) -> Lab:
+           dual_homed_head: bool = False, shared: str | None = None) -> Lab:
         """Replace any lab of this name with n fresh hosts (with a Slurm across them if `slurm`);
         returns self. `ssh_port`: every sshd listens there; `user`: the inventory's user, an
         ordinary account (uid 4300) on every host; `bastion`: the hosts are reachable only
@@ -185,6 +186,7 @@ class Lab:
         A), and it is on the hosts' network B too, their way in (see orchestrator/lab/access.py)."""
         ssh_port = validate_port(ssh_port)
         user = validate_user(user)
+        shared = validate_shared(shared) if shared is not None else None
         if bastion and dual_homed_head:
             raise LabError("a lab cannot have both --bastion and --dual-homed-head",
                            hint="--bastion: a jump host that is no training host; --dual-homed-head: host 1 "
@@ -235,6 +237,11 @@ class Lab:
             state = labstate.new(self, hosts, k=k, m=m, ssh_port=ssh_port, user=user, bastion=bastion,
                                  dual_homed_head=dual_homed_head, vary=plan_vary, refuse=refuse,
                                  created=created, python=python, now=time.time())
+            if shared is not None:   # one directory every host mounts at `shared` (render.setup_script)
+                state["shared"] = shared
+                (self.state_dir / "shared").mkdir(mode=0o755)
+                if user != "root":
+                    os.chown(self.state_dir / "shared", USER_ID, USER_ID)
             labstate.save(self.state_path, state)
         try:
             if passwd is not None and group is not None:

@@ -4,6 +4,7 @@ what a user may name (lab name, --ssh-port, --user). No I/O."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,31 @@ def validate_port(port) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise LabError(f"bad ssh port {port!r}", hint="--ssh-port takes 1..65535, e.g. 2222")
     return port
+
+
+SHARED_UNDER = "/data"   # a shared mount there is made in each host's own /data; elsewhere it must exist here
+
+
+def validate_shared(path) -> str:
+    """`--shared PATH`: an absolute, plain path, either under /data (made in every host's own
+    /data) or an existing directory of this machine that no lab host mounts over (/data/... is
+    the usual choice: /data/shared, as an NFS or Lustre mount would be)."""
+    import posixpath
+
+    if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+        raise LabError(f"--shared {path!r}: an absolute path without '..' or a trailing '/' is needed",
+                       hint="e.g. --shared /data/shared")
+    if path == SHARED_UNDER or path.startswith(SHARED_UNDER + "/"):
+        if path == SHARED_UNDER:
+            raise LabError("--shared /data: every host keeps its own /data; share a directory in it",
+                           hint="e.g. --shared /data/shared")
+        return path
+    if any(path == p or path.startswith(p + "/") for p in HOST_PRIVATE + ("/proc", "/sys", "/dev", "/etc", "/run")):
+        raise LabError(f"--shared {path}: lab hosts mount their own files there", hint="e.g. --shared /data/shared")
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise LabError(f"--shared {path}: no such directory on this machine (outside /data it must exist, "
+                       "as an NFS mountpoint would)", hint="create it, or use a path under /data: --shared /data/shared")
+    return path
 
 
 def validate_user(user) -> str:

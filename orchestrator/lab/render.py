@@ -139,7 +139,8 @@ def init_script(python: str) -> str:
 
 
 def setup_script(p: HostPlan, *, state_dir: Path, init_path: Path, user: str = "root",
-                 hide_exes: Mapping[str, Sequence[str]] | None = None, hide_dists: Sequence[Path] = ()) -> str:
+                 hide_exes: Mapping[str, Sequence[str]] | None = None, hide_dists: Sequence[Path] = (),
+                 shared: str | None = None) -> str:
     """Text of h<i>/setup.sh: run as PID 1 of host p's fresh net+uts+mount+pid namespaces, it
     sets the addresses and hostname, mounts the host's own /proc, /sys, /data, /tmp, /root
     (an overlay), /etc files and /opt/orch-lab from p.dir, hides what --vary ...=none hides
@@ -183,6 +184,8 @@ def setup_script(p: HostPlan, *, state_dir: Path, init_path: Path, user: str = "
         f"mount --bind {q(str(ssh))} /root/.ssh",
         f"cat {q(str(d / 'bashrc'))} > /root/.bashrc",
     ]
+    if shared:  # --shared: one directory of the lab (state_dir/shared) in every host, as NFS would be
+        script += [f"mkdir -p {q(shared)}", f"mount --bind {q(str(state_dir / 'shared'))} {q(shared)}"]
     if user != "root":
         script += [
             f"mount --bind {q(str(state_dir / 'passwd'))} /etc/passwd",
