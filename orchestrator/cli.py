@@ -163,7 +163,11 @@ PLAN_TABLE_MAX_RANKS = 64
 @click.option("--probe", is_flag=True,
               help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
                    "(ranktable launcher); the only option that touches hosts")
-def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool) -> None:
+@click.option("--replace", "swaps", multiple=True, metavar="HOST=SPARE",
+              help="show the plan and files with spare SPARE in HOST's place, as the run's head renders them "
+                   "when HOST is lost (repeatable)")
+def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool,
+                 swaps: tuple[str, ...]) -> None:
     """Show the rank plan and every file and command `orch up` would use. Touches no host
     (unless --probe)."""
     import json as _json
@@ -186,6 +190,8 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     rp = planning.make_plan(cluster)
     for w in rp.warnings:
         click.secho(w, fg="yellow", bold=True, err=True)
+    if swaps:
+        rp = _replaced_plan(rp, swaps)
 
     device_ips, missing_ips = None, None
     if cluster.job.launcher == "ranktable":
@@ -264,6 +270,30 @@ def _plan_super_devices(cluster, rp, probe: bool):
         return replace(rp, hosts=shown), exc
 
 
+def _replaced_plan(rp, swaps: tuple[str, ...]):
+    """`orch plan --replace HOST=SPARE ...`: the plan as the run's head makes it when HOST is lost."""
+    from . import plan as planning
+
+    pairs: dict[str, str] = {}
+    spares = {h.name: h for h in rp.spares}
+    for item in swaps:
+        old, eq, new = item.partition("=")
+        if not eq or not old or not new:
+            raise UsageError(f"--replace {item!r}: HOST=SPARE expected")
+        if new not in spares:
+            raise UsageError(f"--replace {item}: {new} is not a spare of this cluster",
+                             hint="spares are " + (", ".join(spares) or "none (inventory: spares: N or spare: true)"))
+        if old not in {h.name for h in rp.hosts}:
+            raise UsageError(f"--replace {item}: {old} runs no ranks in this plan")
+        if not rp.can_replace(old, spares[new]):
+            raise UsageError(f"--replace {item}: {new} cannot take {old}'s place (the launch host is never "
+                             "replaced; a spare needs the same devices)")
+        if new in pairs.values():
+            raise UsageError(f"--replace {item}: {new} already takes another host's place")
+        pairs[old] = new
+    return planning.replaced(rp, pairs)
+
+
 def _plan_print(cluster, rp) -> None:
     from rich.table import Table
 
@@ -297,6 +327,9 @@ def _plan_print(cluster, rp) -> None:
             table.add_row(fold(names), str(len(names)), f"{start}-{stop}" if stop > start else str(start),
                           str(len(devices)), ",".join(map(str, devices)))
     console.print(table)
+    if rp.spares:
+        click.echo(f"spares: {fold(h.name for h in rp.spares)} (no ranks; one takes the place of a lost host "
+                   f"other than {rp.launch_host.name}: `orch plan --replace HOST=SPARE` shows that plan)")
 
 
 # --- check command (orch check) ---

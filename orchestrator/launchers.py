@@ -330,7 +330,7 @@ def launch_commands(cluster: Cluster, plan: RankPlan, *, root: bool, redact: boo
     job = cluster.job
     roots = {h.name: root for h in plan.hosts}
     if job.launcher == "ranktable" and job.platform == "ascend" and device_ips is None:
-        device_ips = {h.name: {d: "<device ip>" for d in h.devices} for h in plan.hosts}
+        device_ips = {h.name: {d: "<device ip>" for d in h.devices} for h in plan.all_hosts}
     launch = build(cluster, plan, run_id, root=roots, device_ips=device_ips,
                    interfaces=planned_interfaces(cluster, plan))
     adir = posixpath.join(run_dir(cluster, run_id), "a1")

@@ -1,0 +1,161 @@
+"""Spare hosts on the controller's side: the inventory keys, the plan that keeps spares apart and
+swaps one in, what each spare's supervisor is given, and the launch files the head renders on the
+cluster (the same bytes orch renders here). The head's decisions: tests/unit/test_head.py."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launchers, render, supervisor
+from orchestrator.agent import protocol, tables
+from orchestrator.errors import PlanError, SpecError
+from orchestrator.plan import current_hosts, make_plan, ranks_by_host, replaced
+from orchestrator.spec import load_cluster
+from tests.unit.test_plan import SEED000_IPS, ascend, cluster, host
+
+
+def _load(tmp_path: Path, inventory: str, **job) -> object:
+    extra = "".join(f"  {k}: {v}\n" for k, v in job.items())
+    (tmp_path / "cluster.yaml").write_text(
+        "inventory:\n" + textwrap.indent(textwrap.dedent(inventory), "  ")
+        + "job:\n  workdir: /data/w\n  command: python net.py\n" + extra)
+    return load_cluster(tmp_path / "cluster.yaml")
+
+
+# --------------------------------------------------------------------------- the inventory
+
+def test_spares_n_takes_the_last_hosts_and_spare_true_marks_one(tmp_path):
+    c = _load(tmp_path, """
+        hosts:
+          - {address: "10.0.0.[1-4]"}
+          - {address: 10.0.0.9, spare: true}
+        spares: 1
+    """)
+    assert [(h.name, h.spare) for h in c.hosts] == [("10.0.0.1", False), ("10.0.0.2", False), ("10.0.0.3", False),
+                                                  ("10.0.0.4", False), ("10.0.0.9", True)]
+    c = _load(tmp_path, """
+        hosts:
+          - {address: "10.0.0.[1-4]"}
+        spares: 2
+    """)
+    assert [h.spare for h in c.hosts] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("inventory, words", [
+    ("hosts: [{address: 10.0.0.1}]\nspares: 1\n", ["spares: 1", "at least one must run ranks", "cluster.yaml:3:"]),
+    ("hosts: [{address: 10.0.0.1, spare: true}]\n", ["every host is a spare", "cluster.yaml:2:"]),
+    ("hosts: [{address: 10.0.0.1}]\nspares: -1\n", ["spares must be 0 or more", "cluster.yaml:3:"]),
+    ("slurm: {nodes: 2}\nspares: 1\n", ["Slurm", "not supported yet", "cluster.yaml:3:"]),
+])
+def test_bad_spares_are_one_clear_error_with_file_and_line(tmp_path, inventory, words):
+    with pytest.raises(SpecError) as exc:
+        _load(tmp_path, inventory)
+    text = str(exc.value)
+    assert all(w in text for w in words), text
+
+
+# --------------------------------------------------------------------------- the plan
+
+def test_spares_get_no_ranks_and_are_checked_synced_and_supervised_like_the_others():
+    c = cluster(host("10.0.0.1"), host("10.0.0.2"), host("10.0.0.3", spare=True))
+    p = make_plan(c)
+    assert [h.name for h in p.hosts] == ["10.0.0.1", "10.0.0.2"] and p.size == 16
+    assert [h.name for h in p.spares] == ["10.0.0.3"] and [h.name for h in p.all_hosts][-1] == "10.0.0.3"
+    assert p.to_dict()["spares"] == [{"name": "10.0.0.3", "address": "10.0.0.3", "devices": list(range(8))}]
+
+
+def test_a_spare_takes_the_lost_hosts_place_ranks_and_devices():
+    c = cluster(host("10.0.0.1"), host("10.0.0.2"), host("10.0.0.3"), host("10.0.0.9", spare=True))
+    p = replaced(make_plan(c), {"10.0.0.2": "10.0.0.9"})
+    assert [h.name for h in p.hosts] == ["10.0.0.1", "10.0.0.9", "10.0.0.3"] and p.spares == ()
+    assert [(r.rank, r.host, r.address, r.device_id) for r in p.by_host("10.0.0.9")] == \
+        [(8 + d, "10.0.0.9", "10.0.0.9", d) for d in range(8)]
+    assert [r.rank for r in p.ranks] == list(range(24))
+
+
+def test_a_spare_must_fit_a_host_it_could_replace():
+    c = cluster(host("10.0.0.1"), host("10.0.0.2"), host("10.0.0.9", devices=range(4), spare=True))
+    with pytest.raises(PlanError) as exc:
+        make_plan(c)
+    assert "spare 10.0.0.9: devices [0, 1, 2, 3] match no host that runs ranks" in str(exc.value)
+    with pytest.raises(PlanError) as exc:
+        make_plan(cluster(host("10.0.0.1"), host("10.0.0.9", spare=True)))
+    assert "no host it could replace" in str(exc.value) and "launch host 10.0.0.1" in str(exc.value)
+
+
+def test_which_host_ran_which_rank_after_chained_replacements():
+    c = cluster(host("10.0.0.1", devices=(0,)), host("10.0.0.2", devices=(0,)),
+                host("s1", devices=(0,), spare=True), host("s2", devices=(0,), spare=True))
+    p = make_plan(c)
+    chain = [{"host": "10.0.0.2", "by": "s1"}, {"host": "s1", "by": "s2"}]
+    assert ranks_by_host(p, chain) == {"10.0.0.1": [0], "10.0.0.2": [1], "s1": [1], "s2": [1]}
+    assert current_hosts(p, chain) == {0: "10.0.0.1", 1: "s2"}
+
+
+# --------------------------------------------------------------------------- on the cluster
+
+def _ips(c):
+    return {h.name: SEED000_IPS if h.name != "10.0.0.9" else {d: f"10.9.0.{d}" for d in range(8)} for h in c.hosts}
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.2", "legacy"])
+def test_the_heads_rank_table_for_a_new_host_set_is_byte_for_byte_orchs(version):
+    def kw(i):
+        return {"super_device_ids": {d: 100 * i + d for d in range(8)}, "super_pod_id": 0} if version == "1.2" else {}
+
+    c = ascend(host("10.0.0.1", **kw(1)), host("10.0.0.2", **kw(2)), host("10.0.0.9", spare=True, **kw(9)),
+               rank_table_version=version)
+    p = make_plan(c)
+    launch = launchers.build(c, p, "RID", root={}, device_ips=_ips(c), aarch64=True)
+    cfg = supervisor.configs(c, p, "RID", launch)["10.0.0.1"]
+    spare = {s["name"]: s for s in cfg["spare_servers"]}["10.0.0.9"]
+    servers = [cfg["servers"][0], dict(spare, ranks=cfg["servers"][1]["ranks"])]
+    servers = json.loads(json.dumps(servers))   # as the head has them: JSON, device ids as strings
+    got = tables.render(cfg["tables"], servers)
+    want = render.rank_table(c, replaced(p, {"10.0.0.2": "10.0.0.9"}), _ips(c), aarch64=True)
+    assert got == {"rank_table.json": want}
+
+
+def test_a_spares_processes_in_a_hosts_place_are_what_orch_renders_for_that_host_set():
+    c = cluster(host("10.0.0.1", devices=(0, 1)), host("10.0.0.2", devices=(0, 1), env={"H": "2"}),
+                host("10.0.0.9", devices=(0, 1), spare=True, env={"H": "9"}), launcher="msrun")
+    p = make_plan(c)
+    cfgs = supervisor.configs(c, p, "RID", launchers.build(c, p, "RID", root={}))
+    spare = cfgs["10.0.0.9"]
+    assert spare["role"] == "member" and spare["ranks"] == [] and spare["procs"] == []
+    swapped = replaced(p, {"10.0.0.2": "10.0.0.9"})
+    want = launchers.build(c, swapped, "RID", root={}).procs["10.0.0.9"]
+    assert spare["slot_procs"] == {"10.0.0.2": {"ranks": [{"rank": 2, "device": 0}, {"rank": 3, "device": 1}],
+                                                "procs": [x.to_config() for x in want]}}
+    (proc,) = spare["slot_procs"]["10.0.0.2"]["procs"]
+    assert "--node_rank=1" in proc["argv"] and proc["env"]["H"] == "9"
+    head = cfgs["10.0.0.1"]
+    assert head["spares"] == ["10.0.0.9"] and head["spare_fits"] == {"10.0.0.9": ["10.0.0.2"]}
+    assert head["tables"] == {} and "slot_procs" not in head
+
+
+@pytest.mark.parametrize("files", [{"../x": "a"}, {"a/b": "a"}, {"": "a"}, {"x": 1}, [1], {str(i): "" for i in range(5)}])
+def test_a_start_message_carries_only_plain_file_names_and_text(files):
+    m = {"t": "start", "attempt": 2, "head_address": "10.0.0.1", "files": files}
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse(protocol.TO_MEMBER, m)
+    ok = protocol.parse(protocol.TO_MEMBER, protocol.start(2, "10.0.0.1", "h2", {"hostfile": "x"}, "h2->s1"))[1]
+    assert ok == {"attempt": 2, "head_address": "10.0.0.1", "slot": "h2", "files": {"hostfile": "x"},
+                  "replaced": "h2->s1"}
+
+
+def test_a_member_writes_only_the_launch_files_of_its_run(tmp_path):
+    from orchestrator.agent.procs import Local
+
+    notes = []
+    cfg = {"run_id": "R", "rundir": str(tmp_path / "r"), "host": "s1", "launcher": "mpirun", "workdir": str(tmp_path),
+           "launch_files": ["hostfile"], "ranks": [], "procs": [], "log_link": str(tmp_path / "log_output")}
+    local = Local(cfg, notes.append)
+    local.write_launch_file("hostfile", "h slots=1\n")
+    local.write_launch_file("authorized_keys", "evil\n")
+    assert (tmp_path / "hostfile").read_text() == "h slots=1\n" and not (tmp_path / "authorized_keys").exists()
+    assert oct((tmp_path / "hostfile").stat().st_mode & 0o077) == "0o0" and "not a launch file" in notes[0]
