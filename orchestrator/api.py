@@ -114,7 +114,8 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
         for w in rp.warnings:
             events.warning(w)
         return _up_on(cluster, rp, events, None, skip_checks, force, detach, follow, on_finishing)
-    events.step(f"asking Slurm for {cluster.slurm.nodes} node(s)")
+    events.step(f"asking Slurm for {cluster.slurm.allocated} node(s)"
+                + (f" ({cluster.slurm.spares} of them spares)" if cluster.slurm.spares else ""))
     queued = True
     try:
         with slurm.Allocation.request(cluster, lambda jid, why: events.step(

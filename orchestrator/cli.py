@@ -227,7 +227,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     else:
         _plan_print(cluster, rp)
         if slurm_cmds is not None:
-            click.echo(f"\nSlurm (hosts node1..node{cluster.slurm.nodes} stand for the allocated nodes):")
+            click.echo(f"\nSlurm (hosts node1..node{cluster.slurm.allocated} stand for the allocated nodes):")
             for what, argv in slurm_cmds["commands"].items():
                 click.echo(f"  {what}: {shlex.join(argv)}")
 
@@ -379,7 +379,7 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
     finally:
         client.close()
     if not as_json:
-        click.echo(f"orch: asking Slurm for {cluster.slurm.nodes} node(s) to check", err=True)
+        click.echo(f"orch: asking Slurm for {cluster.slurm.allocated} node(s) to check", err=True)
     with slurm.Allocation.request(cluster, lambda jid, why: None if as_json else click.echo(
             f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True)) as alloc:
         return _check_on(alloc.cluster, as_json, full_mesh, print_probe, deep)

@@ -196,6 +196,12 @@ class Slurm:
     login: str | None = None   # an ssh host where Slurm commands run; None: this machine
     conf: str | None = None    # SLURM_CONF for those commands; None: Slurm's own default
     login_host: Host | None = None  # `login` as SSH reaches it (ssh_config, jump hosts), port 22 by default
+    spares: int = 0            # more nodes requested up front: the allocation's last ones are spares
+
+    @property
+    def allocated(self) -> int:
+        """The nodes asked of Slurm: the job's and the spares."""
+        return self.nodes + self.spares
 
     def to_dict(self) -> dict[str, Any]:
         return _fields_dict(self)

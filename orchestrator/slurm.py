@@ -92,7 +92,7 @@ def batch_script(workdir: str, wait: int = GO_WAIT) -> str:
 
 
 def sbatch_argv(s: Slurm, name: str, workdir: str, token: str = "-") -> list[str]:
-    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.nodes}",
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={s.allocated}",
             f"--ntasks-per-node={s.template.slots}",  # one task per rank: what mpirun sees as slots
             "--output=/dev/null", "--chdir=/", f"--comment=orch {token} {workdir}"]
     for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
@@ -101,6 +101,8 @@ def sbatch_argv(s: Slurm, name: str, workdir: str, token: str = "-") -> list[str
             argv.append(f"--{opt}={value}")
     if s.exclusive:
         argv.append("--exclusive")
+    if s.spares:  # a node that fails ends the job unless --no-kill: the run's head replaces it instead
+        argv.append("--no-kill")
     return argv + list(s.extra)
 
 
@@ -121,7 +123,7 @@ def translate(stderr: str, s: Slurm) -> str:
         return (f"Slurm has no partition {s.partition!r} (inventory.slurm.partition); `sinfo -s` lists them"
                 if s.partition else f"Slurm has no default partition: set inventory.slurm.partition ({text})")
     if "node configuration is not available" in low or "node count specification invalid" in low:
-        return (f"Slurm cannot give {s.nodes} node(s) with these settings (nodes unavailable): {text}; "
+        return (f"Slurm cannot give {s.allocated} node(s) with these settings (nodes unavailable): {text}; "
                 "check inventory.slurm.nodes, partition, constraint and gres against `sinfo`")
     if "invalid account" in low:
         return f"Slurm refused the account {s.account!r}: {text}"
@@ -193,7 +195,9 @@ def parse_nodes(text: str) -> dict[str, str]:
 
 
 def hosts_of(s: Slurm, nodes: tuple[str, ...], addresses: dict[str, str]) -> tuple[Host, ...]:
-    return tuple(replace(s.template, name=n, address=addresses.get(n, n)) for n in nodes)
+    first_spare = len(nodes) - s.spares if s.spares else len(nodes)
+    return tuple(replace(s.template, name=n, address=addresses.get(n, n), spare=i >= first_spare)
+                 for i, n in enumerate(nodes))
 
 
 def with_nodes(cluster: Cluster, job: JobInfo, addresses: dict[str, str]) -> Cluster:
@@ -204,14 +208,14 @@ def with_nodes(cluster: Cluster, job: JobInfo, addresses: dict[str, str]) -> Clu
 def placeholder(cluster: Cluster) -> Cluster:
     """The cluster as it will look once allocated, for `orch plan`: nodes named node[1-N]."""
     assert cluster.slurm is not None
-    names = tuple(f"node{i}" for i in range(1, cluster.slurm.nodes + 1))
+    names = tuple(f"node{i}" for i in range(1, cluster.slurm.allocated + 1))
     return replace(cluster, hosts=hosts_of(cluster.slurm, names, {}))
 
 
 def plan_commands(cluster: Cluster) -> dict:
     """What `orch up` will run through Slurm, for `orch plan` (agent.py batch runs the steps)."""
     assert cluster.slurm is not None
-    n = cluster.slurm.nodes
+    n = cluster.slurm.allocated
     rdir = posixpath.join(orch_dir(cluster.job.workdir), "<run-id>")
 
     nodes = [f"node{i}" for i in range(1, n + 1)]
@@ -219,7 +223,7 @@ def plan_commands(cluster: Cluster) -> dict:
             "head step": step_argv(nodes[:1], PY, rdir)}
     if n > 1:
         cmds["members step"] = step_argv(nodes[1:], PY, rdir, "--head-port", "<port>",
-                                         "--head-addresses", "<addresses>")
+                                         "--head-addresses", "<addresses>", no_kill=bool(cluster.slurm.spares))
     return {"batch_script": batch_script(cluster.job.workdir), "commands": cmds}
 
 

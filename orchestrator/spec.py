@@ -156,6 +156,14 @@ class RawSlurm(_Raw):
     extra: list[str] = []
     login: str | None = None
     conf: str | None = None
+    spares: StrictInt = 0   # more nodes, requested up front, that run no ranks until a node is lost
+
+    @field_validator("spares")
+    @classmethod
+    def _slurm_spares(cls, v):
+        if v < 0:
+            raise ValueError("spares must be 0 or more")
+        return v
 
     @field_validator("nodes")
     @classmethod
@@ -616,8 +624,8 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
         return (), {}, None
     if inv.slurm is not None:
         if inv.spares:
-            problems.add(sub.loc(("spares",)), "spares name listed hosts; a Slurm inventory lists none (spare "
-                         "nodes from Slurm are not supported yet: list the hosts, or leave spares out)")
+            problems.add(sub.loc(("spares",)), "spares name listed hosts; a Slurm inventory lists none: ask Slurm "
+                         "for spare nodes with slurm.spares: N")
         if inv.groups:
             problems.add(sub.loc(("groups",)), "groups name listed hosts; a Slurm inventory lists none")
         rs = inv.slurm

@@ -177,13 +177,15 @@ def run_agent(cfg, listeners, lock_fd, ready_fd, advertised=()):
 
 # --------------------------------------------------------------------------- Slurm
 
-def step_argv(nodes, python, rundir, *extra):
+def step_argv(nodes, python, rundir, *extra, no_kill=False):
     """One Slurm job step starting this run's supervisor once on each of `nodes` (what `orch plan`
-    shows and `batch` runs). `python`: its argv (a list), or one word."""
+    shows and `batch` runs). `python`: its argv (a list), or one word. `no_kill`: the step goes on
+    when one of its nodes fails (a run with spare nodes: its head replaces the node)."""
     python = [python] if isinstance(python, str) else list(python)
-    return ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes), "--ntasks-per-node=1",
-            "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0"] + python + [os.path.join(rundir, AGENT),
-            "start", rundir, "--foreground", "--config", os.path.join(rundir, CONFIG)] + list(extra)
+    srun = ["srun", "--overlap", "--nodes=%d" % len(nodes), "--ntasks=%d" % len(nodes), "--ntasks-per-node=1",
+            "--nodelist=" + ",".join(nodes), "--kill-on-bad-exit=0"] + (["--no-kill"] if no_kill else [])
+    return srun + python + [os.path.join(rundir, AGENT), "start", rundir, "--foreground", "--config",
+                            os.path.join(rundir, CONFIG)] + list(extra)
 
 
 def cmd_batch(gofile):
@@ -198,7 +200,7 @@ def cmd_batch(gofile):
     log = open(os.path.join(rundir, "batch.log"), "ab", buffering=0)
 
     def step(nodes, *extra):
-        return step_argv(nodes, spec.get("python", "python3"), rundir, *extra)
+        return step_argv(nodes, spec.get("python", "python3"), rundir, *extra, no_kill=bool(spec.get("no_kill")))
 
     env = dict(os.environ)
     env[AGENT_VAR] = "1"

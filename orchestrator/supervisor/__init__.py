@@ -180,7 +180,8 @@ def config_name(host: str) -> str:
 def go_text(cluster: Cluster, plan: RankPlan, run_id: str) -> str:
     """Slurm: what the batch script waits for: the run directory, then who runs where."""
     head = plan.launch_host.name
-    spec = {"run_id": run_id, "head": head, "members": [h.name for h in plan.hosts if h.name != head], "python": list(PY),
+    spec = {"run_id": run_id, "head": head, "members": [h.name for h in plan.all_hosts if h.name != head],
+            "no_kill": bool(plan.spares), "python": list(PY),
             "start_timeout": START_TIMEOUT, "members_grace": batch_grace(cluster)}
     return f"{run_dir(cluster, run_id)}\n{json.dumps(spec)}\n"
 

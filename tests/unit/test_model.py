@@ -36,7 +36,7 @@ def full_cluster(tmp_path: Path) -> Cluster:
                     connection="local")
     slurm = Slurm(nodes=2, template=template, partition="p", account="a", qos="q", time="01:00:00", constraint="c",
                   gres="gpu:8", exclusive=True, extra=("--comment=x",), login="login1", conf="/etc/slurm/x.conf",
-                  login_host=_host("login1"))
+                  login_host=_host("login1"), spares=1)
     (tmp_path / "cluster.yaml").write_text("name: full\n")
     return Cluster(name="full", path=tmp_path / "cluster.yaml", hosts=(_host("a"), _host("b")), job=job,
                    ssh=SshSettings(connect_timeout=2, command_timeout=30, fanout=8, host_key_policy="accept-new",

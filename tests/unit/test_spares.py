@@ -49,7 +49,7 @@ def test_spares_n_takes_the_last_hosts_and_spare_true_marks_one(tmp_path):
     ("hosts: [{address: 10.0.0.1}]\nspares: 1\n", ["spares: 1", "at least one must run ranks", "cluster.yaml:3:"]),
     ("hosts: [{address: 10.0.0.1, spare: true}]\n", ["every host is a spare", "cluster.yaml:2:"]),
     ("hosts: [{address: 10.0.0.1}]\nspares: -1\n", ["spares must be 0 or more", "cluster.yaml:3:"]),
-    ("slurm: {nodes: 2}\nspares: 1\n", ["Slurm", "not supported yet", "cluster.yaml:3:"]),
+    ("slurm: {nodes: 2}\nspares: 1\n", ["a Slurm inventory lists none", "slurm.spares: N", "cluster.yaml:3:"]),
 ])
 def test_bad_spares_are_one_clear_error_with_file_and_line(tmp_path, inventory, words):
     with pytest.raises(SpecError) as exc:
@@ -159,3 +159,24 @@ def test_a_member_writes_only_the_launch_files_of_its_run(tmp_path):
     local.write_launch_file("authorized_keys", "evil\n")
     assert (tmp_path / "hostfile").read_text() == "h slots=1\n" and not (tmp_path / "authorized_keys").exists()
     assert oct((tmp_path / "hostfile").stat().st_mode & 0o077) == "0o0" and "not a launch file" in notes[0]
+
+
+# --------------------------------------------------------------------------- Slurm
+
+def test_slurm_spares_are_nodes_asked_for_up_front_and_a_failed_node_ends_nothing(tmp_path):
+    from orchestrator import slurm
+    from orchestrator.agent.cli import step_argv
+
+    c = _load(tmp_path, """
+        slurm: {nodes: 2, spares: 1}
+    """, launcher="ranktable")
+    argv = slurm.sbatch_argv(c.slurm, "orch-t", "/data/w")
+    assert "--nodes=3" in argv and "--no-kill" in argv
+    hosts = slurm.hosts_of(c.slurm, ("n1", "n2", "n3"), {})
+    assert [(h.name, h.spare) for h in hosts] == [("n1", False), ("n2", False), ("n3", True)]
+    p = make_plan(slurm.placeholder(c))
+    assert [h.name for h in p.hosts] == ["node1", "node2"] and [h.name for h in p.spares] == ["node3"]
+    go = json.loads(supervisor.go_text(c, p, "RID").splitlines()[1])
+    assert go["members"] == ["node2", "node3"] and go["no_kill"] is True
+    assert "--no-kill" in step_argv(["node2", "node3"], "python3", "/r", no_kill=True)
+    assert "--no-kill" not in slurm.sbatch_argv(_load(tmp_path, "slurm: {nodes: 2}\n").slurm, "orch-t", "/data/w")
