@@ -5,7 +5,6 @@ Its own Slurm lab (3 nodes), so that the 2-node Slurm tests keep theirs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
