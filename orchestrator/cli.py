@@ -257,7 +257,7 @@ def _plan_super_devices(cluster, rp, probe: bool):
     from .errors import PlanError
     from .transport import Pool
 
-    if probe and any(devices.needs_probe(h) for h in rp.hosts):
+    if probe and any(devices.needs_probe(h) for h in rp.all_hosts):
         with Pool(cluster) as pool:
             return lifecycle.read_super_devices(rp, pool), None
     try:
@@ -265,9 +265,10 @@ def _plan_super_devices(cluster, rp, probe: bool):
     except PlanError as exc:
         if probe:
             raise
-        n = iter(range(rp.size))
-        shown = tuple(replace(h, super_device_ids={d: next(n) for d in h.devices}, super_pod_id=0) for h in rp.hosts)
-        return replace(rp, hosts=shown), exc
+        n = iter(range(sum(len(h.devices) for h in rp.all_hosts)))
+        shown = tuple(replace(h, super_device_ids={d: next(n) for d in h.devices}, super_pod_id=0)
+                      for h in rp.all_hosts)
+        return replace(rp, hosts=shown[:len(rp.hosts)], spares=shown[len(rp.hosts):]), exc
 
 
 def _replaced_plan(rp, swaps: tuple[str, ...]):
@@ -305,7 +306,7 @@ def _plan_print(cluster, rp) -> None:
         from .launchers import head_reach
 
         click.echo(f"the other hosts reach {rp.launch_host.name} at "
-                   f"{head_reach(cluster, rp.launch_host, rp.hosts).describe(rp.launch_host.name)}")
+                   f"{head_reach(cluster, rp.launch_host, rp.all_hosts).describe(rp.launch_host.name)}")
     console = _console()
     if rp.size <= PLAN_TABLE_MAX_RANKS:
         table = Table("rank", "host", "address", "local rank", "device")

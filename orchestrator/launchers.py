@@ -175,7 +175,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
         return replace(build(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
                              aarch64=aarch64, head_interface_address=head_interface_address, only=""),
                        spares=spares)
-    head_at = head_reach(cluster, plan.launch_host, plan.hosts, head_interface_address)
+    head_at = head_reach(cluster, plan.launch_host, plan.all_hosts, head_interface_address)
     master = head_at.rendered
     if interfaces is None:
         interfaces = {h: v for h, v in planned_interfaces(cluster, plan).items() if v[0] != AUTO_INTERFACE}
@@ -361,7 +361,7 @@ def plan_files(cluster: Cluster, plan: RankPlan, *, device_ips: Mapping[str, Map
     plan.json, commands.json (secrets masked; the very processes each host's supervisor
     starts, and where the other hosts reach the launch host: what HEAD_ADDR in them stands for), hostfile (mpirun), rank_table.json (ranktable, only when device_ips is given)."""
     files = {"plan.json": json.dumps(render.plan_document(cluster, plan), indent=2) + "\n"}
-    head = head_reach(cluster, plan.launch_host, plan.hosts)
+    head = head_reach(cluster, plan.launch_host, plan.all_hosts)
     commands = {"launcher": plan.launcher, "run_dir": run_dir(cluster, PLAN_RUN_ID),
                 "head_address": {"host": plan.launch_host.name, "addresses": list(head.addresses),
                                  "pinned": head.pinned, "in_commands": head.rendered,

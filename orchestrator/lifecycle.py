@@ -329,6 +329,9 @@ class Lifecycle:
             if rank is not None:
                 args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",
                          f"{rank}={copies.offset(rank, attempt)}"]
+                # a spare may run it now: where the head says it runs (its rank records)
+                now_at = next((r.get("host") for r in state.get("ranks") or () if r.get("rank") == rank), None)
+                host = now_at if isinstance(now_at, str) and now_at in {h.name for h in self.plan.all_hosts} else host
             stream = supervisor.EventStream(on_state, on_output)
             err: OrchError | None = None
             try:

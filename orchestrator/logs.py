@@ -525,14 +525,17 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             follower.final = {"ranks": run.data.get("ranks") or []}
         yield from first_pass(attempt or run.attempt)
         yield from flush_pending()
-        hosts = {run.data["plan"]["ranks"][r]["host"] for r in ranks}
+        ran = ranks_by_host(plan_from_run(run), run.data.get("replaced") or ())
+        hosts = {h for h, rs in ran.items() if set(rs) & set(ranks)}
         _raise_incomplete({h: why for h, why in still.items() if h in hosts})
         return
     cluster = run.cluster()
     plan = plan_from_run(run)
-    ran = ranks_by_host(plan, run.data.get("replaced") or ())
-    hosts = {h for h, rs in ran.items() if set(rs) & set(ranks)}
     with Pool(cluster) as pool:  # only the selected ranks' hosts are asked
+        if plan.spares:   # the run may have put spares in lost hosts' places: the head's word on it
+            _read_replaced(run, cluster, plan, pool)
+        ran = ranks_by_host(plan, run.data.get("replaced") or ())
+        hosts = {h for h, rs in ran.items() if set(rs) & set(ranks)}
         got = gather(run, cluster, plan, pool, [h for h in plan.all_hosts if h.name in hosts])
         short = {h: why for h, why in got.items() if why != "ok"}
         k = attempt or _latest_local_attempt(run, ranks)
@@ -545,6 +548,20 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             short.update(f.errors)
     yield from flush_pending()
     _raise_incomplete(short)
+
+
+def _read_replaced(run: Run, cluster, plan, pool) -> None:
+    """A running run's replacements so far, as its head records them, into run.data (not saved:
+    the run's end records them): one round trip to the launch host; nothing when it cannot say."""
+    from . import supervisor
+
+    try:
+        res = pool[plan.launch_host].run(supervisor.status_script(cluster, run.id))
+    except OrchError:
+        return
+    replaced = supervisor.parse_json_line(res.out).get("replaced")
+    if isinstance(replaced, list) and all(isinstance(r, dict) and {"host", "by"} <= set(r) for r in replaced):
+        run.data["replaced"] = replaced
 
 
 def _raise_incomplete(short: Mapping[str, str]) -> None:

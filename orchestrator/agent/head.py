@@ -44,10 +44,11 @@ from typing import Any
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
-from .protocol import STATE_VERSION
+from .protocol import FILES_MAX, STATE_VERSION, pack_files
 from . import tables
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
+LOST_RANKS_STOP = 5.0         # a silent host's supervisor stops its ranks within grace + this of the head's verdict
 DONE_LINGER = 3.0             # after the end, how long the head waits for members to hear it
 
 
@@ -92,6 +93,8 @@ class Head:
         self.servers = {s["name"]: s for s in cfg.get("servers") or ()}           # planned hosts' facts
         self.spare_servers = {s["name"]: s for s in cfg.get("spare_servers") or ()}
         self.replacements = 0                           # attempts started by a replacement (they use no restart)
+        self.replacing = False                          # the delay before an attempt with spares in lost hosts' places
+        self.setup: dict[str, Any] = {}                 # the current attempt's (attempt_setup)
         self.hosts = {h: HostView(now) for h in self.active + self.spares}
         self.hosts[self.me].joined = self.hosts[self.me].connected = True
         self.rank_host = {r["rank"]: r["host"] for r in cfg["all_ranks"]}
@@ -283,7 +286,8 @@ def head_address(head: Head) -> str:
     return sorted(counts, key=lambda a: (-counts[a], order.get(a, len(order)), a))[0]
 
 
-def _start_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], k: int) -> None:
+def _start_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], k: int,
+                   setup: dict[str, Any] | None = None) -> None:
     head.phase = Phase.RUN
     if head.doc["state"] == RunState.STARTING:
         head._run_to(RunState.RUNNING)
@@ -297,7 +301,8 @@ def _start_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], k: in
         h.report = None
     head.launcher_end = None
     head.attempt_started = now
-    actions.append(("start", k, address, attempt_setup(head)))
+    head.setup = setup if setup is not None else attempt_setup(head)
+    actions.append(("start", k, address, head.setup))
     actions.append(("publish",))
 
 
@@ -305,14 +310,14 @@ def attempt_setup(head: Head) -> dict[str, Any]:
     """What the hosts of an attempt need beyond its number: which spare runs whose ranks and, when
     the host set is not the planned one, the launch files rendered for it (tables.render)."""
     moved = {h: slot for h, slot in head.slot_of.items() if h != slot}
-    setup: dict[str, Any] = {"slots": moved, "files": {}, "files_to": "head" if head.tables.get("hostfile") else "all",
+    setup: dict[str, Any] = {"slots": moved, "files": "", "files_to": "head" if head.tables.get("hostfile") else "all",
              "replaced": ",".join("%s->%s" % (r["host"], r["by"]) for r in head.doc["replaced"])}
     if moved and head.tables:
         servers = []
         for h in head.active:
             planned = head.servers[head.slot_of[h]]
             servers.append(dict(head.spare_servers[h], ranks=planned["ranks"]) if h in moved else planned)
-        setup["files"] = tables.render(head.tables, servers)
+        setup["files"] = pack_files(tables.render(head.tables, servers))   # compressed: a big rank table fits
     return setup
 
 
@@ -349,6 +354,23 @@ def replace_hosts(head: Head, swaps: dict[str, str], now: float) -> None:
     head.doc["spares"] = list(head.spares)
     head.doc["lost"] = []
     head.replacements += 1
+
+
+def _no_spare_said(head: Head, lost: list[str]) -> str:
+    """Why some lost host got no spare, from what the head knows of each spare."""
+    free = [s for s in head.spares if head.hosts[s].joined and head.hosts[s].connected]
+    parts = []
+    for s in free:
+        fit = [n for n in lost if head.slot_of.get(n, n) in head.fits.get(s, ())]
+        parts.append("%s is free and fits %s" % (s, ", ".join(fit)) if fit else
+                     "%s is free but fits none of them (other devices)" % s)
+    parts += ["%s took %s's place in attempt %d" % (r["by"], r["host"], r["attempt"]) for r in head.doc["replaced"]]
+    parts += ["%s was lost (%s)" % (x["host"], x["why"]) for x in head.doc["spares_lost"]]
+    parts += ["%s never joined" % s for s in head.spares if not head.hosts[s].joined]
+    said = "; ".join(parts) if parts else "none"
+    if len(lost) > 1 and free:
+        said = "%d hosts lost, %d spare(s) free: %s" % (len(lost), len(free), said)
+    return "no spare host left to take the place of %s (spares: %s)" % (", ".join(lost), said)
 
 
 # ---- the duties of a running attempt
@@ -530,17 +552,19 @@ def _phase_stopping(head: Head, now: float, actions: list[tuple[Any, ...]]) -> b
     restarts_left = k - head.replacements <= head.restarts
     if lost and not head.stop_request and (outcome == RunState.LOST or outcome in RETRYABLE):
         swaps = pick_spares(head, lost) if head.fits else None
-        if swaps:
-            replace_hosts(head, swaps, now)
+        if swaps:   # applied when the attempt starts (_phase_delay): a stop in between changes no record
             head.phase = Phase.DELAY
-            head.phase_until = now + head.restart_delay
-            head.doc["message"] = "%s; %s: starting attempt %d" % (message, "; ".join(
-                "host %s replaced by spare %s" % (o, n) for o, n in swaps.items()), k + 1)
+            head.replacing = True
+            # a silent host's supervisor stops its own ranks only once it, too, has waited lost_after
+            # (then TERM, KILL after the grace): the spare's ranks do not start beside them
+            silent = any(not head.lost_why.get(o, "").startswith("the connection") for o in swaps)
+            head.phase_until = now + max(head.restart_delay, head.grace + LOST_RANKS_STOP if silent else 0.0)
+            head.doc["message"] = "%s; %s: attempt %d starts on the new host set" % (message, "; ".join(
+                "spare %s takes the place of host %s" % (n, o) for o, n in swaps.items()), k + 1)
             actions.append(("publish",))
             return True
         if head.fits:
-            message = "%s; no spare host left to take the place of %s (%s)" % (message, ", ".join(lost),
-                                                                            _spares_said(head))
+            message = "%s; %s" % (message, _no_spare_said(head, lost))
         elif outcome in RETRYABLE and restarts_left:
             message = "%s; not restarted: lost contact with host %s" % (message, ", ".join(lost))
     elif outcome in RETRYABLE and restarts_left and not head.stop_request:
@@ -552,15 +576,6 @@ def _phase_stopping(head: Head, now: float, actions: list[tuple[Any, ...]]) -> b
         return True
     _finish(head, now, actions, outcome, message)
     return True
-
-
-def _spares_said(head: Head) -> str:
-    """Where the spares went, for the message of a run that needed one more."""
-    parts = ["%s took %s's place in attempt %d" % (r["by"], r["host"], r["attempt"]) for r in head.doc["replaced"]]
-    parts += ["%s was lost (%s)" % (x["host"], x["why"]) for x in head.doc["spares_lost"]]
-    parts += ["%s never joined" % s for s in head.spares if not head.hosts[s].joined]
-    parts += ["%s does not fit (other devices)" % s for s in head.spares if head.hosts[s].joined]
-    return "spares: " + "; ".join(parts) if parts else "no spares"
 
 
 def _settle_failures(head: Head, now: float) -> str:
@@ -581,10 +596,26 @@ def _phase_delay(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool
     if head.stop_request:
         _finish(head, now, actions, RunState.STOPPED, "stopped by %s" % head.stop_request)
         return True
-    if now >= head.phase_until:
-        _start_attempt(head, now, actions, head.doc["attempt"] + 1)
-        return True
-    return False
+    if now < head.phase_until:
+        return False
+    setup = None
+    if head.replacing:   # the spares again: one chosen may have been lost during the delay
+        head.replacing = False
+        lost = list(head.doc["lost"])
+        swaps = pick_spares(head, lost)
+        if swaps is None:
+            _finish(head, now, actions, RunState(head.outcome[0]) if head.outcome else RunState.LOST,
+                    "%s; %s" % (head.outcome[1] if head.outcome else "lost", _no_spare_said(head, lost)))
+            return True
+        replace_hosts(head, swaps, now)
+        setup = attempt_setup(head)
+        if len(setup["files"]) > FILES_MAX:
+            _finish(head, now, actions, RunState.LOST, "%s; the launch files for the new host set are %d bytes "
+                    "compressed, more than the supervisors pass on (%d)" % (head.outcome[1] if head.outcome else
+                                                                           "lost", len(setup["files"]), FILES_MAX))
+            return True
+    _start_attempt(head, now, actions, head.doc["attempt"] + 1, setup)
+    return True
 
 
 def _finish(head: Head, now: float, actions: list[tuple[Any, ...]], outcome: RunState, message: str) -> None:
@@ -599,7 +630,9 @@ def _finish(head: Head, now: float, actions: list[tuple[Any, ...]], outcome: Run
 
 
 def _phase_done(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool:
-    connected = [n for n, h in head.hosts.items() if n != head.me and n not in head.doc["lost"] and h.connected]
+    gone = {r["host"] for r in head.doc["replaced"]}   # a replaced host may hang on, silent, to the end
+    connected = [n for n, h in head.hosts.items()
+                 if n != head.me and n not in head.doc["lost"] and n not in gone and h.connected]
     if not connected or now > head.phase_until:
         actions.append(("done",))
     return False

@@ -132,6 +132,7 @@ class Local:
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
         self.secrets_path = None
         self.replaced = ""         # "old->new,...": the hosts replaced by spares so far
+        self.start_error = ""      # why this attempt's processes cannot start here (a launch file unwritten)
 
     # ---- starting
     def start(self, attempt, head_address="", slot=None, files=None, replaced=""):
@@ -145,8 +146,9 @@ class Local:
                 raise ValueError("asked to take %s's place, which this spare was not prepared for" % slot)
             self.cfg = dict(self.cfg, ranks=assigned["ranks"], procs=assigned["procs"])
         self.replaced = replaced or ""
-        for name, text in sorted((files or {}).items()):
-            self.write_launch_file(name, text)
+        # a launch file that cannot be written fails this host's processes, saying why (their ranks
+        # would otherwise start on the old file, which names the lost host, and hang)
+        self.start_error = "; ".join(filter(None, (self.write_launch_file(n, t) for n, t in sorted((files or {}).items()))))
         self.attempt = attempt
         self.head_address = head_address
         self.stopping = None
@@ -171,14 +173,18 @@ class Local:
 
     def write_launch_file(self, name, text):
         """A hostfile or rank table the head rendered: only a name this run writes (cfg
-        launch_files), into the workdir, atomically and the user's alone."""
+        launch_files), into the workdir, atomically and the user's alone. Returns why it could
+        not be written ("" when it was, or when it is no file of this run: noted, not written)."""
         if name not in (self.cfg.get("launch_files") or ()):
             self.note("not writing %r: not a launch file of this run" % name[:64])
-            return
+            return ""
+        path = os.path.join(self.cfg["workdir"], name)
         try:
-            write_atomic(os.path.join(self.cfg["workdir"], name), text, 0o600)
-        except OSError as exc:   # the ranks then fail on the old file; say why here
-            self.note("cannot write %s: %s" % (name, exc))
+            write_atomic(path, text, 0o600)
+        except OSError as exc:
+            self.note("cannot write %s: %s" % (path, exc))
+            return "cannot write %s for this attempt's host set: %s" % (path, exc.strerror or exc)
+        return ""
 
     def write_secrets(self):
         """The run's secret env values for `agent.py rank` on this host (mpirun: never on Open MPI's
@@ -240,6 +246,11 @@ class Local:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
         except OSError as exc:
             self.note("cannot open %s: %s" % (log, exc))
+            self.ended(rec, 126, None)
+            return
+        if self.start_error:
+            os.write(fd, ("orch: %s\n" % self.start_error).encode())
+            os.close(fd)
             self.ended(rec, 126, None)
             return
         try:

@@ -38,12 +38,14 @@ wrong MAC, deep nesting - raises ProtocolError, and the server closes that one c
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import math
 import os
 import struct
+import zlib
 from typing import Any, Callable, Dict, Literal, overload
 
 VERSION = 1           # of this protocol: in hello and challenge
@@ -276,11 +278,11 @@ def stop(reason: str) -> Msg:
     return {"t": "stop", "reason": reason[:2000]}
 
 
-def start(attempt: int, head_address: str, slot: str | None = None, files: dict[str, str] | None = None,
+def start(attempt: int, head_address: str, slot: str | None = None, files: str = "",
           replaced: str = "") -> Msg:
     """Start an attempt. A spare taking a lost host's place gets `slot` (that host: it runs its
     ranks); when the host set is not the planned one, every host gets the launch `files` the head
-    rendered for it ({name: text}) and `replaced` (ORCH_REPLACED_HOSTS for the ranks)."""
+    rendered for it (pack_files of {name: text}) and `replaced` (ORCH_REPLACED_HOSTS for the ranks)."""
     m: Msg = {"t": "start", "attempt": attempt, "head_address": head_address}
     if slot:
         m["slot"] = slot
@@ -292,12 +294,33 @@ def start(attempt: int, head_address: str, slot: str | None = None, files: dict[
 
 
 FILE_NAME = 64   # a launch file's name (hostfile, rank_table.json): a plain name, no directory
+FILES_MAX = LINE // 2      # launch files in a start message, compressed (a 1,024-host rank table: ~100 KiB)
+FILES_RAW_MAX = 64 << 20   # and uncompressed: what a member inflates, at most
+
+
+def pack_files(files: dict[str, str]) -> str:
+    """Launch files as a start message carries them: base64 of zlib of their JSON."""
+    raw = json.dumps(files, separators=(",", ":")).encode()
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii") if files else ""
 
 
 def _files(m: Msg, key: str) -> dict[str, str]:
-    v = m.get(key)
-    if v is None:
+    return unpack_files(_str(m, key, FILES_MAX, optional=True) or "", key)
+
+
+def unpack_files(packed: str, key: str = "files") -> dict[str, str]:
+    """pack_files' text -> {plain file name: text}; ProtocolError for anything else, and for more
+    than FILES_RAW_MAX bytes once inflated."""
+    if not packed:
         return {}
+    try:
+        z = zlib.decompressobj()
+        raw = z.decompress(base64.b64decode(packed, validate=True), FILES_RAW_MAX)
+        if z.unconsumed_tail:
+            raise ProtocolError("field %r: more than %d bytes of files" % (key, FILES_RAW_MAX))
+        v = json.loads(raw)
+    except (ValueError, zlib.error) as exc:
+        raise ProtocolError("field %r: not packed launch files (%s)" % (key, str(exc)[:80])) from None
     if not isinstance(v, dict) or len(v) > 4:
         raise ProtocolError("field %r: at most 4 files expected" % key)
     for name, text in v.items():

@@ -499,8 +499,8 @@ class Supervisor:
             if conn.role == "member":
                 self.member_hosts.add(conn.host)
                 self.events.append(heads.joined(conn.host, conn.local_addr))
-                if self.head.phase in (heads.Phase.RUN,):   # joined late: start with everyone else
-                    conn.send(proto.start(self.head.doc["attempt"], self.head.doc["head_address"] or ""))
+                if self.head.phase == heads.Phase.RUN and conn.host in self.head.active:
+                    conn.send(self.start_message(conn.host))   # joined late: start with everyone else
                 elif self.head.phase == heads.Phase.DONE:
                     conn.send(proto.exit_(self.head.doc["state"]))
             else:   # a watcher, or a control (`agent.py stop`) waiting for the run's end
@@ -528,12 +528,10 @@ class Supervisor:
             k, address, setup = a[1], a[2], a[3]
             assert self.head is not None   # only the head acts
             active = set(self.head.active)
-            everyone = setup["files_to"] == "all"
             for c in self.conns:
                 if c.authed and c.role == "member" and c.host in active:
-                    c.send(proto.start(k, address, setup["slots"].get(c.host), setup["files"] if everyone else None,
-                                       setup["replaced"]))
-            self.local.start(k, address, files=setup["files"], replaced=setup["replaced"])
+                    c.send(self.start_message(c.host))
+            self.local.start(k, address, files=proto.unpack_files(setup["files"]), replaced=setup["replaced"])
             self.events.append(heads.reported(self.host, self.local.report()))
         elif kind == "stop":
             self.broadcast(proto.stop(a[1]))
@@ -549,6 +547,15 @@ class Supervisor:
             self.publish()
         elif kind == "done":
             self.done = True
+
+    def start_message(self, host):
+        """The current attempt's start, as `host` of it gets it (head.attempt_setup)."""
+        head = self.head
+        assert head is not None   # only the head starts attempts
+        setup = head.setup
+        files = setup.get("files", "") if setup.get("files_to") == "all" else ""
+        return proto.start(head.doc["attempt"], head.doc["head_address"] or "", setup.get("slots", {}).get(host),
+                           files, setup.get("replaced", ""))
 
     def quote_launcher(self, key, host):
         """A failed launcher: where its own output is, and (on this host) how it ends."""

@@ -55,7 +55,7 @@ def lost_after(cluster: Cluster) -> float:
 def head_address(cluster: Cluster, plan: RankPlan, launch: Launch | None = None) -> HeadReach:
     """Where the other hosts reach the head: as the launch was built (launch.head), else by
     launchers.head_reach's one rule (job.interface's address unknown)."""
-    return (launch.head if launch is not None else None) or head_reach(cluster, plan.launch_host, plan.hosts)
+    return (launch.head if launch is not None else None) or head_reach(cluster, plan.launch_host, plan.all_hosts)
 
 
 def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> dict[str, dict]:

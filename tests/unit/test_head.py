@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import head as H
+from orchestrator.agent import protocol
 from orchestrator.agent.states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RUN_TRANSITIONS, RankState,
                                        RunState)
 
@@ -461,12 +462,13 @@ def test_a_lost_host_is_replaced_by_a_spare_which_runs_its_ranks_with_files_rend
     head = with_spares()
     lose_b(head, T0 + 3)
     assert head.phase == H.Phase.DELAY and head.state == RunState.RUNNING     # restarts: 0, yet replaced
-    assert "host b replaced by spare s1: starting attempt 2" in head.doc["message"]
+    assert "spare s1 takes the place of host b: attempt 2 starts on the new host set" in head.doc["message"]
+    assert head.doc["replaced"] == [] and head.doc["hosts"] == ["a", "b"]   # recorded when attempt 2 starts
     _, actions = H.decide(head, [], T0 + 4)
     (start,) = [a for a in actions if a[0] == "start"]
     _, k, _, setup = start
     assert k == 2 and setup["slots"] == {"s1": "b"} and setup["replaced"] == "b->s1"
-    assert setup["files"] == {"hostfile": "# orch: 2 hosts, 4 ranks, in plan order (ranks are contiguous per host, "
+    assert protocol.unpack_files(setup["files"]) == {"hostfile": "# orch: 2 hosts, 4 ranks, in plan order (ranks are contiguous per host, "
                                           "by slot)\n10.0.0.1 slots=2\n10.0.0.9 slots=2\n"}
     assert [r["host"] for r in head.doc["ranks"]] == ["a", "a", "s1", "s1"]
     assert head.doc["hosts"] == ["a", "s1"] and head.doc["spares"] == [] and head.doc["lost"] == []
@@ -502,7 +504,7 @@ def test_a_spare_replaces_only_a_host_it_fits_and_never_the_launch_host():
     head = with_spares(fits={"s1": []})
     lose_b(head, T0 + 3)
     assert head.state == RunState.LOST and "no spare host left to take the place of b" in head.doc["message"]
-    assert "s1 does not fit" in head.doc["message"]
+    assert "s1 is free but fits none of them" in head.doc["message"]
 
 
 def test_a_failure_not_naming_a_host_restarts_on_the_same_hosts_with_the_restarts_budget():
@@ -512,3 +514,48 @@ def test_a_failure_not_naming_a_host_restarts_on_the_same_hosts_with_the_restart
     assert head.phase == H.Phase.DELAY and head.doc["replaced"] == [] and head.doc["hosts"] == ["a", "b"]
     _, actions = H.decide(head, [], T0 + 3)
     assert [a[3]["slots"] for a in actions if a[0] == "start"] == [{}]
+
+
+def test_a_stop_during_the_delay_records_no_replacement_that_never_ran():
+    head = with_spares(restart_delay=30)
+    lose_b(head, T0 + 3)
+    H.decide(head, [H.stop_asked("`orch down`")], T0 + 5)
+    assert head.state == RunState.STOPPED and head.doc["replaced"] == [] and head.doc["lost"] == ["b"]
+    assert [r["host"] for r in head.doc["ranks"]] == ["a", "a", "b", "b"]
+
+
+def test_a_spare_lost_during_the_delay_is_not_started_another_is_chosen_or_the_run_ends():
+    head = with_spares(spares=("s1", "s2"), restart_delay=1)
+    lose_b(head, T0 + 3)
+    H.decide(head, [H.gone("s1")], T0 + 3.6)
+    _, actions = H.decide(head, [], T0 + 4.6)
+    assert [a[3]["slots"] for a in actions if a[0] == "start"] == [{"s2": "b"}]
+    head = with_spares(restart_delay=1)
+    lose_b(head, T0 + 3)
+    _, actions = H.decide(head, [H.gone("s1")], T0 + 3.6)
+    _, actions = H.decide(head, [], T0 + 4.6)
+    assert "start" not in kinds(actions) and head.state == RunState.LOST
+    assert "no spare host left to take the place of b" in head.doc["message"] and "s1 was lost" in head.doc["message"]
+
+
+def test_one_free_spare_for_two_lost_hosts_says_so():
+    head = make(("a", "b", "c"), spares=["s1"], spare_fits={"s1": ["b", "c"]}, tables={},
+                servers=[], spare_servers=[])
+    H.decide(head, [H.joined(h, "10.0.0.1") for h in ("b", "c", "s1")], T0 + 1)
+    H.decide(head, [rep(head, h, {}) for h in ("a", "b", "c")], T0 + 1.5)
+    H.decide(head, [H.gone("b"), H.gone("c")], T0 + 2)
+    H.decide(head, [], T0 + 2.1)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 2.2), 1: ("stopped", None, 15, T0 + 2.2)},
+                        live=False)], T0 + 2.5)
+    assert head.state == RunState.LOST
+    assert "2 hosts lost, 1 spare(s) free: s1 is free and fits b, c" in head.doc["message"]
+
+
+def test_a_silent_hosts_spare_waits_until_its_ranks_have_been_stopped_there():
+    head = with_spares(lost_after=10)
+    H.decide(head, [rep(head, "a", {}), rep(head, "s1", {}, attempt=0)], T0 + 11)
+    H.decide(head, [rep(head, "a", {}), rep(head, "s1", {}, attempt=0)], T0 + 11.6)   # b: silent
+    H.decide(head, [], T0 + 11.7)
+    H.decide(head, [rep(head, "a", {0: ("stopped", None, 15, T0 + 12), 1: ("stopped", None, 15, T0 + 12)},
+                        live=False), rep(head, "s1", {}, attempt=0)], T0 + 12)
+    assert head.phase == H.Phase.DELAY and head.phase_until >= T0 + 12 + head.grace + H.LOST_RANKS_STOP

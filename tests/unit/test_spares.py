@@ -138,14 +138,54 @@ def test_a_spares_processes_in_a_hosts_place_are_what_orch_renders_for_that_host
     assert head["tables"] == {} and "slot_procs" not in head
 
 
-@pytest.mark.parametrize("files", [{"../x": "a"}, {"a/b": "a"}, {"": "a"}, {"x": 1}, [1], {str(i): "" for i in range(5)}])
-def test_a_start_message_carries_only_plain_file_names_and_text(files):
+def _packed(obj) -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(json.dumps(obj).encode())).decode()
+
+
+@pytest.mark.parametrize("files", [_packed({"../x": "a"}), _packed({"a/b": "a"}), _packed({"": "a"}), _packed({"x": 1}),
+                                   _packed([1]), _packed({str(i): "" for i in range(5)}), "not base64!", "eJw=",
+                                   # a zip bomb: 200 MB of zeros in a few hundred KiB
+                                   _packed({"hostfile": "0" * (200 << 20)})])
+def test_a_start_message_carries_only_plain_file_names_and_text_and_inflates_bounded(files):
     m = {"t": "start", "attempt": 2, "head_address": "10.0.0.1", "files": files}
     with pytest.raises(protocol.ProtocolError):
         protocol.parse(protocol.TO_MEMBER, m)
-    ok = protocol.parse(protocol.TO_MEMBER, protocol.start(2, "10.0.0.1", "h2", {"hostfile": "x"}, "h2->s1"))[1]
+    packed = protocol.pack_files({"hostfile": "x"})
+    ok = protocol.parse(protocol.TO_MEMBER, protocol.start(2, "10.0.0.1", "h2", packed, "h2->s1"))[1]
     assert ok == {"attempt": 2, "head_address": "10.0.0.1", "slot": "h2", "files": {"hostfile": "x"},
                   "replaced": "h2->s1"}
+
+
+def test_a_1024_host_rank_table_fits_in_one_start_message():
+    servers = [tables.server(f"h{i}", f"10.{i // 250}.{i % 250}.1", 8, [(i * 8 + d, d) for d in range(8)],
+                             {d: f"10.{100 + i // 250}.{i % 250}.{d}" for d in range(8)}) for i in range(1024)]
+    text = tables.rank_table_v1(servers)
+    packed = protocol.pack_files({"rank_table.json": text})
+    assert len(text) > protocol.LINE and len(packed) < protocol.FILES_MAX
+    assert protocol.unpack_files(packed) == {"rank_table.json": text}
+
+
+def test_a_launch_file_that_cannot_be_written_fails_the_hosts_processes_saying_why(tmp_path):
+    from orchestrator.agent.procs import Local
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    cfg = {"run_id": "R", "rundir": str(tmp_path / "r"), "host": "s1", "launcher": "ranktable", "workdir": str(wd),
+           "launch_files": ["rank_table.json"], "log_link": str(wd / "log_output"),
+           "ranks": [{"rank": 0, "device": 0}],
+           "procs": [{"key": "rank.0", "argv": ["true"], "env": {}, "cwd": str(wd), "log": "1/rank.0/stdout",
+                      "rank": 0}]}
+    (tmp_path / "r").mkdir()
+    (wd / "rank_table.json").mkdir()   # in the way of the rename, even for root
+    local = Local(cfg, lambda text: None)
+    local.start(2, "127.0.0.1", files={"rank_table.json": "{}"})
+    (rank,) = local.report()["ranks"]
+    assert rank["state"] == "failed" and rank["exit_code"] == 126
+    log = (tmp_path / "r" / "a2" / "1" / "rank.0" / "stdout").read_text()
+    assert "cannot write" in log and "rank_table.json" in log
 
 
 def test_a_member_writes_only_the_launch_files_of_its_run(tmp_path):
