@@ -173,6 +173,16 @@ def test_yaml_syntax_error_has_line(tmp_path):
     assert probs[0][0] is not None and "YAML syntax error" in probs[0][2]
 
 
+def test_a_tab_in_the_indentation_says_use_spaces(tmp_path):
+    with pytest.raises(SpecError) as ei:
+        load_cluster(write(tmp_path, "inventory:\n  hosts: [a]\njob:\n\tworkdir: /w\n"))
+    assert ei.value.problems[0][0].line == 4
+    assert "spaces, never tabs" in ei.value.hint
+    with pytest.raises(SpecError) as ei:  # no tab: the hint says nothing of tabs
+        load_cluster(write(tmp_path, "inventory:\n  hosts: [a\njob: {}\n"))
+    assert "tab" not in ei.value.hint
+
+
 def test_duplicate_yaml_key_is_an_error(tmp_path):
     probs = problems(tmp_path, GOOD + "job:\n  workdir: /x\n  command: y\n")
     assert probs[0][0] == 18 and "duplicate key 'job'" in probs[0][2]
