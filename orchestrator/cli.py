@@ -364,7 +364,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
     if not as_json and sys.stderr.isatty():
         from rich.console import Console
 
-        status = Console(stderr=True).status(f"checking {len(cluster.hosts)} host(s)...")
+        status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
         status.start()
     try:
         with Pool(cluster) as pool:  # past ~128 hosts the probes fan out from several processes
@@ -381,8 +381,8 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
 
 
 def _print_check(cluster, report) -> None:
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from .hostsets import by_value
 
@@ -397,7 +397,7 @@ def _print_check(cluster, report) -> None:
     console = _console()
     table = Table("host", *columns, title=f"orch check: {cluster.name}", title_justify="left")
     for name, v in rows:
-        table.add_row(escape(name), *[(f"[{_CELL[s][1]}]{_CELL[s][0]}[/]" if s else "[dim]-[/]") for s in v])
+        table.add_row(name, *[(Text(_CELL[s][0], style=_CELL[s][1]) if s else Text("-", style="dim")) for s in v])
     console.print(table)
     routed = [h for h in cluster.hosts if h.route != h.target or h.ssh_address != h.address]
     if routed:  # say where orch really connected, when ssh_config or jump hosts decide it
@@ -407,17 +407,18 @@ def _print_check(cluster, report) -> None:
         else:
             lines = [f"{h.name}: {h.route}" for h in routed]
         for line in lines:
-            console.print(f"[dim]route[/] {escape(line)}", soft_wrap=True)
+            console.print(Text.assemble(("route", "dim"), f" {line}"), soft_wrap=True)
     problems = report.problems()
     for p in problems:
         word, style = _CELL[p.status]
         where = f"{p.hosts}: " if p.hosts else ""
-        console.print(f"[{style}]{word:5}[/] [bold]{p.check}[/] {escape(where + p.message)}", soft_wrap=True)
+        console.print(Text.assemble((f"{word:5}", style), " ", (p.check, "bold"), f" {where}{p.message}"),
+                      soft_wrap=True)
     failed = sum(1 for p in problems if p.status in ("fail", "error"))
     warned = sum(1 for p in problems if p.status == "warn")
-    verdict = (f"[bold red]{failed} problem(s) must be fixed[/]" if failed else "[green]nothing failed[/]")
-    console.print(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): {verdict}"
-                  + (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)")
+    verdict = (f"{failed} problem(s) must be fixed", "bold red") if failed else ("nothing failed", "green")
+    console.print(Text.assemble(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): ", verdict,
+                                (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)"))
 
 
 # --- run commands (orch up / status / down / logs) ---
@@ -603,7 +604,7 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
         if view.message:
             console.print(view.message, soft_wrap=True)
         for host, err in view.unreachable.items():
-            console.print(f"[yellow]{host}: unreachable: {err}[/]", soft_wrap=True)
+            console.print(f"{host}: unreachable: {err}", style="yellow", soft_wrap=True)
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
 
 
@@ -615,10 +616,12 @@ def _record_name(run_id: str | None) -> str | None:
 
 def _console():
     """rich output on stdout: as wide as the terminal on one, and never cut or wrapped when
-    stdout is a pipe or a file (scripts read every host name and value whole)."""
+    stdout is a pipe or a file (scripts read every host name and value whole). Strings are never
+    read as markup: what a host printed (mpirun's `[warn] ...`) reaches the terminal as it was
+    written; styles are given as rich.text.Text."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100_000)
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 100_000)
 
 
 def _has_runs() -> bool:

@@ -115,3 +115,42 @@ def test_dash_i_replaces_the_cluster_files_inventory(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "10.9.9.2" in r.output, r.output
     r = CliRunner().invoke(climod.cli, ["plan", "sub/bare.yaml"])
     assert r.exit_code == 2 and "missing required key 'inventory' (or give one with -i/--inventory)" in r.output
+
+
+REMOTE = "[warn] Epoll MOD(1) on fd 5 failed. [bold]x[/bold] [/]"
+
+
+def test_status_prints_what_hosts_wrote_as_it_was_written(tmp_path, monkeypatch):
+    """mpirun's `[warn] ...` is not a style tag: remote text is never read as markup."""
+    from orchestrator import api
+    from orchestrator.runstate import RunView
+
+    view = RunView(state="failed", message=f"rank 1 on h1 failed: {REMOTE}", run_id="r1",
+                   ranks=[{"rank": 0, "host": "h[1]", "device": 0, "pid": 7, "state": "[warn]", "exit_code": 1,
+                           "signal": None}],
+                   unreachable={"h2": REMOTE})
+    monkeypatch.setattr(climod, "load", lambda f, h: type("C", (), {"name": "c"})())
+    monkeypatch.setattr(api, "status", lambda *a, **k: view)
+    res = run("status", str(tmp_path / "cluster.yaml"))
+    assert res.exit_code == 1, res.output
+    assert f"rank 1 on h1 failed: {REMOTE}" in res.output
+    assert f"h2: unreachable: {REMOTE}" in res.output
+    assert "[warn]" in res.output.split("\n", 3)[3] and "h[1]" in res.output
+
+
+def test_every_console_reads_no_markup():
+    """The rule behind the test above, everywhere: a rich Console in orch is built with
+    markup=False (styles are given as Text), so no string a host sent is taken for a tag."""
+    import ast
+    from pathlib import Path
+
+    root = Path(climod.__file__).parent
+    found = 0
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Console":
+                found += 1
+                kw = {k.arg: k.value for k in node.keywords}
+                assert isinstance(kw.get("markup"), ast.Constant) and kw["markup"].value is False, \
+                    f"{path}:{node.lineno}: Console(...) without markup=False"
+    assert found >= 2
