@@ -316,7 +316,26 @@ def duty_lost(head, now):
                                                                           head.run_id), 0.0)
 
 
+def _launcher_may_explain(head, now):
+    """The first failure is a rank killed by SIGTERM, which orch had not sent (no stop yet): a
+    launcher aborting its job (mpirun that could not launch what a rank asked for) sends it.
+    "wait": a launcher runs on, for at most LAUNCHER_REPORT_GRACE after that rank ended; True: a
+    launcher failed, and its own verdict (duty_launchers) leads; False: the rank's failure stands."""
+    fails = _failures(head, now)
+    launchers = _launchers(head)
+    if not fails or fails[0][1]["signal"] != 15 or not launchers or head.doc["first_failure"] is not None:
+        return False
+    if any(p["end"] is not None and (p["exit_code"] != 0 or p["signal"]) for _, p in launchers.values()):
+        return True
+    if any(p["end"] is None for _, p in launchers.values()) and now - fails[0][0] < LAUNCHER_REPORT_GRACE:
+        return "wait"
+    return False
+
+
 def duty_fail_fast(head, now):
+    yields = _launcher_may_explain(head, now)
+    if yields:
+        return None if yields is True else "wait"
     ff = _name_first_failure(head, now)
     if ff is None:
         return None
@@ -428,8 +447,8 @@ def _phase_stopping(head, now, actions):
             head._rank_to(r, RankState.LOST if r["host"] in head.doc["lost"] else RankState.STOPPED)
             r["end"] = now
     outcome, message = head.outcome
-    if outcome == RunState.FAILED and _failures(head, now):
-        message = _settle_failures(head, now)   # every host has reported by now
+    if outcome == RunState.FAILED and head.doc["first_failure"] is not None and _failures(head, now):
+        message = _settle_failures(head, now)   # every host has reported by now (a launcher's failure stands)
         head.outcome = (outcome, message)
         head.doc["attempts"][-1].update(message=message, first_failure=head.doc["first_failure"])
     k = head.doc["attempt"]

@@ -22,6 +22,7 @@ from . import head as heads
 from . import protocol as proto
 from .layout import INFO, STATE, attempt_dir, write_atomic
 from .procs import Local
+from .words import launcher_words
 from .states import RankState, RunState
 
 TICK = 0.1
@@ -542,7 +543,7 @@ class Supervisor:
         """A failed launcher: where its own output is, and (on this host) how it ends."""
         log = os.path.join(attempt_dir(self.rundir, self.head.doc["attempt"]), "%s.log" % key.split(".")[0])
         said = tail_lines(log) if host == self.host else ""
-        extra = " (its own output: %s)%s" % (log, (", ending:\n" + said) if said else "")
+        extra = (", saying:\n%s\n  (all it said: %s)" % (said, log)) if said else " (its own output: %s)" % log
         self.head.doc["message"] += extra
         self.head.doc["attempts"][-1]["message"] += extra
         self.head.outcome = (self.head.outcome[0], self.head.outcome[1] + extra)
@@ -680,24 +681,13 @@ def read_info(rundir):
     return doc if isinstance(doc, dict) else None
 
 
-def tail_lines(path, lines=6, limit=800):
-    """The last non-empty lines of a launcher's own log (what mpirun said when it failed)."""
+def tail_lines(path, lines=12, limit=2000):
+    """What a failed launcher said last, from its own log (launcher_words)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
+            fh.seek(max(0, fh.tell() - 16384))
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    # OpenMPI wraps its advice in ------ blocks: keep what stands outside them (ssh's own error,
-    # a rank's last words) and the first line of each block (its summary).
-    kept, inside, first = [], False, False
-    for ln in text.splitlines():
-        bare = ln.strip()
-        if len(bare) >= 10 and set(bare) <= set("-="):
-            inside, first = not inside, not inside
-            continue
-        if bare and (not inside or first):
-            kept.append(ln.rstrip())
-            first = False
-    return "\n".join("  " + ln for ln in kept[-lines:])[-limit:]
+    return launcher_words(text, lines, limit)

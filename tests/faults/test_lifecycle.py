@@ -125,6 +125,28 @@ def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
     assert "/a1/mpirun.log" in err
 
 
+def test_mpiruns_failure_leads_not_the_sigterm_it_sent_and_is_quoted_whole(life, tmp_path):
+    """A rank asks mpirun to start a program that does not exist (MPI Spawn): mpirun takes the
+    job down (its ranks die of SIGTERM) and exits 132. The run's message is mpirun's failure,
+    with its own words whole, from the error to the Executable: and Node: lines that name the
+    cause; not "rank 1 ... killed by signal 15 (SIGTERM)"."""
+    venv = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
+    script = tmp_path / "spawn.py"
+    script.write_text("from mpi4py import MPI\nimport time\n"
+                      "if MPI.COMM_WORLD.Get_rank() == 1:\n    MPI.COMM_SELF.Spawn('/nonexistent/prog', maxprocs=1)\n"
+                      "time.sleep(60)\n")
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-spawn", launcher="mpirun", hosts=2,
+                        command=[str(venv / "bin" / "python"), "spawn.py"], sync=[str(script)],
+                        mpirun_args=["--oversubscribe"])   # a slot free for the spawn: mpirun tries to launch it
+    err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
+    assert "mpirun on" in err and "failed: exit code 132" in err and "SIGTERM" not in err, err
+    assert "mpirun was unable to launch the specified application" in err, err
+    assert "Executable: /nonexistent/prog" in err and "Node: " in err, err
+    assert "/a1/mpirun.log" in err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["first_failure"] is None, rec
+
+
 def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, tmp_path):
     """Every process a run starts is findable by its run id, OpenMPI's daemons (orted) on the
     other hosts included. `orch down` while a host is cut off stops the rest, exits 1 and records

@@ -173,6 +173,46 @@ def test_a_failed_launcher_is_named_after_its_ranks_had_their_grace():
     assert ("launcher_failed", "mpirun", "a") in actions
 
 
+def test_a_rank_killed_by_sigterm_orch_never_sent_waits_for_the_launcher_whose_failure_leads():
+    """mpirun that cannot launch what a rank asked for (MPI Spawn of a missing program) aborts
+    the job: its ranks die of SIGTERM, then it exits 132. The run's message is mpirun's failure
+    (the server quotes its words), not "rank 1 ... killed by signal 15 (SIGTERM)"."""
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun])], T0 + 2)
+    _, actions = H.decide(head, [rep(head, "b", {2: ("failed", None, 15, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.RUN and "stop" not in kinds(actions)    # mpirun's word is awaited
+    ended = dict(mpirun, exit_code=132, end=T0 + 4.3)
+    _, actions = H.decide(head, [rep(head, "a", {0: ("failed", None, 15, T0 + 4.2),
+                                                 1: ("failed", None, 15, T0 + 4.2)}, procs=[ended]),
+                                 rep(head, "b", {2: ("failed", None, 15, T0 + 4), 3: ("failed", None, 15, T0 + 4.2)})],
+                          T0 + 4.4)
+    assert ("launcher_failed", "mpirun", "a") in actions
+    head.outcome = (head.outcome[0], head.outcome[1] + " (its own output: ...)")   # as the server adds
+    H.decide(head, [], T0 + 4.5)
+    assert head.state == RunState.FAILED, head.doc["message"]
+    assert head.doc["message"] == "mpirun on a failed: exit code 132 (its own output: ...)"
+    assert head.doc["message"].startswith("mpirun on a failed: exit code 132"), head.doc["message"]
+    assert "SIGTERM" not in head.doc["message"] and head.doc["first_failure"] is None
+
+
+def test_a_sigterm_rank_is_named_when_the_launcher_does_not_fail_within_the_grace():
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun]), rep(head, "b", {2: ("failed", None, 15, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.RUN
+    H.decide(head, [], T0 + 4 + H.LAUNCHER_REPORT_GRACE + 0.1)
+    assert head.phase == H.Phase.STOPPING and head.doc["first_failure"]["rank"] == 2
+    assert "killed by signal 15 (SIGTERM)" in head.doc["message"]
+
+
+def test_a_rank_killed_by_sigkill_is_named_at_once_though_a_launcher_runs():
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun]), rep(head, "b", {2: ("failed", None, 9, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.STOPPING and head.doc["first_failure"]["rank"] == 2
+
+
 # --------------------------------------------------------------------------- lost hosts
 
 def test_a_member_whose_connection_closes_is_lost_and_the_run_ends_lost():
