@@ -201,6 +201,18 @@ def _notice_lost(head, now):
     if head.phase == Phase.DONE:
         return False
     changed = False
+    heard = [h for n, h in head.others() if h.joined and n not in head.doc["lost"]]
+    if (len(heard) >= 2 and all(h.connected for h in heard) and all(now - h.last > head.lost_after / 2 for h in heard)
+            and any(now - h.last > head.lost_after for h in heard)):
+        # silence from every other host at once: what they share is this host's network
+        head.lost_why[None] = ("the launch host %s heard nothing from any of the %d other hosts for %.1fs or more "
+                               "(their connections still open): it lost its own network, or they all lost theirs "
+                               "at once" % (head.me, len(heard), min(now - h.last for h in heard)))
+        for n, h in head.others():
+            if h.joined and n not in head.doc["lost"]:
+                head.doc["lost"].append(n)
+                head.lost_why[n] = "silent for %.1fs" % (now - h.last)
+        return True
     for name, h in head.others():
         if h.joined and name not in head.doc["lost"] and (not h.connected or now - h.last > head.lost_after):
             head.doc["lost"].append(name)
@@ -309,6 +321,10 @@ def duty_lost(head, now):
     if not lost:
         return None
     ranks = rank_ranges(r["rank"] for r in head.doc["ranks"] if r["host"] in lost)
+    if None in head.lost_why:
+        return (RunState.LOST, "%s. The run was stopped on this host; a supervisor that loses the launch host stops "
+                "its own ranks (%s). Once the network is back, `orch status --run %s` shows them and `orch down "
+                "--run %s` cleans up" % (head.lost_why[None], ranks, head.run_id, head.run_id), 0.0)
     seen = "; ".join(("%s: " % n if len(lost) > 1 else "") + head.lost_why.get(n, "lost") for n in lost)
     return (RunState.LOST, "lost contact with host %s (%s): %s. The run was stopped on every other host; a "
             "supervisor that loses the launch host stops its own ranks. Once the host is reachable, `orch status "

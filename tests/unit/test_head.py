@@ -235,6 +235,39 @@ def test_a_silent_member_is_lost_after_lost_after_seconds_not_before():
     assert head.doc["lost"] == ["b"] and "its supervisor was silent for 10.1s" in head.doc["message"]
 
 
+def test_a_member_killed_with_all_its_processes_is_named_by_its_closed_connection_not_silence():
+    """kill -9 of every process on a host: its connection closes at once; the message says so,
+    not that it was silent (the words come from what was seen)."""
+    head = running(("a", "b", "c"), lost_after=20)
+    H.decide(head, [rep(head, "a", {}), rep(head, "c", {}), H.gone("b")], T0 + 3)
+    assert head.doc["lost"] == ["b"]
+    assert "lost contact with host b (ranks 2-3): the connection to its supervisor closed." in head.doc["message"]
+    assert "silent" not in head.doc["message"] and "network" not in head.doc["message"]
+
+
+def test_the_launch_host_hearing_from_no_other_host_says_it_lost_its_own_network():
+    """The launch host cut off: every other host falls silent at once (its connection still
+    open). The head says it heard from none of them, not that it lost some of them."""
+    hosts = ("a", "b", "c", "d")
+    head = running(hosts, lost_after=10)
+    H.decide(head, [rep(head, "b", {}), rep(head, "c", {})], T0 + 2.0)
+    H.decide(head, [rep(head, "d", {})], T0 + 2.6)
+    H.decide(head, [rep(head, "a", {})], T0 + 12.1)   # its own reports go on
+    assert head.doc["lost"] == ["b", "c", "d"]
+    msg = head.doc["message"]
+    assert msg.startswith("the launch host a heard nothing from any of the 3 other hosts for 9.5s or more"), msg
+    assert "lost contact with host" not in msg and "ranks 2-7" in msg
+
+
+def test_one_silent_host_among_others_that_answer_is_that_hosts_silence():
+    hosts = ("a", "b", "c", "d")
+    head = running(hosts, lost_after=10)
+    H.decide(head, [rep(head, "b", {}), rep(head, "c", {})], T0 + 11.6)
+    assert head.doc["lost"] == ["d"]
+    assert "lost contact with host d (ranks 6-7): its supervisor was silent for 10.1s" in head.doc["message"]
+    assert "network" not in head.doc["message"]
+
+
 # --------------------------------------------------------------------------- stalls, time-out, restarts
 
 def test_silent_ranks_are_a_stall_stacks_first_then_stopped():
