@@ -206,19 +206,20 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
 def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster: Cluster | None = None):
     """A run's state as its supervisors record it on the cluster (runstate.RunView: `.state`,
     `.ranks`, `.exit_codes`, `.run_id`); default: the latest run started from `root`. With
-    `cluster` (and no run id), the latest run in its workdir, asked of its launch host: works on
-    a machine that never ran `orch up` (a Slurm inventory: its latest `orch-<name>` job)."""
+    `cluster`, the latest run in its workdir (or run `run_id`, when it is not recorded in `root`),
+    asked of its launch host: works on a machine that never ran `orch up` (a Slurm inventory:
+    its latest `orch-<name>` job)."""
     from .lifecycle import cluster_status, run_status
-    from .runs import load_run
+    from .runs import load_run, recorded
 
-    if cluster is not None and run_id is None:
+    if cluster is not None and (run_id is None or not recorded(run_id, cwd=Path(root).absolute())):
         if cluster.slurm is not None:
             from . import slurm
 
             cluster = slurm.latest(cluster)
         from .plan import make_plan  # the job's own nodes (api.plan would show placeholders)
 
-        rid, view = cluster_status(cluster, make_plan(cluster))
+        rid, view = cluster_status(cluster, make_plan(cluster), run_id)
         view.run_id = rid
         return view
     run = load_run(run_id, cwd=Path(root).absolute())

@@ -571,10 +571,11 @@ def _run_option(f):
 @json_option(help="print the status as one JSON object")
 def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     """Each rank of a run: host, device, pid, state, exit code; and the run's state, read from
-    the cluster. With FILE (and no run recorded here), the latest run on FILE's hosts.
+    the cluster. With FILE, the latest run on FILE's hosts (or --run ID: that run, from the
+    record here if it has one, else from its launch host).
 
-    Exit code: 0 running or succeeded; 1 failed, lost, stalled or timed out; 4 stopped;
-    2 no such run."""
+    Exit code: 0 running or succeeded; 1 failed, lost, stalled or timed out, or its state
+    cannot be read (the launch host unreachable); 4 stopped; 2 no such run."""
     import json as _json
 
     from rich.table import Table
@@ -583,7 +584,7 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
 
     if file is not None or (run_id is None and not _has_runs()):
         cluster = load(file or "cluster.yaml", None)
-        view, name = api.status(cluster=cluster), cluster.name
+        view, name = api.status(run_id, cluster=cluster), cluster.name
     else:
         view = api.status(run_id)
         name = _record_name(view.run_id)

@@ -276,6 +276,13 @@ def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
     return Run(root, chosen, data)
 
 
+def recorded(run_id: str, *, cwd: Path | None = None) -> bool:
+    """A run with this id (or unique prefix) is recorded under `cwd`."""
+    root = (cwd or Path.cwd()) / RUNS_DIR
+    ids = [p.name for p in root.iterdir() if (p / "run.json").is_file()] if root.is_dir() else []
+    return any(i == run_id for i in ids) or sum(i.startswith(run_id) for i in ids) == 1
+
+
 def _started(path: Path) -> float:
     try:
         return float(json.loads((path / "run.json").read_text()).get("started") or 0)

@@ -111,6 +111,9 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
         else:
             view.message = f"no supervisor state for this run on the launch host {head_name}"
     by_rank = {r["rank"]: r for r in view.ranks}
+    if not head:   # no word from the head: each other host's own record of its ranks is the evidence
+        view.attempt = max([d.get("attempt") for d in docs.values() if d.get("role") == "member"
+                            and isinstance(d.get("attempt"), int)] or [0])
     for name, doc in docs.items():
         if name == head_name or doc.get("role") != "member" or doc.get("attempt") != view.attempt:
             continue

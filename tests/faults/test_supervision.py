@@ -282,3 +282,15 @@ def test_status_from_a_machine_that_never_ran_up(sup, tmp_path):
     assert st["run"] == run_id and st["state"] == "failed" and st["first_failure"]["rank"] == 0
     table = orch("status", str(tmp_path / "cluster.yaml"), cwd=elsewhere, check_rc=1).stdout.decode()
     assert re.search(rf"run {run_id} .*failed", table) and "exit code 6" in table, table
+    # --run with FILE: that run, not the latest one
+    _cluster(sup, tmp_path, "/data/sv-fresh", ["true"], launcher="ranktable", hosts=2)
+    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
+    st = json.loads(orch("status", "--json", str(tmp_path / "cluster.yaml"), cwd=elsewhere, check_rc=0).stdout)
+    assert st["run"] == run_ids(tmp_path)[-1] != run_id and st["state"] == "succeeded", st
+    for where in (elsewhere, tmp_path):   # not recorded there (asked of the launch host); recorded here
+        st = json.loads(orch("status", "--json", str(tmp_path / "cluster.yaml"), "--run", run_id, cwd=where,
+                             check_rc=1).stdout)
+        assert st["run"] == run_id and st["state"] == "failed", (where, st)
+    res = orch("status", str(tmp_path / "cluster.yaml"), "--run", "20000101-000000-000000", cwd=elsewhere,
+               check_rc=2)
+    assert "no run 20000101-000000-000000 found in /data/sv-fresh" in res.stderr.decode()
