@@ -647,26 +647,71 @@ def down_command(run_id: str | None, as_json: bool) -> None:
     import json as _json
 
     from . import api
+    from .hostsets import fold
     from .runs import load_run
 
     run = load_run(run_id)
+    ended = run.data.get("state") if run.finished else None   # how it had ended before this `orch down`
     following = " (the `orch up` following it records the outcome too, and exits 130)" \
         if run.controller_alive() else ""
     stopped, unreachable, view = api.down(run.id)
     if as_json:
         click.echo(_json.dumps({"run": run.id, "state": view.state, "stopped": stopped, "unreachable": unreachable,
                                 "logs": str(run.logs_dir)}))
-    if not as_json:
-        for host, what in stopped.items():
-            click.echo(f"{host}: {what}", err=True)
-    for host, err in unreachable.items():
-        click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
+    for line, bad in down_lines(stopped, unreachable, view, ended is None and view.state == "stopped"):
+        if bad:
+            click.secho(f"orch: {line}", fg="yellow", err=True)
+        elif not as_json:
+            click.echo(f"orch: {line}", err=True)
     if unreachable:
-        click.secho(f"orch: run {run.id} stopped except on {', '.join(sorted(unreachable))}, which could not be "
+        click.secho(f"orch: run {run.id} stopped except on {fold(unreachable)}, which could not be "
                     f"reached: its ranks' state is unknown; run `orch down --run {run.id}` again once it is "
                     f"reachable; logs in {run.logs_dir}{following}", fg="yellow", err=True)
         click.get_current_context().exit(1)
-    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}{following}", err=True)
+    if ended is not None:
+        said = f"run {run.id} had already ended {ended} (its record is kept)"
+    elif view.state == "stopped":
+        said = f"run {run.id} stopped"
+    else:   # the cluster had ended it before the stop came: its own verdict, recorded
+        said = f"run {run.id} had already ended {view.state}" + (f": {view.message}" if view.message else "")
+    click.echo(f"orch: {said}; logs in {run.logs_dir}{following}", err=True)
+
+
+def down_lines(stopped: dict[str, str], unreachable: dict[str, str], view, stopped_now: bool) -> list[tuple[str, bool]]:
+    """What `orch down` did, one line per outcome with its hosts folded (`stopped 8 ranks on
+    node[01-64]; nothing left on node[65-128]`), never a line per host: (line, is a problem).
+    `stopped`: each swept host's word (supervisor.sweep_script: "none" nothing of the run was
+    running any more; "stopped" processes left over ended on TERM; "killed PIDS" ... on KILL);
+    `view`: the run after the stop (its ranks' states); `stopped_now`: this stop ended the run
+    (its ranks shown stopped were stopped by it, not before)."""
+    from .hostsets import by_value
+
+    per_host: dict[str, int] = {}
+    if stopped_now:
+        for r in view.ranks:
+            if r.get("state") == "stopped":
+                per_host[r["host"]] = per_host.get(r["host"], 0) + 1
+
+    def outcome(host: str, word: str) -> str:
+        n = per_host.get(host, 0)
+        what = f"stopped {n} rank{'s' if n != 1 else ''}" if n else ""
+        if word.startswith("killed"):
+            k = len(word.split()) - 1
+            extra = f"killed {k} process{'es' if k != 1 else ''} still running after the grace period"
+        elif word == "stopped":
+            extra = "stopped processes left over"
+        else:
+            extra = ""
+        return "; ".join(x for x in (what, extra) if x) or "nothing of the run left running"
+
+    good = [(h, outcome(h, w)) for h, w in stopped.items() if h != "slurm"]
+    parts = [f"{what} on {hosts}" for what, hosts in by_value(good, most_first=True)]
+    lines = [("; ".join(parts), False)] if parts else []
+    if "slurm" in stopped:
+        lines.append((f"Slurm: {stopped['slurm']}", False))
+    why = [(h, e.split(": ", 1)[1] if e.startswith(f"{h}: ") else e) for h, e in unreachable.items()]
+    lines += [(f"could not stop on {hosts}: {err.splitlines()[0]}", True) for err, hosts in by_value(why)]
+    return lines
 
 
 @cli.command("logs")

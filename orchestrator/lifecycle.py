@@ -525,7 +525,9 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         view = run_lifecycle.status(stopped)
         run_lifecycle.gather()
         run.reload()
-        if not run.finished:
+        # the launch host unreached: how the run ended is its head's to say (it may have ended
+        # `lost` or `failed` before this stop); nothing is recorded until it can be read
+        if not run.finished and run_lifecycle.plan.launch_host.name not in failed:
             if not view.final:
                 view.state, view.message = "stopped", "stopped by `orch down`"
             if failed:  # its ranks may run on: say so, never "stopped"

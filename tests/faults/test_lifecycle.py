@@ -178,6 +178,32 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
     assert wait_until(lambda: leftovers(run_id) == [], timeout=30), leftovers(run_id)
 
 
+def test_down_with_the_launch_host_cut_off_records_nothing_then_the_clusters_verdict(life, tmp_path):
+    """`orch down` while the launch host is cut off cannot know how the run ended (its head
+    holds that): exit 1, nothing recorded. Once the link is back, `orch down` says and records
+    what the cluster had decided (`lost`: the head heard from no other host), its words and its
+    JSON alike; no line per host."""
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-down-head", launcher="ranktable",
+                        command=["sh", "-c", "sleep 300"], ssh={"connect_timeout": 2, "retries": 1})
+    run_id = orch("up", "--detach", "-q", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+    assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
+    life.link(1, False)
+    try:
+        err = orch("down", cwd=tmp_path, check_rc=1).stderr.decode()
+        assert f"could not stop on {life.host(1).name}" in err and "state is unknown" in err, err
+        assert run_record(tmp_path, run_id).get("ended") is None, run_record(tmp_path, run_id)
+        assert wait_until(lambda: leftovers(run_id) == [], 40), leftovers(run_id)   # the head ends it, lost
+    finally:
+        life.link(1, True)
+    err = orch("down", cwd=tmp_path, check_rc=0).stderr.decode()
+    assert f"run {run_id} had already ended lost: the launch host {life.host(1).name} heard nothing" in err, err
+    assert err.startswith("orch: nothing of the run left running on ") and err.count("\n") == 2, err
+    assert run_record(tmp_path, run_id)["state"] == "lost"
+    res = orch("down", "--json", cwd=tmp_path, check_rc=0)   # again: the same word in its JSON and its line
+    assert json.loads(res.stdout)["state"] == "lost"
+    assert f"run {run_id} had already ended lost (its record is kept)" in res.stderr.decode()
+
+
 def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):
     """A 200 KB env value makes mpirun's command line too long to start: orch says so (E2BIG,
     'Argument list too long'), not that ranks did not report."""

@@ -154,3 +154,43 @@ def test_every_console_reads_no_markup():
                 assert isinstance(kw.get("markup"), ast.Constant) and kw["markup"].value is False, \
                     f"{path}:{node.lineno}: Console(...) without markup=False"
     assert found >= 2
+
+
+def _view(state, hosts, per_host=2, rank_state="stopped"):
+    from orchestrator.runstate import RunView
+
+    ranks = [{"rank": i * per_host + j, "host": h, "state": rank_state} for i, h in enumerate(hosts)
+             for j in range(per_host)]
+    return RunView(state=state, ranks=ranks, run_id="r1")
+
+
+def test_down_prints_one_line_per_outcome_never_one_per_host():
+    """128 hosts: ranks stopped on 64, nothing left on the other 64, one host swept with KILL,
+    two unreachable: folded lines, not 128 `HOST: none`."""
+    hosts = [f"node{i:03d}" for i in range(1, 129)]
+    view = _view("stopped", hosts[:64], per_host=8)
+    stopped = {h: "none" for h in hosts[:126]}
+    stopped["node100"] = "killed 4242 4243"
+    unreachable = {"node127": "node127: timed out after 2s connecting to 10.0.0.127:22",
+                   "node128": "node128: timed out after 2s connecting to 10.0.0.127:22"}
+    lines = climod.down_lines(stopped, unreachable, view, stopped_now=True)
+    assert lines == [
+        ("stopped 8 ranks on node[001-064]; nothing of the run left running on node[065-099,101-126]; "
+         "killed 2 processes still running after the grace period on node100", False),
+        ("could not stop on node[127-128]: timed out after 2s connecting to 10.0.0.127:22", True)]
+
+
+def test_down_of_a_run_that_had_ended_says_so_and_counts_no_rank_as_stopped_by_it(tmp_path, monkeypatch):
+    from orchestrator import api, runs
+
+    hosts = [f"node{i}" for i in range(1, 5)]
+    rec = type("R", (), {"id": "r1", "finished": True, "data": {"state": "failed"}, "logs_dir": tmp_path,
+                         "controller_alive": lambda self: False})()
+    monkeypatch.setattr(runs, "load_run", lambda rid=None: rec)
+    monkeypatch.setattr(api, "down", lambda rid: ({h: "none" for h in hosts}, {}, _view("failed", hosts)))
+    res = run("down")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines == ["orch: nothing of the run left running on node[1-4]",
+                     f"orch: run r1 had already ended failed (its record is kept); logs in {tmp_path}"], lines
+    assert "none" not in res.output
