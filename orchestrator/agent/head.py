@@ -38,6 +38,7 @@ from .protocol import STATE_VERSION
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
 DONE_LINGER = 3.0             # after the end, how long the head waits for members to hear it
+TOO_CLOSE_TO_ORDER = 0.5      # two hosts' ranks failing closer than this: hosts' clocks may differ by more
 
 
 class Phase(str, Enum):
@@ -485,11 +486,19 @@ def _settle_failures(head, now):
     died of it: mpirun and msrun kill a failed rank's siblings); ranks killed after it by a
     launcher's TERM/KILL count as stopped, not failed. Called only when a rank failed."""
     ff = _name_first_failure(head, now)
-    first_end = _failures(head, now)[0][0]
+    fails = _failures(head, now)
+    first_end = fails[0][0]
     for r in head.doc["ranks"]:
         if (r["state"] == RankState.FAILED and r["rank"] != ff["rank"] and r["signal"] in (15, 9)
                 and (r.get("end") or 0) >= first_end):
             head._rank_to(r, RankState.STOPPED)
+    # another host's rank that failed of itself right after: each end is by its own host's clock
+    close = [(t, r, how) for t, r, how in fails[1:] if r["host"] != ff["host"] and r["signal"] not in (15, 9)
+             and t - first_end < TOO_CLOSE_TO_ORDER]
+    if close:
+        t, r, how = close[0]
+        return "%s; rank %d on %s failed %.2fs later (%s), by each host's own clock: too close to tell which " \
+               "failed first" % (_failure_message(ff), r["rank"], r["host"], t - first_end, how)
     return _failure_message(ff)
 
 

@@ -326,6 +326,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, lambda *a: self.request_stop("a signal (SIGINT) to the run's supervisor"))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, self.local.collect)   # each child's end noted as it comes
 
     # ---- the loop
     def loop(self):

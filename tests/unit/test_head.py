@@ -144,6 +144,24 @@ def test_siblings_killed_by_the_launcher_after_the_first_failure_count_as_stoppe
                                                                   3: "failed"}
 
 
+def test_two_hosts_ranks_failing_too_close_to_order_are_both_named():
+    """Rank 2 on b ended 50 ms before rank 0 on a, by each host's clock: b's is named first,
+    and the message says the two are too close to order (the clocks of two hosts are not that
+    close); a rank that failed long after, or by the launcher's TERM/KILL, is not mentioned."""
+    head = running()
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 5.05)}),
+                    rep(head, "b", {2: ("failed", 7, None, T0 + 5.0)})], T0 + 5.1)
+    finish_stopping(head, T0 + 6)
+    assert head.doc["first_failure"]["rank"] == 2
+    assert head.doc["message"] == ("rank 2 on b (device 0) failed: exit code 7; rank 0 on a failed 0.05s later "
+                                   "(exit code 1), by each host's own clock: too close to tell which failed first")
+    head = running()
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 7)}),
+                    rep(head, "b", {2: ("failed", 7, None, T0 + 5.0), 3: ("failed", None, 15, T0 + 5.1)})], T0 + 7.1)
+    finish_stopping(head, T0 + 8)
+    assert head.doc["message"] == "rank 2 on b (device 0) failed: exit code 7"
+
+
 def test_on_failure_continue_lets_the_others_finish_then_fails():
     head = running(on_failure="continue")
     _, actions = H.decide(head, [rep(head, "b", {2: ("failed", 3, None, T0 + 5)})], T0 + 5.1)
