@@ -51,7 +51,7 @@ class RunView:
     started: float | None = None
     ended: float | None = None
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
-    run_id: str | None = None   # which run (api.status sets it)
+    run_id: str | None = None   # which run (the head's document names it; api.status sets it too)
 
     @property
     def final(self) -> bool:
@@ -86,7 +86,7 @@ def from_head(doc: Mapping) -> RunView:
                    attempt=int(doc.get("attempt") or 0), attempts=list(doc.get("attempts") or []),
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
-                   ended=doc.get("ended"))
+                   ended=doc.get("ended"), run_id=doc["run"] if isinstance(doc.get("run"), str) else None)
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
@@ -142,4 +142,5 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
             f"{rank_ranges(r['rank'] for r in orphans)} on {hosts} still running after the run ended: "
             f"stop them with `orch down --run {rid}`")
     view.unreachable = dict(unreachable)
+    view.run_id = view.run_id or run_id
     return view

@@ -80,3 +80,9 @@ def test_the_launch_host_unreachable_the_other_hosts_own_records_of_their_ranks_
     assert view.state == "unknown" and "the launch host h1 cannot be reached" in view.message
     assert [r["state"] for r in view.ranks] == ["unknown (host unreachable)"] * 2 + ["lost", "lost"]
     assert runstate.EXIT.get(view.state, 1) == 1
+
+
+def test_every_view_names_its_run():
+    """api.up's outcome.view and api.status's view alike: RunView.run_id is the run's id."""
+    assert runstate.from_head(head_doc()).run_id == "R1"
+    assert runstate.merge("h1", {}, {"h1": "unreachable"}, [], "R2").run_id == "R2"
