@@ -89,6 +89,11 @@ class UpResult:
         return 130 if self.state in ("interrupted", "stopped") else 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the controller (the CLI raises it from its handler): `up` stops the run, as
+    for Ctrl-C, and says which it was."""
+
+
 def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, force: bool = False,
        follow_rank: int = 0, show_output: bool = True, events: Events | None = None,
        on_finishing: Callable[[], None] | None = None) -> UpResult:
@@ -175,13 +180,14 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                                  interfaces=prepared.interfaces, aarch64=prepared.aarch64,
                                  head_interface_address=prepared.addresses.get(rp.launch_host.name))
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
-        outcome = None
+        outcome, stop_reason = None, None
         try:
             run_lifecycle.distribute(launch)
             run_lifecycle.start(launch)
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
-        except KeyboardInterrupt:
-            outcome = lifecycle.RunEnd("interrupted", "every rank was stopped")
+        except KeyboardInterrupt as exc:
+            stop_reason = "a SIGTERM to `orch up`" if isinstance(exc, Terminated) else "Ctrl-C in `orch up`"
+            outcome = lifecycle.RunEnd("interrupted", f"stopped by {stop_reason}: every rank was stopped")
         except lifecycle.LaunchError as exc:
             outcome = lifecycle.RunEnd("failed", str(exc))
         finally:
@@ -192,7 +198,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             if outcome.state != "detached":
                 if run_lifecycle.started and outcome.view is None:  # not ended on the cluster's word: stop it
                     events.step("stopping every process of the run")
-                    why = "interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted" else outcome.message
+                    # the head says "stopped by <why>"
+                    why = stop_reason or f"`orch up`, as {outcome.message}"
                     stopped = run_lifecycle.stop(why)
                     for host, why_not in stopped.failed.items():
                         events.warning(f"{host}: could not stop: {why_not}; once it is reachable, run "

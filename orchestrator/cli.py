@@ -481,7 +481,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     cluster = load(file, hosts)
 
     def on_term(signum, frame):
-        raise KeyboardInterrupt
+        raise api.Terminated
 
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
