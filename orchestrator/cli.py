@@ -158,8 +158,9 @@ PLAN_TABLE_MAX_RANKS = 64
               help="read /etc/hccn.conf on the hosts for device IPs missing from the inventory "
                    "(ranktable launcher); the only option that touches hosts")
 def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool) -> None:
-    """Show the rank plan and every file and command `orch up` would use. Touches no host
-    (unless --probe)."""
+    """Show the rank plan; with --out DIR, write every file and command `orch up` would use
+    (plan.json, commands.json, the hostfile or rank table); --json: plan.json on stdout.
+    Touches no host (unless --probe)."""
     import json as _json
     import shlex
     from pathlib import Path
@@ -219,6 +220,9 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             for what, argv in slurm_cmds["commands"].items():
                 click.echo(f"  {what}: {shlex.join(argv)}")
 
+    if not out and not as_json:
+        click.echo(f"the files and commands `orch up` would use: `orch plan --out DIR` writes them "
+                   f"({', '.join(sorted(files))})", err=True)
     if out:
         out_dir = Path(out)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -582,6 +586,12 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
 
     from . import api, runstate
 
+    if file is None and run_id is None and not _has_runs() and not os.path.exists("cluster.yaml"):
+        from .runs import RUNS_DIR
+
+        raise UsageError(f"no runs recorded in {os.path.join(os.getcwd(), RUNS_DIR)} and no cluster.yaml here",
+                         hint="run `orch status` in the directory `orch up` ran from, or name the cluster file: "
+                              "`orch status FILE` (its latest run, asked of its hosts)")
     if file is not None or (run_id is None and not _has_runs()):
         cluster = load(file or "cluster.yaml", None)
         view, name = api.status(run_id, cluster=cluster), cluster.name

@@ -194,3 +194,11 @@ def test_down_of_a_run_that_had_ended_says_so_and_counts_no_rank_as_stopped_by_i
     assert lines == ["orch: nothing of the run left running on node[1-4]",
                      f"orch: run r1 had already ended failed (its record is kept); logs in {tmp_path}"], lines
     assert "none" not in res.output
+
+
+def test_status_with_no_runs_and_no_cluster_file_says_where_to_look(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run("status")
+    assert res.exit_code == 2
+    assert f"no runs recorded in {tmp_path}/.orch/runs and no cluster.yaml here" in res.output, res.output
+    assert "`orch status FILE`" in res.output and "does not exist" not in res.output
