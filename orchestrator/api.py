@@ -89,6 +89,11 @@ class UpResult:
         return 130 if self.state in ("interrupted", "stopped") else 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the controller (the CLI raises it from its handler): `up` stops the run, as
+    for Ctrl-C, and says which it was."""
+
+
 def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, force: bool = False,
        follow_rank: int = 0, show_output: bool = True, events: Events | None = None,
        on_finishing: Callable[[], object] | None = None) -> UpResult:
@@ -176,13 +181,14 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                                  interfaces=prepared.interfaces, aarch64=prepared.aarch64,
                                  head_interface_address=prepared.addresses.get(rp.launch_host.name))
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
-        outcome = None
+        outcome, stop_reason = None, None
         try:
             run_lifecycle.distribute(launch)
             run_lifecycle.start(launch)
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
-        except KeyboardInterrupt:
-            outcome = lifecycle.RunEnd("interrupted", "every rank was stopped")
+        except KeyboardInterrupt as exc:
+            stop_reason = "a SIGTERM to `orch up`" if isinstance(exc, Terminated) else "Ctrl-C in `orch up`"
+            outcome = lifecycle.RunEnd("interrupted", f"stopped by {stop_reason}: every rank was stopped")
         except lifecycle.LaunchError as exc:
             outcome = lifecycle.RunEnd("failed", str(exc))
         finally:
@@ -193,7 +199,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             if outcome.state != "detached":
                 if run_lifecycle.started and outcome.view is None:  # not ended on the cluster's word: stop it
                     events.step("stopping every process of the run")
-                    why = "interrupted (Ctrl-C in `orch up`)" if outcome.state == "interrupted" else outcome.message
+                    # the head says "stopped by <why>"
+                    why = stop_reason or f"`orch up`, as {outcome.message}"
                     stopped = run_lifecycle.stop(why)
                     for host, why_not in stopped.failed.items():
                         events.warning(f"{host}: could not stop: {why_not}; once it is reachable, run "
@@ -207,19 +214,20 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
 def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster: Cluster | None = None):
     """A run's state as its supervisors record it on the cluster (runstate.RunView: `.state`,
     `.ranks`, `.exit_codes`, `.run_id`); default: the latest run started from `root`. With
-    `cluster` (and no run id), the latest run in its workdir, asked of its launch host: works on
-    a machine that never ran `orch up` (a Slurm inventory: its latest `orch-<name>` job)."""
+    `cluster`, the latest run in its workdir (or run `run_id`, when it is not recorded in `root`),
+    asked of its launch host: works on a machine that never ran `orch up` (a Slurm inventory:
+    its latest `orch-<name>` job)."""
     from .lifecycle import cluster_status, run_status
-    from .runs import load_run
+    from .runs import load_run, recorded
 
-    if cluster is not None and run_id is None:
+    if cluster is not None and (run_id is None or not recorded(run_id, cwd=Path(root).absolute())):
         if cluster.slurm is not None:
             from . import slurm
 
             cluster = slurm.latest(cluster)
         from .plan import make_plan  # the job's own nodes (api.plan would show placeholders)
 
-        rid, view = cluster_status(cluster, make_plan(cluster))
+        rid, view = cluster_status(cluster, make_plan(cluster), run_id)
         view.run_id = rid
         return view
     run = load_run(run_id, cwd=Path(root).absolute())

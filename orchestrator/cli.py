@@ -168,8 +168,9 @@ PLAN_TABLE_MAX_RANKS = 64
                    "when HOST is lost (repeatable)")
 def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, probe: bool,
                  swaps: tuple[str, ...]) -> None:
-    """Show the rank plan and every file and command `orch up` would use. Touches no host
-    (unless --probe)."""
+    """Show the rank plan; with --out DIR, write every file and command `orch up` would use
+    (plan.json, commands.json, the hostfile or rank table); --json: plan.json on stdout.
+    Touches no host (unless --probe)."""
     import json as _json
     import shlex
     from pathlib import Path
@@ -231,6 +232,9 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             for what, argv in slurm_cmds["commands"].items():
                 click.echo(f"  {what}: {shlex.join(argv)}")
 
+    if not out and not as_json:
+        click.echo(f"the files and commands `orch up` would use: `orch plan --out DIR` writes them "
+                   f"({', '.join(sorted(files))})", err=True)
     if out:
         out_dir = Path(out)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +408,7 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
     if not as_json and sys.stderr.isatty():
         from rich.console import Console
 
-        status = Console(stderr=True).status(f"checking {len(cluster.hosts)} host(s)...")
+        status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
         status.start()
     try:
         with Pool(cluster) as pool:  # past ~128 hosts the probes fan out from several processes
@@ -421,8 +425,8 @@ def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, 
 
 
 def _print_check(cluster, report) -> None:
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from .hostsets import by_value
 
@@ -437,7 +441,7 @@ def _print_check(cluster, report) -> None:
     console = _console()
     table = Table("host", *columns, title=f"orch check: {cluster.name}", title_justify="left")
     for name, v in rows:
-        table.add_row(escape(name), *[(f"[{_CELL[s][1]}]{_CELL[s][0]}[/]" if s else "[dim]-[/]") for s in v])
+        table.add_row(name, *[(Text(_CELL[s][0], style=_CELL[s][1]) if s else Text("-", style="dim")) for s in v])
     console.print(table)
     routed = [h for h in cluster.hosts if h.route != h.target or h.ssh_address != h.address]
     if routed:  # say where orch really connected, when ssh_config or jump hosts decide it
@@ -447,17 +451,18 @@ def _print_check(cluster, report) -> None:
         else:
             lines = [f"{h.name}: {h.route}" for h in routed]
         for line in lines:
-            console.print(f"[dim]route[/] {escape(line)}", soft_wrap=True)
+            console.print(Text.assemble(("route", "dim"), f" {line}"), soft_wrap=True)
     problems = report.problems()
     for p in problems:
         word, style = _CELL[p.status]
         where = f"{p.hosts}: " if p.hosts else ""
-        console.print(f"[{style}]{word:5}[/] [bold]{p.check}[/] {escape(where + p.message)}", soft_wrap=True)
+        console.print(Text.assemble((f"{word:5}", style), " ", (p.check, "bold"), f" {where}{p.message}"),
+                      soft_wrap=True)
     failed = sum(1 for p in problems if p.status in ("fail", "error"))
     warned = sum(1 for p in problems if p.status == "warn")
-    verdict = (f"[bold red]{failed} problem(s) must be fixed[/]" if failed else "[green]nothing failed[/]")
-    console.print(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): {verdict}"
-                  + (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)")
+    verdict = (f"{failed} problem(s) must be fixed", "bold red") if failed else ("nothing failed", "green")
+    console.print(Text.assemble(f"{len(report.hosts)} host(s), {len(report.checks)} check(s): ", verdict,
+                                (f", {warned} warning(s)" if warned else "") + f" ({report.duration:.1f}s)"))
 
 
 # --- run commands (orch up / status / down / logs) ---
@@ -520,7 +525,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
     cluster = load(file, hosts)
 
     def on_term(signum, frame):
-        raise KeyboardInterrupt
+        raise api.Terminated
 
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
@@ -614,19 +619,26 @@ def _run_option(f):
 @json_option(help="print the status as one JSON object")
 def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     """Each rank of a run: host, device, pid, state, exit code; and the run's state, read from
-    the cluster. With FILE (and no run recorded here), the latest run on FILE's hosts.
+    the cluster. With FILE, the latest run on FILE's hosts (or --run ID: that run, from the
+    record here if it has one, else from its launch host).
 
-    Exit code: 0 running or succeeded; 1 failed, lost, stalled or timed out; 4 stopped;
-    2 no such run."""
+    Exit code: 0 running or succeeded; 1 failed, lost, stalled or timed out, or its state
+    cannot be read (the launch host unreachable); 4 stopped; 2 no such run."""
     import json as _json
 
     from rich.table import Table
 
     from . import api, runstate
 
+    if file is None and run_id is None and not _has_runs() and not os.path.exists("cluster.yaml"):
+        from .runs import RUNS_DIR
+
+        raise UsageError(f"no runs recorded in {os.path.join(os.getcwd(), RUNS_DIR)} and no cluster.yaml here",
+                         hint="run `orch status` in the directory `orch up` ran from, or name the cluster file: "
+                              "`orch status FILE` (its latest run, asked of its hosts)")
     if file is not None or (run_id is None and not _has_runs()):
         cluster = load(file or "cluster.yaml", None)
-        view, name = api.status(cluster=cluster), cluster.name
+        view, name = api.status(run_id, cluster=cluster), cluster.name
     else:
         view = api.status(run_id)
         name = _record_name(view.run_id)
@@ -649,7 +661,7 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
         if view.message:
             console.print(view.message, soft_wrap=True)
         for host, err in view.unreachable.items():
-            console.print(f"[yellow]{host}: unreachable: {err}[/]", soft_wrap=True)
+            console.print(f"{host}: unreachable: {err}", style="yellow", soft_wrap=True)
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
 
 
@@ -661,10 +673,12 @@ def _record_name(run_id: str | None) -> str | None:
 
 def _console():
     """rich output on stdout: as wide as the terminal on one, and never cut or wrapped when
-    stdout is a pipe or a file (scripts read every host name and value whole)."""
+    stdout is a pipe or a file (scripts read every host name and value whole). Strings are never
+    read as markup: what a host printed (mpirun's `[warn] ...`) reaches the terminal as it was
+    written; styles are given as rich.text.Text."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100_000)
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 100_000)
 
 
 def _has_runs() -> bool:
@@ -689,26 +703,71 @@ def down_command(run_id: str | None, as_json: bool) -> None:
     import json as _json
 
     from . import api
+    from .hostsets import fold
     from .runs import load_run
 
     run = load_run(run_id)
+    ended = run.data.get("state") if run.finished else None   # how it had ended before this `orch down`
     following = " (the `orch up` following it records the outcome too, and exits 130)" \
         if run.controller_alive() else ""
     stopped, unreachable, view = api.down(run.id)
     if as_json:
         click.echo(_json.dumps({"run": run.id, "state": view.state, "stopped": stopped, "unreachable": unreachable,
                                 "logs": str(run.logs_dir)}))
-    if not as_json:
-        for host, what in stopped.items():
-            click.echo(f"{host}: {what}", err=True)
-    for host, err in unreachable.items():
-        click.secho(f"{host}: could not stop: {err}", fg="yellow", err=True)
+    for line, bad in down_lines(stopped, unreachable, view, ended is None and view.state == "stopped"):
+        if bad:
+            click.secho(f"orch: {line}", fg="yellow", err=True)
+        elif not as_json:
+            click.echo(f"orch: {line}", err=True)
     if unreachable:
-        click.secho(f"orch: run {run.id} stopped except on {', '.join(sorted(unreachable))}, which could not be "
+        click.secho(f"orch: run {run.id} stopped except on {fold(unreachable)}, which could not be "
                     f"reached: its ranks' state is unknown; run `orch down --run {run.id}` again once it is "
                     f"reachable; logs in {run.logs_dir}{following}", fg="yellow", err=True)
         click.get_current_context().exit(1)
-    click.echo(f"orch: run {run.id} stopped; logs in {run.logs_dir}{following}", err=True)
+    if ended is not None:
+        said = f"run {run.id} had already ended {ended} (its record is kept)"
+    elif view.state == "stopped":
+        said = f"run {run.id} stopped"
+    else:   # the cluster had ended it before the stop came: its own verdict, recorded
+        said = f"run {run.id} had already ended {view.state}" + (f": {view.message}" if view.message else "")
+    click.echo(f"orch: {said}; logs in {run.logs_dir}{following}", err=True)
+
+
+def down_lines(stopped: dict[str, str], unreachable: dict[str, str], view, stopped_now: bool) -> list[tuple[str, bool]]:
+    """What `orch down` did, one line per outcome with its hosts folded (`stopped 8 ranks on
+    node[01-64]; nothing left on node[65-128]`), never a line per host: (line, is a problem).
+    `stopped`: each swept host's word (supervisor.sweep_script: "none" nothing of the run was
+    running any more; "stopped" processes left over ended on TERM; "killed PIDS" ... on KILL);
+    `view`: the run after the stop (its ranks' states); `stopped_now`: this stop ended the run
+    (its ranks shown stopped were stopped by it, not before)."""
+    from .hostsets import by_value
+
+    per_host: dict[str, int] = {}
+    if stopped_now:
+        for r in view.ranks:
+            if r.get("state") == "stopped":
+                per_host[r["host"]] = per_host.get(r["host"], 0) + 1
+
+    def outcome(host: str, word: str) -> str:
+        n = per_host.get(host, 0)
+        what = f"stopped {n} rank{'s' if n != 1 else ''}" if n else ""
+        if word.startswith("killed"):
+            k = len(word.split()) - 1
+            extra = f"killed {k} process{'es' if k != 1 else ''} still running after the grace period"
+        elif word == "stopped":
+            extra = "stopped processes left over"
+        else:
+            extra = ""
+        return "; ".join(x for x in (what, extra) if x) or "nothing of the run left running"
+
+    good = [(h, outcome(h, w)) for h, w in stopped.items() if h != "slurm"]
+    parts = [f"{what} on {hosts}" for what, hosts in by_value(good, most_first=True)]
+    lines = [("; ".join(parts), False)] if parts else []
+    if "slurm" in stopped:
+        lines.append((f"Slurm: {stopped['slurm']}", False))
+    why = [(h, e.split(": ", 1)[1] if e.startswith(f"{h}: ") else e) for h, e in unreachable.items()]
+    lines += [(f"could not stop on {hosts}: {err.splitlines()[0]}", True) for err, hosts in by_value(why)]
+    return lines
 
 
 @cli.command("logs")

@@ -531,7 +531,9 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         view = run_lifecycle.status(stopped)
         run_lifecycle.gather()
         run.reload()
-        if not run.finished:
+        # the launch host unreached: how the run ended is its head's to say (it may have ended
+        # `lost` or `failed` before this stop); nothing is recorded until it can be read
+        if not run.finished and run_lifecycle.plan.launch_host.name not in failed:
             if not view.final:
                 view.state, view.message = "stopped", "stopped by `orch down`"
             if failed:  # its ranks may run on: say so, never "stopped"
@@ -541,19 +543,20 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     return done, failed, view
 
 
-def cluster_status(cluster: Cluster, plan: RankPlan) -> tuple[str | None, RunView]:
-    """The latest run in the cluster's workdir, as its launch host's supervisor left it: for
-    `orch status FILE` on a machine that never ran `orch up` (no local record)."""
+def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) -> tuple[str | None, RunView]:
+    """The latest run in the cluster's workdir (or run `run_id`), as its launch host's supervisor
+    left it: for `orch status FILE` on a machine that never ran `orch up` (no local record)."""
     with Pool(cluster) as pool:
         head = plan.launch_host
         try:
             doc = supervisor.parse_json_line(
-                pool[head].run(supervisor.status_script(cluster, None)).check("reading status").out)
-        except OrchError as exc:
-            raise UsageError(f"cannot read the run state on the launch host: {exc}") from None
+                pool[head].run(supervisor.status_script(cluster, run_id)).check("reading status").out)
+        except OrchError as exc:  # the run's state is on that host: unknown, not a usage error
+            raise OrchError(f"cannot read the run state on the launch host: {exc}",
+                            hint="no run of this cluster file is recorded here to fall back on") from None
     if not doc.get("run"):
-        raise UsageError(f"no run found in {cluster.job.workdir} on {head.name}",
-                         hint="start one with `orch up`")
+        raise UsageError(f"no run {run_id + ' ' if run_id else ''}found in {cluster.job.workdir} on {head.name}",
+                         hint="start one with `orch up`" if run_id is None else "is the run id whole and right?")
     view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"])
     return doc["run"], view
 

@@ -249,13 +249,13 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
 def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
     """A run by id (a unique prefix works), or the latest started from this directory."""
     root = (cwd or Path.cwd()) / RUNS_DIR
-    ids = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+    ids = _ids(root)
     if not ids:
         raise UsageError(f"no runs recorded in {root}", hint="start one with `orch up`, from this directory")
     if run_id is None:
         chosen = max(ids, key=lambda i: (_started(root / i), i))
     else:
-        matches = [i for i in ids if i == run_id] or [i for i in ids if i.startswith(run_id)]
+        matches = _matches(ids, run_id)
         if len(matches) != 1:
             raise UsageError(f"no run {run_id!r} in {root}" if not matches else
                              f"run id {run_id!r} is ambiguous: {', '.join(matches)}",
@@ -274,6 +274,20 @@ def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
                          f"reads formats up to {RUN_VERSION}", hint=f"run `orch status`, `logs` and `down` of it with "
                                                                    f"orch {by} or newer")
     return Run(root, chosen, data)
+
+
+def recorded(run_id: str, *, cwd: Path | None = None) -> bool:
+    """A run with this id (or unique prefix) is recorded under `cwd`: load_run(run_id) finds it."""
+    return len(_matches(_ids((cwd or Path.cwd()) / RUNS_DIR), run_id)) == 1
+
+
+def _ids(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+
+
+def _matches(ids: list[str], run_id: str) -> list[str]:
+    """The run `run_id` names: itself, else every id it is a prefix of."""
+    return [i for i in ids if i == run_id] or [i for i in ids if i.startswith(run_id)]
 
 
 def _started(path: Path) -> float:

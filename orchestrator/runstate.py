@@ -51,7 +51,7 @@ class RunView:
     started: float | None = None
     ended: float | None = None
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
-    run_id: str | None = None   # which run (api.status sets it)
+    run_id: str | None = None   # which run (the head's document names it; api.status sets it too)
     replaced: list[dict] = field(default_factory=list)   # spares in lost hosts' places: attempt, host, by, why
 
     @property
@@ -88,7 +88,8 @@ def from_head(doc: Mapping) -> RunView:
                    attempt=int(doc.get("attempt") or 0), attempts=list(doc.get("attempts") or []),
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
-                   ended=doc.get("ended"), replaced=list(doc.get("replaced") or []))
+                   ended=doc.get("ended"), run_id=doc["run"] if isinstance(doc.get("run"), str) else None,
+                   replaced=list(doc.get("replaced") or []))
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
@@ -113,6 +114,9 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
         else:
             view.message = f"no supervisor state for this run on the launch host {head_name}"
     by_rank = {r["rank"]: r for r in view.ranks}
+    if not head:   # no word from the head: each other host's own record of its ranks is the evidence
+        view.attempt = max([int(d["attempt"]) for d in docs.values() if d.get("role") == "member"
+                            and isinstance(d.get("attempt"), int)] or [0])
     for name, doc in docs.items():
         if name == head_name or doc.get("role") != "member" or doc.get("attempt") != view.attempt:
             continue
@@ -141,6 +145,7 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
             f"{rank_ranges(r['rank'] for r in orphans)} on {hosts} still running after the run ended: "
             f"stop them with `orch down --run {rid}`")
     view.unreachable = dict(unreachable)
+    view.run_id = view.run_id or run_id
     return view
 
 

@@ -325,7 +325,9 @@ class _Problems:
     def add(self, loc: Location, msg: str) -> None:
         self.items.append((loc, msg))
 
-    def pydantic(self, exc: ValidationError, src: Source, offset: tuple = ()) -> None:
+    def pydantic(self, exc: ValidationError, src: Source, offset: tuple = (), keys: dict | None = None) -> None:
+        """`keys`: the models of the validated mapping and of its parts, by path (default: the
+        cluster file's), for the keys an unknown one is compared with."""
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
             if err["type"] == "extra_forbidden" and loc[-1:] != err["loc"][-1:]:  # a user's key like "dict["
@@ -333,7 +335,7 @@ class _Problems:
             path = offset + loc
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = f"unknown key {path[-1]!r}" + _suggest(path)
+                msg = f"unknown key {path[-1]!r}" + _suggest(loc, _KNOWN_KEYS if keys is None else keys)
             elif err["type"] == "missing":
                 msg = f"missing required key {path[-1]!r}" + (" (or give one with -i/--inventory)"
                                                                if path == ("inventory",) else "")
@@ -355,14 +357,16 @@ _KNOWN_KEYS: dict[tuple[str, ...], type[BaseModel]] = {
     (): RawCluster, ("ssh",): RawSsh, ("job",): RawJob, ("checks",): RawChecks,
     ("job", "rank_table"): RawRankTable, ("job", "hccl"): RawHccl,
 }
+_INVENTORY_KEYS = {(): RawInventory, ("defaults",): RawHostKeys, ("slurm",): RawSlurm}
 
 
-def _suggest(path: tuple) -> str:
+def _suggest(path: tuple, known: dict) -> str:
+    """`path`: the unknown key's, inside the mapping whose models `known` lists by path."""
     import difflib
 
     key = str(path[-1])
     parent = tuple(p for p in path[:-1] if not isinstance(p, int))
-    model = _KNOWN_KEYS.get(parent)
+    model = known.get(parent)
     if model is None:
         model = RawHost if parent and parent[-1] in ("hosts", "defaults") else None
     if model is None:
@@ -612,7 +616,7 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
     try:
         inv = RawInventory.model_validate(data)
     except ValidationError as exc:
-        problems.pydantic(exc, sub)
+        problems.pydantic(exc, sub, keys=_INVENTORY_KEYS)
         return (), {}, None
     defaults = inv.defaults.model_dump(exclude_none=True)
     if "mpi_address" in defaults:

@@ -73,8 +73,13 @@ def load_yaml(text: str, file: str) -> tuple[Any, Source]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         what = " ".join(x for x in (exc.context, exc.problem) if x)
-        raise SpecError([(Location(file, line), f"YAML syntax error: {what}")],
-                        hint="fix the YAML syntax (indentation, quotes, colons) at that line") from None
+        lines = text.splitlines()
+        bad = lines[line - 1] if line is not None and 0 < line <= len(lines) else ""
+        if "\t" in bad[:len(bad) - len(bad.lstrip())] or "'\\t'" in (exc.problem or ""):
+            hint = "YAML indents with spaces, never tabs: replace the tab(s) at that line with spaces"
+        else:
+            hint = "fix the YAML syntax (indentation, quotes, colons) at that line"
+        raise SpecError([(Location(file, line), f"YAML syntax error: {what}")], hint=hint) from None
     except RecursionError:
         raise SpecError([(Location(file), "the YAML nests too deep, or an alias contains itself (&a [*a])")],
                         hint="write the values out") from None

@@ -50,6 +50,7 @@ from . import tables
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
 LOST_RANKS_STOP = 5.0         # a silent host's supervisor stops its ranks within grace + this of the head's verdict
 DONE_LINGER = 3.0             # after the end, how long the head waits for members to hear it
+TOO_CLOSE_TO_ORDER = 0.5      # two hosts' ranks failing closer than this: hosts' clocks may differ by more
 
 
 class Phase(str, Enum):
@@ -107,7 +108,7 @@ class Head:
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
         self.stop_request: str | None = None
-        self.lost_why: dict[str, str] = {}  # host -> what was seen when it was counted lost
+        self.lost_why: dict[str | None, str] = {}  # host -> what was seen when it was counted lost (None: the head's own network)
         self.outcome: tuple[RunState, str] | None = None  # (state, message) of the attempt that is ending
         self.settle_until = 0.0
         self.stop_sent = False
@@ -238,6 +239,18 @@ def _notice_lost(head: Head, now: float) -> bool:
     if head.phase == Phase.DONE:
         return False
     changed = False
+    heard = [h for n, h in head.others() if h.joined and n not in head.doc["lost"]]
+    if (len(heard) >= 2 and all(h.connected for h in heard) and all(now - h.last > head.lost_after / 2 for h in heard)
+            and any(now - h.last > head.lost_after for h in heard)):
+        # silence from every other host at once: what they share is this host's network
+        head.lost_why[None] = ("the launch host %s heard nothing from any of the %d other hosts for %.1fs or more "
+                               "(their connections still open): it lost its own network, or they all lost theirs "
+                               "at once" % (head.me, len(heard), min(now - h.last for h in heard)))
+        for n, h in head.others():
+            if h.joined and n not in head.doc["lost"]:
+                head.doc["lost"].append(n)
+                head.lost_why[n] = "silent for %.1fs" % (now - h.last)
+        return True
     for name, h in head.others():
         why = None if name in head.doc["lost"] else _seen_lost(head, h, now)
         if why:
@@ -321,10 +334,10 @@ def attempt_setup(head: Head) -> dict[str, Any]:
     return setup
 
 
-def pick_spares(head: Head, lost: list[str]) -> dict[str, str] | None:
-    """{lost host: the spare that takes its place}: the first spare still offered (joined, not
-    lost) that fits it; None when some lost host has no spare left."""
-    free = [s for s in head.spares if head.hosts[s].joined and head.hosts[s].connected]
+def pick_spares(head: Head, lost: list[str], now: float) -> dict[str, str] | None:
+    """{lost host: the spare that takes its place}: the first spare still offered (joined, heard
+    from, not lost) that fits it; None when some lost host has no spare left."""
+    free = [s for s in head.spares if _seen_lost(head, head.hosts[s], now) is None and head.hosts[s].joined]
     swaps: dict[str, str] = {}
     for name in lost:
         slot = head.slot_of.get(name, name)
@@ -421,6 +434,10 @@ def duty_lost(head: Head, now: float) -> tuple[Any, ...] | None:
     if not lost:
         return None
     ranks = rank_ranges(r["rank"] for r in head.doc["ranks"] if r["host"] in lost)
+    if None in head.lost_why:
+        return (RunState.LOST, "%s. The run was stopped on this host; a supervisor that loses the launch host stops "
+                "its own ranks (%s). Once the network is back, `orch status --run %s` shows them and `orch down "
+                "--run %s` cleans up" % (head.lost_why[None], ranks, head.run_id, head.run_id), 0.0)
     seen = "; ".join(("%s: " % n if len(lost) > 1 else "") + head.lost_why.get(n, "lost") for n in lost)
     return (RunState.LOST, "lost contact with host %s (%s): %s. The run was stopped on every other host; a "
             "supervisor that loses the launch host stops its own ranks. Once the host is reachable, `orch status "
@@ -428,7 +445,26 @@ def duty_lost(head: Head, now: float) -> tuple[Any, ...] | None:
                                                                           head.run_id), 0.0)
 
 
-def duty_fail_fast(head: Head, now: float) -> tuple[Any, ...] | None:
+def _launcher_may_explain(head: Head, now: float) -> bool | str:
+    """The first failure is a rank killed by SIGTERM, which orch had not sent (no stop yet): a
+    launcher aborting its job (mpirun that could not launch what a rank asked for) sends it.
+    "wait": a launcher runs on, for at most LAUNCHER_REPORT_GRACE after that rank ended; True: a
+    launcher failed, and its own verdict (duty_launchers) leads; False: the rank's failure stands."""
+    fails = _failures(head, now)
+    launchers = _launchers(head)
+    if not fails or fails[0][1]["signal"] != 15 or not launchers or head.doc["first_failure"] is not None:
+        return False
+    if any(p["end"] is not None and (p["exit_code"] != 0 or p["signal"]) for _, p in launchers.values()):
+        return True
+    if any(p["end"] is None for _, p in launchers.values()) and now - fails[0][0] < LAUNCHER_REPORT_GRACE:
+        return "wait"
+    return False
+
+
+def duty_fail_fast(head: Head, now: float) -> tuple[Any, ...] | str | None:
+    yields = _launcher_may_explain(head, now)
+    if yields:
+        return None if yields is True else "wait"
     ff = _name_first_failure(head, now)
     if ff is None:
         return None
@@ -543,15 +579,16 @@ def _phase_stopping(head: Head, now: float, actions: list[tuple[Any, ...]]) -> b
             head._rank_to(r, RankState.LOST if r["host"] in head.doc["lost"] else RankState.STOPPED)
             r["end"] = now
     outcome, message = head.outcome
-    if outcome == RunState.FAILED and _failures(head, now):
-        message = _settle_failures(head, now)   # every host has reported by now
+    if outcome == RunState.FAILED and head.doc["first_failure"] is not None and _failures(head, now):
+        message = _settle_failures(head, now)   # every host has reported by now (a launcher's failure stands)
         head.outcome = (outcome, message)
         head.doc["attempts"][-1].update(message=message, first_failure=head.doc["first_failure"])
     k = head.doc["attempt"]
     lost = list(head.doc["lost"])
     restarts_left = k - head.replacements <= head.restarts
     if lost and not head.stop_request and (outcome == RunState.LOST or outcome in RETRYABLE):
-        swaps = pick_spares(head, lost) if head.fits else None
+        # the head's own network lost: no spare would be reached either
+        swaps = pick_spares(head, lost, now) if head.fits and None not in head.lost_why else None
         if swaps:   # applied when the attempt starts (_phase_delay): a stop in between changes no record
             head.phase = Phase.DELAY
             head.replacing = True
@@ -584,11 +621,19 @@ def _settle_failures(head: Head, now: float) -> str:
     launcher's TERM/KILL count as stopped, not failed. Called only when a rank failed."""
     ff = _name_first_failure(head, now)
     assert ff is not None  # a rank failed
-    first_end = _failures(head, now)[0][0]
+    fails = _failures(head, now)
+    first_end = fails[0][0]
     for r in head.doc["ranks"]:
         if (r["state"] == RankState.FAILED and r["rank"] != ff["rank"] and r["signal"] in (15, 9)
                 and (r.get("end") or 0) >= first_end):
             head._rank_to(r, RankState.STOPPED)
+    # another host's rank that failed of itself right after: each end is by its own host's clock
+    close = [(t, r, how) for t, r, how in fails[1:] if r["host"] != ff["host"] and r["signal"] not in (15, 9)
+             and t - first_end < TOO_CLOSE_TO_ORDER]
+    if close:
+        t, r, how = close[0]
+        return "%s; rank %d on %s failed %.2fs later (%s), by each host's own clock: too close to tell which " \
+               "failed first" % (_failure_message(ff), r["rank"], r["host"], t - first_end, how)
     return _failure_message(ff)
 
 
@@ -602,7 +647,7 @@ def _phase_delay(head: Head, now: float, actions: list[tuple[Any, ...]]) -> bool
     if head.replacing:   # the spares again: one chosen may have been lost during the delay
         head.replacing = False
         lost = list(head.doc["lost"])
-        swaps = pick_spares(head, lost)
+        swaps = pick_spares(head, lost, now)
         if swaps is None:
             _finish(head, now, actions, RunState(head.outcome[0]) if head.outcome else RunState.LOST,
                     "%s; %s" % (head.outcome[1] if head.outcome else "lost", _no_spare_said(head, lost)))

@@ -133,6 +133,7 @@ class Local:
         self.secrets_path = None
         self.replaced = ""         # "old->new,...": the hosts replaced by spares so far
         self.start_error = ""      # why this attempt's processes cannot start here (a launch file unwritten)
+        self.exits = []           # (pid, status, when) of children reaped, as they ended (collect)
 
     # ---- starting
     def start(self, attempt, head_address="", slot=None, files=None, replaced=""):
@@ -286,8 +287,8 @@ class Local:
         changed, self.changed = self.changed, False
         return changed
 
-    def ended(self, rec: dict, code, sig):
-        rec.update(exit_code=code, signal=sig, end=now())
+    def ended(self, rec: dict, code, sig, when=None):
+        rec.update(exit_code=code, signal=sig, end=now() if when is None else when)
         self.changed = True
         if rec.get("rank") is not None and self.procs.get(rec["key"]) is rec:
             self.rank_ended(rec["rank"], code, sig, rec["end"])
@@ -396,19 +397,30 @@ class Local:
             self.note("while stopping this host's ranks: %r" % exc)
         self.drop_secrets()
 
-    def reap(self):
-        """Every child that has ended: its exit code or signal, from waitpid."""
-        while self.children:
+    def collect(self, *signal_args):
+        """Reap what has ended, noting when: the supervisor's SIGCHLD handler (so a rank's end is
+        the moment it ended, not the next turn of the loop: the first failure across hosts is
+        told by these times), and reap() itself."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            self.exits.append((pid, status, now()))
+
+    def reap(self):
+        """Every child that has ended: its exit code or signal, from waitpid, and when it ended."""
+        self.collect()
+        exits, self.exits = self.exits, []
+        for pid, status, when in exits:
             rec = self.children.pop(pid, None)
             if rec is not None:   # a late one of an earlier attempt updates its own record only
                 self.ended(rec, os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                           os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+                           os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, when)
+            elif now() - when < 60:   # collected before spawn() recorded it (or not ours): kept a while
+                self.exits.append((pid, status, when))
 
     def finish_pending(self, state):
         for r in self.pending_ranks():

@@ -24,6 +24,7 @@ from . import head as heads
 from . import protocol as proto
 from .layout import INFO, STATE, attempt_dir, write_atomic
 from .procs import Local
+from .words import launcher_words
 from .states import RankState, RunState
 
 TICK = 0.1
@@ -327,6 +328,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, lambda *a: self.request_stop("a signal (SIGINT) to the run's supervisor"))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, self.local.collect)   # each child's end noted as it comes
 
     # ---- the loop
     def loop(self):
@@ -562,7 +564,7 @@ class Supervisor:
         assert self.head is not None  # the head starts the launchers
         log = os.path.join(attempt_dir(self.rundir, self.head.doc["attempt"]), "%s.log" % key.split(".")[0])
         said = tail_lines(log) if host == self.host else ""
-        extra = " (its own output: %s)%s" % (log, (", ending:\n" + said) if said else "")
+        extra = (", saying:\n%s\n  (all it said: %s)" % (said, log)) if said else " (its own output: %s)" % log
         self.head.doc["message"] += extra
         self.head.doc["attempts"][-1]["message"] += extra
         assert self.head.outcome is not None  # decide() ended the attempt with the launcher's failure
@@ -702,24 +704,13 @@ def read_info(rundir):
     return doc if isinstance(doc, dict) else None
 
 
-def tail_lines(path, lines=6, limit=800):
-    """The last non-empty lines of a launcher's own log (what mpirun said when it failed)."""
+def tail_lines(path, lines=12, limit=2000):
+    """What a failed launcher said last, from its own log (launcher_words)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
+            fh.seek(max(0, fh.tell() - 16384))
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    # OpenMPI wraps its advice in ------ blocks: keep what stands outside them (ssh's own error,
-    # a rank's last words) and the first line of each block (its summary).
-    kept, inside, first = [], False, False
-    for ln in text.splitlines():
-        bare = ln.strip()
-        if len(bare) >= 10 and set(bare) <= set("-="):
-            inside, first = not inside, not inside
-            continue
-        if bare and (not inside or first):
-            kept.append(ln.rstrip())
-            first = False
-    return "\n".join("  " + ln for ln in kept[-lines:])[-limit:]
+    return launcher_words(text, lines, limit)

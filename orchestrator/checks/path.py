@@ -13,6 +13,8 @@ from ..probes import Section
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
 
+PLAYBOOK_VENVS = "/opt/orch-venvs/"   # where scripts/install-e2e-deps.sh puts the playbooks' venv
+
 
 def mpirun_prefix(args: Sequence[str]) -> str | None:
     """`--prefix DIR` (or --prefix=DIR) from mpirun_args: mpirun then runs DIR/bin/orted remotely."""
@@ -100,6 +102,9 @@ def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
         missing_plain, missing_job = missing_job + missing_plain, []
     if missing_job:
         hint = "fix PATH in job.env" + (", or install Open MPI (mpirun)" if "mpirun" in missing_job else "")
+        if env_path and PLAYBOOK_VENVS in env_path:   # the playbooks' venv, which scripts/install-e2e-deps.sh makes
+            hint += (f"; {PLAYBOOK_VENVS}... is the venv orch's playbooks use: make it on every host with "
+                     "`bash scripts/install-e2e-deps.sh` (in orch's source tree; playbooks/README.md)")
         problems.append(f"{', '.join(missing_job)} not found on job.env PATH={env_path}: {hint}")
     if missing_plain:
         hints = []

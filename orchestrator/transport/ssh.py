@@ -151,6 +151,16 @@ def _identity(path: str) -> paramiko.PKey | None:
     return key
 
 
+def _is_public_key(path: str) -> bool:
+    """The file holds an OpenSSH public key line ("ssh-ed25519 AAAA... comment"), not a private key."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).split(None, 2)
+    except OSError:
+        return False
+    return len(head) >= 2 and head[0].startswith((b"ssh-", b"ecdsa-", b"sk-")) and head[1].startswith(b"AAAA")
+
+
 def _name_matches(name: str, pattern: str) -> bool:
     """A known_hosts host name (plain or |1| hashed) against `name`, as paramiko matches them."""
     return pattern == name or (pattern.startswith("|1|") and hmac.compare_digest(HostKeys.hash_host(name, pattern),
@@ -347,6 +357,10 @@ class SshTransport(Transport):
                                 hint="fix identity_file in the inventory, or leave it unset to use ssh-agent and "
                                      "~/.ssh/id_*")
             key = _identity(h.identity_file)
+            if key is None and _is_public_key(h.identity_file):
+                raise AuthError(h.name, f"identity_file {h.identity_file} is a public key; orch needs the private "
+                                "key that goes with it",
+                                hint="point identity_file at the private key (the same path without .pub)")
             if key is not None:
                 kwargs["pkey"] = key
             else:  # encrypted (or a certificate): the agent's copy is used if it holds it, as `ssh -i` does
@@ -383,9 +397,11 @@ class SshTransport(Transport):
         try:
             client.connect(h.ssh_address, port=h.port, username=h.user, transport_factory=_make_transport, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - _translate names it for the user (Ctrl-C passes through)
+            t = client.get_transport()  # still up, after the key exchange: the server is not what failed
+            answered = t is not None and t.host_key is not None and t.is_active()
             client.close()
             kwargs["sock"].close()
-            raise self._translate(exc, timeout) from None
+            raise self._translate(exc, timeout, answered=answered) from None
         self.connections_opened += 1
         transport = client.get_transport()
         assert transport is not None  # connect() succeeded
@@ -397,7 +413,9 @@ class SshTransport(Transport):
         transport.sock.settimeout(IDLE_WAKEUP)
         return client
 
-    def _translate(self, exc: BaseException, timeout: float) -> BaseException:
+    def _translate(self, exc: BaseException, timeout: float, answered: bool = False) -> BaseException:
+        """`answered`: the server completed the key exchange (it is an SSH server, and not too busy
+        to talk), so what failed after it is this side's: the key, the user."""
         h = self.host
         if isinstance(exc, HostError):
             return exc
@@ -434,6 +452,11 @@ class SshTransport(Transport):
             return AuthError(h.name, f"no usable key for {h.user}@{h.ssh_address}: no identity_file, no key in "
                              "ssh-agent and none of ~/.ssh/id_*",
                              hint="set identity_file in the inventory, or load a key with ssh-add")
+        if answered and isinstance(exc, paramiko.SSHException):
+            key = f"key {h.identity_file}" if h.identity_file else "ssh-agent and the default keys (~/.ssh/id_*)"
+            return AuthError(h.name, f"SSH to {h.user}@{h.ssh_address}:{h.port} failed after the server answered, "
+                             f"while using {key}: {exc}",
+                             hint="check identity_file (a private key that ssh -i accepts) and user in the inventory")
         if isinstance(exc, (EOFError, paramiko.SSHException)):
             return TransientNetworkError(h.name, f"SSH handshake with {h.ssh_address}:{h.port} failed: {exc}",
                                          hint="is it an SSH server? is it overloaded (MaxStartups)?")

@@ -125,6 +125,28 @@ def test_mpiruns_own_error_is_quoted_not_hidden(life, tmp_path):
     assert "/a1/mpirun.log" in err
 
 
+def test_mpiruns_failure_leads_not_the_sigterm_it_sent_and_is_quoted_whole(life, tmp_path):
+    """A rank asks mpirun to start a program that does not exist (MPI Spawn): mpirun takes the
+    job down (its ranks die of SIGTERM) and exits 132. The run's message is mpirun's failure,
+    with its own words whole, from the error to the Executable: and Node: lines that name the
+    cause; not "rank 1 ... killed by signal 15 (SIGTERM)"."""
+    venv = Path(os.environ.get("ORCH_TRAIN_VENV", "/opt/orch-venvs/train"))
+    script = tmp_path / "spawn.py"
+    script.write_text("from mpi4py import MPI\nimport time\n"
+                      "if MPI.COMM_WORLD.Get_rank() == 1:\n    MPI.COMM_SELF.Spawn('/nonexistent/prog', maxprocs=1)\n"
+                      "time.sleep(60)\n")
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-spawn", launcher="mpirun", hosts=2,
+                        command=[str(venv / "bin" / "python"), "spawn.py"], sync=[str(script)],
+                        mpirun_args=["--oversubscribe"])   # a slot free for the spawn: mpirun tries to launch it
+    err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
+    assert "mpirun on" in err and "failed: exit code 132" in err and "SIGTERM" not in err, err
+    assert "mpirun was unable to launch the specified application" in err, err
+    assert "Executable: /nonexistent/prog" in err and "Node: " in err, err
+    assert "/a1/mpirun.log" in err
+    rec = run_record(tmp_path)
+    assert rec["state"] == "failed" and rec["first_failure"] is None, rec
+
+
 def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, tmp_path):
     """Every process a run starts is findable by its run id, OpenMPI's daemons (orted) on the
     other hosts included. `orch down` while a host is cut off stops the rest, exits 1 and records
@@ -154,6 +176,32 @@ def test_down_with_a_host_cut_off_says_unknown_and_finds_mpiruns_daemons(life, t
         life.link(3, True)
     orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
     assert wait_until(lambda: leftovers(run_id) == [], timeout=30), leftovers(run_id)
+
+
+def test_down_with_the_launch_host_cut_off_records_nothing_then_the_clusters_verdict(life, tmp_path):
+    """`orch down` while the launch host is cut off cannot know how the run ended (its head
+    holds that): exit 1, nothing recorded. Once the link is back, `orch down` says and records
+    what the cluster had decided (`lost`: the head heard from no other host), its words and its
+    JSON alike; no line per host."""
+    write_fault_cluster(life, tmp_path, workdir="/data/fx-down-head", launcher="ranktable",
+                        command=["sh", "-c", "sleep 300"], ssh={"connect_timeout": 2, "retries": 1})
+    run_id = orch("up", "--detach", "-q", "--skip-checks", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+    assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
+    life.link(1, False)
+    try:
+        err = orch("down", cwd=tmp_path, check_rc=1).stderr.decode()
+        assert f"could not stop on {life.host(1).name}" in err and "state is unknown" in err, err
+        assert run_record(tmp_path, run_id).get("ended") is None, run_record(tmp_path, run_id)
+        assert wait_until(lambda: leftovers(run_id) == [], 40), leftovers(run_id)   # the head ends it, lost
+    finally:
+        life.link(1, True)
+    err = orch("down", cwd=tmp_path, check_rc=0).stderr.decode()
+    assert f"run {run_id} had already ended lost: the launch host {life.host(1).name} heard nothing" in err, err
+    assert err.startswith("orch: nothing of the run left running on ") and err.count("\n") == 2, err
+    assert run_record(tmp_path, run_id)["state"] == "lost"
+    res = orch("down", "--json", cwd=tmp_path, check_rc=0)   # again: the same word in its JSON and its line
+    assert json.loads(res.stdout)["state"] == "lost"
+    assert f"run {run_id} had already ended lost (its record is kept)" in res.stderr.decode()
 
 
 def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):

@@ -125,6 +125,9 @@ def test_link_cut_mid_job_stops_the_rest_names_the_host(net, tmp_path):
         net.link(3, True)
     st = json.loads(orch("status", "--json", "--run", run_id, cwd=tmp_path, check_rc=1).stdout)
     assert st["state"] == "lost" and [r["state"] for r in st["ranks"]][4:] == ["lost", "lost"], st
+    # a cut link closes nothing: what was seen is silence, and the words say so
+    assert f"lost contact with host {net.host(3).name} (ranks 4-5): its supervisor was silent for " \
+        in st["message"], st["message"]
     orch("down", "--run", run_id, cwd=tmp_path, check_rc=0)
     assert leftovers(run_id) == []
 

@@ -150,6 +150,25 @@ def test_a_missing_key_is_named_and_never_retried(sec, tmp_path):
     assert sum("Connection from" in ln for ln in sshd_lines(sec, 1)[before:]) <= 1
 
 
+def test_a_wrong_key_file_is_never_blamed_on_the_server(sec, tmp_path):
+    """identity_file at the .pub file, or at a file that is no key at all: the message names the
+    file and says what it is, never "is it an SSH server? is it overloaded (MaxStartups)?" (the
+    server answered; the key is this side's)."""
+    import shutil
+
+    pub = tmp_path / "id.pub"
+    shutil.copy(str(sec.key_path) + ".pub", pub)
+    junk = tmp_path / "id_junk"
+    junk.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n")
+    for path, want in ((pub, f"identity_file {pub} is a public key"),
+                       (junk, f"failed after the server answered, while using key {junk}")):
+        inv = {"defaults": {**_defaults(sec), "identity_file": str(path)},
+               "hosts": [{"address": sec.host(1).address, "name": sec.host(1).name}]}
+        write_fault_cluster(sec, tmp_path, inventory=inv, checks={"versions": ["python"]})
+        out = _out(orch("check", cwd=tmp_path, check_rc=1))
+        assert want in out and "MaxStartups" not in out and "SSH server" not in out, out
+
+
 def test_an_encrypted_identity_file_is_taken_from_the_agent_or_refused_clearly(sec, tmp_path):
     """identity_file protected by a passphrase: with no agent holding it, one clear error (orch
     never prompts); once ssh-agent holds it, the agent's copy is used, as `ssh -i` does."""

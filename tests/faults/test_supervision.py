@@ -136,6 +136,36 @@ def test_link_cut_without_controller_is_a_lost_run_and_the_rest_stop(sup, tmp_pa
     assert f"lost contact with host {sup.host(4).name} (rank 3)" in st["message"]
 
 
+def test_lost_hosts_are_described_by_what_was_seen(sup, tmp_path):
+    """Every process of the run on a host killed with kill -9 (its supervisor too): its
+    connection closed, and the message says that, not that it was silent. Then the launch host
+    cut off: it hears from none of the other hosts, and says so, not that it lost some of them.
+    (Small scale of the issue's 128 hosts: 3 hosts.)"""
+    _cluster(sup, tmp_path, "/data/sv-why", ["sh", "-c", RANK + "echo up $R; exec sleep 120"], launcher="ranktable",
+             hosts=3, ssh={"connect_timeout": 2, "retries": 1})
+    run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+    assert wait_until(lambda: len(host_procs(sup, 3, run_id)) >= 2, 20)
+    sup.exec(3, ["kill", "-9", *[p.split("/")[2] for p in host_procs(sup, 3, run_id)]], check=True)
+    assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
+    st = _status(tmp_path, rc=1)
+    assert st["state"] == "lost" and st["lost"] == [sup.host(3).name], st
+    assert f"lost contact with host {sup.host(3).name} (rank 2): the connection to its supervisor closed" \
+        in st["message"] and "silent" not in st["message"], st["message"]
+
+    run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
+    assert wait_until(lambda: len(leftovers(run_id)) >= 3, 20)
+    sup.link(1, False)
+    try:
+        assert wait_until(lambda: host_procs(sup, 1, run_id) == [], 40)
+    finally:
+        sup.link(1, True)
+    st = _status(tmp_path, "--run", run_id, rc=1)
+    assert st["state"] == "lost", st
+    assert f"the launch host {sup.host(1).name} heard nothing from any of the 2 other hosts" in st["message"], st
+    assert "lost contact with host" not in st["message"]
+    assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
+
+
 WRITER = ["python3", "-c", "import os, sys, time\n"
           "r, rid = os.environ['RANK_ID'], os.environ['ORCH_RUN_ID']\n"
           "sys.stdout.write((rid + ' ' + r + '\\n') * 20000); sys.stdout.flush()\n"
@@ -252,3 +282,15 @@ def test_status_from_a_machine_that_never_ran_up(sup, tmp_path):
     assert st["run"] == run_id and st["state"] == "failed" and st["first_failure"]["rank"] == 0
     table = orch("status", str(tmp_path / "cluster.yaml"), cwd=elsewhere, check_rc=1).stdout.decode()
     assert re.search(rf"run {run_id} .*failed", table) and "exit code 6" in table, table
+    # --run with FILE: that run, not the latest one
+    _cluster(sup, tmp_path, "/data/sv-fresh", ["true"], launcher="ranktable", hosts=2)
+    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
+    st = json.loads(orch("status", "--json", str(tmp_path / "cluster.yaml"), cwd=elsewhere, check_rc=0).stdout)
+    assert st["run"] == run_ids(tmp_path)[-1] != run_id and st["state"] == "succeeded", st
+    for where in (elsewhere, tmp_path):   # not recorded there (asked of the launch host); recorded here
+        st = json.loads(orch("status", "--json", str(tmp_path / "cluster.yaml"), "--run", run_id, cwd=where,
+                             check_rc=1).stdout)
+        assert st["run"] == run_id and st["state"] == "failed", (where, st)
+    res = orch("status", str(tmp_path / "cluster.yaml"), "--run", "20000101-000000-000000", cwd=elsewhere,
+               check_rc=2)
+    assert "no run 20000101-000000-000000 found in /data/sv-fresh" in res.stderr.decode()

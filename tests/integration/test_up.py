@@ -101,7 +101,8 @@ def test_ranktable_partial_devices_4_to_7_legacy_table(lab, tmp_path):
     assert [ln.split()[7] for ln in out.splitlines()] == ["4", "5", "6", "7"], out
 
 
-def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
+@pytest.mark.parametrize("sig,by", [(signal.SIGINT, "Ctrl-C in `orch up`"), (signal.SIGTERM, "a SIGTERM to `orch up`")])
+def test_sigint_or_sigterm_stops_every_rank_and_exits_130_saying_which(lab, job, tmp_path, sig, by):
     job("/data/up-sigint", launcher="ranktable", command=["sh", "-c", "echo up; sleep 120"])
     proc = spawn_orch("up", "-q", cwd=tmp_path)
     try:
@@ -109,13 +110,18 @@ def test_sigint_stops_every_rank_and_exits_130(lab, job, tmp_path):
         assert wait_until(lambda: run_ids(tmp_path) and run_record(tmp_path).get("state") == "running", 60)
         run_id = run_record(tmp_path)["id"]
         assert wait_until(lambda: len(leftovers(run_id)) >= 6, 30)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rc = proc.wait(60)
     finally:
         proc.kill()
-    assert rc == 130, proc.stderr.read().decode()
+    err = proc.stderr.read().decode()
+    assert rc == 130, err
+    assert f"interrupted: stopped by {by}: every rank was stopped" in err, err
     rec = run_record(tmp_path)
     assert rec["state"] == "interrupted" and rec["ended"] is not None
+    st = json.loads(orch("status", "--json", cwd=tmp_path).stdout)
+    assert st["message"] == f"stopped by {by}", st["message"]
+    assert {r["state"] for r in st["ranks"]} == {"stopped"}, st["ranks"]
     assert leftovers(run_id) == []
     assert orch("logs", "--rank", "5", cwd=tmp_path, check_rc=0).stdout == b"up\n"
 

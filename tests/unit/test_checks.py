@@ -536,6 +536,15 @@ def test_path_judge_missing_tools(tmp_path):
     r = checks.judge_path(c2, h, sec("path", body))
     assert "python3 not found on job.env PATH=/opt/x/bin" in r.message
     assert "/opt/mpi/bin/orted is not an executable on this host (from mpirun --prefix /opt/mpi)" in r.message
+    assert "install-e2e-deps" not in r.message
+
+
+def test_path_judge_points_at_the_playbooks_venv_script_when_job_env_uses_it(tmp_path):
+    c = cluster(tmp_path, env={"PATH": "/opt/orch-venvs/train/bin:/usr/bin:/bin"})
+    body = "PATH=/usr/bin\nJOBPATH=/opt/orch-venvs/train/bin:/usr/bin:/bin\njob\tmpirun\t/usr/bin/mpirun\njob\tpython\t\n"
+    r = checks.judge_path(c, c.hosts[0], sec("path", body))
+    assert r.status == "fail" and "python3 not found on job.env PATH=/opt/orch-venvs/train/bin" in r.message
+    assert "`bash scripts/install-e2e-deps.sh`" in r.message, r.message
 
 
 @pytest.mark.parametrize("line, want", [

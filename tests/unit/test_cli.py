@@ -115,3 +115,90 @@ def test_dash_i_replaces_the_cluster_files_inventory(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "10.9.9.2" in r.output, r.output
     r = CliRunner().invoke(climod.cli, ["plan", "sub/bare.yaml"])
     assert r.exit_code == 2 and "missing required key 'inventory' (or give one with -i/--inventory)" in r.output
+
+
+REMOTE = "[warn] Epoll MOD(1) on fd 5 failed. [bold]x[/bold] [/]"
+
+
+def test_status_prints_what_hosts_wrote_as_it_was_written(tmp_path, monkeypatch):
+    """mpirun's `[warn] ...` is not a style tag: remote text is never read as markup."""
+    from orchestrator import api
+    from orchestrator.runstate import RunView
+
+    view = RunView(state="failed", message=f"rank 1 on h1 failed: {REMOTE}", run_id="r1",
+                   ranks=[{"rank": 0, "host": "h[1]", "device": 0, "pid": 7, "state": "[warn]", "exit_code": 1,
+                           "signal": None}],
+                   unreachable={"h2": REMOTE})
+    monkeypatch.setattr(climod, "load", lambda f, h: type("C", (), {"name": "c"})())
+    monkeypatch.setattr(api, "status", lambda *a, **k: view)
+    res = run("status", str(tmp_path / "cluster.yaml"))
+    assert res.exit_code == 1, res.output
+    assert f"rank 1 on h1 failed: {REMOTE}" in res.output
+    assert f"h2: unreachable: {REMOTE}" in res.output
+    assert "[warn]" in res.output.split("\n", 3)[3] and "h[1]" in res.output
+
+
+def test_every_console_reads_no_markup():
+    """The rule behind the test above, everywhere: a rich Console in orch is built with
+    markup=False (styles are given as Text), so no string a host sent is taken for a tag."""
+    import ast
+    from pathlib import Path
+
+    root = Path(climod.__file__).parent
+    found = 0
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Console":
+                found += 1
+                kw = {k.arg: k.value for k in node.keywords}
+                assert isinstance(kw.get("markup"), ast.Constant) and kw["markup"].value is False, \
+                    f"{path}:{node.lineno}: Console(...) without markup=False"
+    assert found >= 2
+
+
+def _view(state, hosts, per_host=2, rank_state="stopped"):
+    from orchestrator.runstate import RunView
+
+    ranks = [{"rank": i * per_host + j, "host": h, "state": rank_state} for i, h in enumerate(hosts)
+             for j in range(per_host)]
+    return RunView(state=state, ranks=ranks, run_id="r1")
+
+
+def test_down_prints_one_line_per_outcome_never_one_per_host():
+    """128 hosts: ranks stopped on 64, nothing left on the other 64, one host swept with KILL,
+    two unreachable: folded lines, not 128 `HOST: none`."""
+    hosts = [f"node{i:03d}" for i in range(1, 129)]
+    view = _view("stopped", hosts[:64], per_host=8)
+    stopped = {h: "none" for h in hosts[:126]}
+    stopped["node100"] = "killed 4242 4243"
+    unreachable = {"node127": "node127: timed out after 2s connecting to 10.0.0.127:22",
+                   "node128": "node128: timed out after 2s connecting to 10.0.0.127:22"}
+    lines = climod.down_lines(stopped, unreachable, view, stopped_now=True)
+    assert lines == [
+        ("stopped 8 ranks on node[001-064]; nothing of the run left running on node[065-099,101-126]; "
+         "killed 2 processes still running after the grace period on node100", False),
+        ("could not stop on node[127-128]: timed out after 2s connecting to 10.0.0.127:22", True)]
+
+
+def test_down_of_a_run_that_had_ended_says_so_and_counts_no_rank_as_stopped_by_it(tmp_path, monkeypatch):
+    from orchestrator import api, runs
+
+    hosts = [f"node{i}" for i in range(1, 5)]
+    rec = type("R", (), {"id": "r1", "finished": True, "data": {"state": "failed"}, "logs_dir": tmp_path,
+                         "controller_alive": lambda self: False})()
+    monkeypatch.setattr(runs, "load_run", lambda rid=None: rec)
+    monkeypatch.setattr(api, "down", lambda rid: ({h: "none" for h in hosts}, {}, _view("failed", hosts)))
+    res = run("down")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines == ["orch: nothing of the run left running on node[1-4]",
+                     f"orch: run r1 had already ended failed (its record is kept); logs in {tmp_path}"], lines
+    assert "none" not in res.output
+
+
+def test_status_with_no_runs_and_no_cluster_file_says_where_to_look(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run("status")
+    assert res.exit_code == 2
+    assert f"no runs recorded in {tmp_path}/.orch/runs and no cluster.yaml here" in res.output, res.output
+    assert "`orch status FILE`" in res.output and "does not exist" not in res.output

@@ -150,6 +150,24 @@ def test_siblings_killed_by_the_launcher_after_the_first_failure_count_as_stoppe
                                                                   3: "failed"}
 
 
+def test_two_hosts_ranks_failing_too_close_to_order_are_both_named():
+    """Rank 2 on b ended 50 ms before rank 0 on a, by each host's clock: b's is named first,
+    and the message says the two are too close to order (the clocks of two hosts are not that
+    close); a rank that failed long after, or by the launcher's TERM/KILL, is not mentioned."""
+    head = running()
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 5.05)}),
+                    rep(head, "b", {2: ("failed", 7, None, T0 + 5.0)})], T0 + 5.1)
+    finish_stopping(head, T0 + 6)
+    assert head.doc["first_failure"]["rank"] == 2
+    assert head.doc["message"] == ("rank 2 on b (device 0) failed: exit code 7; rank 0 on a failed 0.05s later "
+                                   "(exit code 1), by each host's own clock: too close to tell which failed first")
+    head = running()
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 7)}),
+                    rep(head, "b", {2: ("failed", 7, None, T0 + 5.0), 3: ("failed", None, 15, T0 + 5.1)})], T0 + 7.1)
+    finish_stopping(head, T0 + 8)
+    assert head.doc["message"] == "rank 2 on b (device 0) failed: exit code 7"
+
+
 def test_on_failure_continue_lets_the_others_finish_then_fails():
     head = running(on_failure="continue")
     _, actions = H.decide(head, [rep(head, "b", {2: ("failed", 3, None, T0 + 5)})], T0 + 5.1)
@@ -179,6 +197,46 @@ def test_a_failed_launcher_is_named_after_its_ranks_had_their_grace():
     assert ("launcher_failed", "mpirun", "a") in actions
 
 
+def test_a_rank_killed_by_sigterm_orch_never_sent_waits_for_the_launcher_whose_failure_leads():
+    """mpirun that cannot launch what a rank asked for (MPI Spawn of a missing program) aborts
+    the job: its ranks die of SIGTERM, then it exits 132. The run's message is mpirun's failure
+    (the server quotes its words), not "rank 1 ... killed by signal 15 (SIGTERM)"."""
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun])], T0 + 2)
+    _, actions = H.decide(head, [rep(head, "b", {2: ("failed", None, 15, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.RUN and "stop" not in kinds(actions)    # mpirun's word is awaited
+    ended = dict(mpirun, exit_code=132, end=T0 + 4.3)
+    _, actions = H.decide(head, [rep(head, "a", {0: ("failed", None, 15, T0 + 4.2),
+                                                 1: ("failed", None, 15, T0 + 4.2)}, procs=[ended]),
+                                 rep(head, "b", {2: ("failed", None, 15, T0 + 4), 3: ("failed", None, 15, T0 + 4.2)})],
+                          T0 + 4.4)
+    assert ("launcher_failed", "mpirun", "a") in actions
+    head.outcome = (head.outcome[0], head.outcome[1] + " (its own output: ...)")   # as the server adds
+    H.decide(head, [], T0 + 4.5)
+    assert head.state == RunState.FAILED, head.doc["message"]
+    assert head.doc["message"] == "mpirun on a failed: exit code 132 (its own output: ...)"
+    assert head.doc["message"].startswith("mpirun on a failed: exit code 132"), head.doc["message"]
+    assert "SIGTERM" not in head.doc["message"] and head.doc["first_failure"] is None
+
+
+def test_a_sigterm_rank_is_named_when_the_launcher_does_not_fail_within_the_grace():
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun]), rep(head, "b", {2: ("failed", None, 15, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.RUN
+    H.decide(head, [], T0 + 4 + H.LAUNCHER_REPORT_GRACE + 0.1)
+    assert head.phase == H.Phase.STOPPING and head.doc["first_failure"]["rank"] == 2
+    assert "killed by signal 15 (SIGTERM)" in head.doc["message"]
+
+
+def test_a_rank_killed_by_sigkill_is_named_at_once_though_a_launcher_runs():
+    head = running(launcher="mpirun")
+    mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": None, "signal": None, "start": T0, "end": None}
+    H.decide(head, [rep(head, "a", {}, procs=[mpirun]), rep(head, "b", {2: ("failed", None, 9, T0 + 4)})], T0 + 4.1)
+    assert head.phase == H.Phase.STOPPING and head.doc["first_failure"]["rank"] == 2
+
+
 # --------------------------------------------------------------------------- lost hosts
 
 def test_a_member_whose_connection_closes_is_lost_and_the_run_ends_lost():
@@ -199,6 +257,39 @@ def test_a_silent_member_is_lost_after_lost_after_seconds_not_before():
     assert head.doc["lost"] == []
     H.decide(head, [rep(head, "a", {})], T0 + 11.6)
     assert head.doc["lost"] == ["b"] and "its supervisor was silent for 10.1s" in head.doc["message"]
+
+
+def test_a_member_killed_with_all_its_processes_is_named_by_its_closed_connection_not_silence():
+    """kill -9 of every process on a host: its connection closes at once; the message says so,
+    not that it was silent (the words come from what was seen)."""
+    head = running(("a", "b", "c"), lost_after=20)
+    H.decide(head, [rep(head, "a", {}), rep(head, "c", {}), H.gone("b")], T0 + 3)
+    assert head.doc["lost"] == ["b"]
+    assert "lost contact with host b (ranks 2-3): the connection to its supervisor closed." in head.doc["message"]
+    assert "silent" not in head.doc["message"] and "network" not in head.doc["message"]
+
+
+def test_the_launch_host_hearing_from_no_other_host_says_it_lost_its_own_network():
+    """The launch host cut off: every other host falls silent at once (its connection still
+    open). The head says it heard from none of them, not that it lost some of them."""
+    hosts = ("a", "b", "c", "d")
+    head = running(hosts, lost_after=10)
+    H.decide(head, [rep(head, "b", {}), rep(head, "c", {})], T0 + 2.0)
+    H.decide(head, [rep(head, "d", {})], T0 + 2.6)
+    H.decide(head, [rep(head, "a", {})], T0 + 12.1)   # its own reports go on
+    assert head.doc["lost"] == ["b", "c", "d"]
+    msg = head.doc["message"]
+    assert msg.startswith("the launch host a heard nothing from any of the 3 other hosts for 9.5s or more"), msg
+    assert "lost contact with host" not in msg and "ranks 2-7" in msg
+
+
+def test_one_silent_host_among_others_that_answer_is_that_hosts_silence():
+    hosts = ("a", "b", "c", "d")
+    head = running(hosts, lost_after=10)
+    H.decide(head, [rep(head, "b", {}), rep(head, "c", {})], T0 + 11.6)
+    assert head.doc["lost"] == ["d"]
+    assert "lost contact with host d (ranks 6-7): its supervisor was silent for 10.1s" in head.doc["message"]
+    assert "network" not in head.doc["message"]
 
 
 # --------------------------------------------------------------------------- stalls, time-out, restarts

@@ -67,3 +67,22 @@ def test_the_hosts_rank_folding_says_what_the_controllers_does():
         folded = str(RangeSet.fromlist([str(r) for r in ranks]))
         word = "rank" if len(ranks) == 1 else "ranks"
         assert rank_ranges(ranks) == f"{word} {folded}"
+
+
+def test_the_launch_host_unreachable_the_other_hosts_own_records_of_their_ranks_are_shown():
+    """The launch host cut off: the run's state is unknown (the head holds it), but each other
+    host's record of its own ranks (lost, once it lost the head) is evidence, shown as it is."""
+    plan = [{"rank": r, "host": "h1" if r < 2 else "h2", "device": r % 2} for r in range(4)]
+    member = {"role": "member", "attempt": 1, "alive_ranks": [],
+              "ranks": [{"rank": r, "host": "h2", "device": r % 2, "pid": 100 + r, "state": "lost",
+                         "exit_code": None, "signal": 15, "attempt": 1} for r in (2, 3)]}
+    view = runstate.merge("h1", {"h2": member}, {"h1": "timed out after 2s connecting to h1:22"}, plan, "R1")
+    assert view.state == "unknown" and "the launch host h1 cannot be reached" in view.message
+    assert [r["state"] for r in view.ranks] == ["unknown (host unreachable)"] * 2 + ["lost", "lost"]
+    assert runstate.EXIT.get(view.state, 1) == 1
+
+
+def test_every_view_names_its_run():
+    """api.up's outcome.view and api.status's view alike: RunView.run_id is the run's id."""
+    assert runstate.from_head(head_doc()).run_id == "R1"
+    assert runstate.merge("h1", {}, {"h1": "unreachable"}, [], "R2").run_id == "R2"

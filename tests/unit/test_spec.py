@@ -133,6 +133,31 @@ def test_errors_in_inventory_file_point_into_it(tmp_path):
     assert probs == [(3, "hosts[0].prot", "unknown key 'prot' (did you mean 'port'?)")]
 
 
+@pytest.mark.parametrize("inline", [True, False])
+def test_unknown_inventory_key_lists_the_inventorys_own_keys(tmp_path, inline):
+    """Not the top level's (name, inventory, ssh, job, checks): the inventory's, whatever it holds."""
+    from orchestrator.spec import RawInventory
+
+    inv = "bogus: 1\nhosts:\n  - address: a\n"
+    if inline:
+        text = "inventory:\n" + "".join("  " + line + "\n" for line in inv.splitlines()) + "job: {workdir: /w, command: x}\n"
+    else:
+        write(tmp_path, inv, "inv.yaml")
+        text = "inventory: inv.yaml\njob: {workdir: /w, command: x}\n"
+    (line, field, msg), = problems(tmp_path, text)
+    assert (line, field) == (2 if inline else 1, "inventory.bogus" if inline else "bogus")
+    assert msg == f"unknown key 'bogus'; allowed: {', '.join(RawInventory.model_fields)}"
+    assert "job" not in msg
+
+
+def test_unknown_key_in_inventory_defaults_and_slurm(tmp_path):
+    write(tmp_path, "defaults: {usr: x, zzz: 1}\nslurm: {nodes: 2, qqq: 1}\n", "inv.yaml")
+    msgs = [p[2] for p in problems(tmp_path, "inventory: inv.yaml\njob: {workdir: /w, command: x}\n")]
+    assert "unknown key 'usr' (did you mean 'user'?)" in msgs
+    assert any(m.startswith("unknown key 'zzz'; allowed: user, port,") and ", address," not in m for m in msgs), msgs
+    assert any(m.startswith("unknown key 'qqq'; allowed: nodes, partition") for m in msgs), msgs
+
+
 def test_missing_inventory_file(tmp_path):
     probs = problems(tmp_path, "inventory: nope.yaml\njob: {workdir: /w, command: x}\n")
     assert probs[0][0] == 1 and "does not exist" in probs[0][2]
@@ -146,6 +171,16 @@ def test_missing_cluster_file(tmp_path):
 def test_yaml_syntax_error_has_line(tmp_path):
     probs = problems(tmp_path, "inventory:\n  hosts: [a\njob: {}\n")
     assert probs[0][0] is not None and "YAML syntax error" in probs[0][2]
+
+
+def test_a_tab_in_the_indentation_says_use_spaces(tmp_path):
+    with pytest.raises(SpecError) as ei:
+        load_cluster(write(tmp_path, "inventory:\n  hosts: [a]\njob:\n\tworkdir: /w\n"))
+    assert ei.value.problems[0][0].line == 4
+    assert "spaces, never tabs" in ei.value.hint
+    with pytest.raises(SpecError) as ei:  # no tab: the hint says nothing of tabs
+        load_cluster(write(tmp_path, "inventory:\n  hosts: [a\njob: {}\n"))
+    assert "tab" not in ei.value.hint
 
 
 def test_duplicate_yaml_key_is_an_error(tmp_path):

@@ -1,0 +1,51 @@
+"""This host's processes (orchestrator/agent/procs.py): what waitpid says, and when."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from orchestrator.agent.procs import Local
+
+
+def test_a_childs_end_is_the_moment_it_ended_not_when_the_loop_next_looked(tmp_path):
+    """The supervisor notes each child's end on SIGCHLD: a rank that ended while the loop was
+    busy elsewhere keeps its own end time, so the first failure across hosts is told by when
+    ranks ended, not by when each supervisor noticed."""
+    local = Local({"run_id": "r", "rundir": str(tmp_path), "host": "h", "launcher": "ranktable"}, lambda t: None)
+    said = tmp_path / "ended-at"
+    old = signal.signal(signal.SIGCHLD, local.collect)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()));"
+                                 " sys.exit(3)", str(said)])
+        proc.returncode = 0   # reaped by Local, as the supervisor's children are
+        rec = {"key": "rank.0", "rank": None, "pid": proc.pid, "exit_code": None, "signal": None, "start": 0,
+               "end": None}
+        local.children[proc.pid] = rec
+        deadline = time.monotonic() + 30
+        while proc.pid not in [e[0] for e in local.exits] and time.monotonic() < deadline:   # the loop busy
+            time.sleep(0.05)
+        time.sleep(0.3)
+        before_reap = time.time()
+        local.reap()
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    assert rec["exit_code"] == 3 and local.children == {}
+    assert float(said.read_text()) <= rec["end"] < before_reap, (float(said.read_text()), rec["end"], before_reap)
+
+
+def test_a_child_collected_before_it_was_recorded_is_kept_for_it(tmp_path):
+    local = Local({"run_id": "r", "rundir": str(tmp_path), "host": "h", "launcher": "ranktable"}, lambda t: None)
+    proc = subprocess.Popen(["true"])
+    proc.returncode = 0
+    deadline = time.monotonic() + 30
+    while proc.pid not in [e[0] for e in local.exits] and time.monotonic() < deadline:
+        local.collect()            # SIGCHLD came between the start and the record
+        time.sleep(0.02)
+    local.reap()                   # not known yet: kept
+    rec = {"key": "k", "rank": None, "pid": proc.pid, "exit_code": None, "signal": None, "start": 0, "end": None}
+    local.children[proc.pid] = rec
+    local.reap()
+    assert rec["exit_code"] == 0 and rec["end"] is not None and proc.pid not in [e[0] for e in local.exits]
