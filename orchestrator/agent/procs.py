@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from . import metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, rank_log, read_json, write_atomic)
@@ -129,6 +130,8 @@ class Local:
         self.changed = True
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
         self.secrets_path = None
+        # parse_output: off only in tests/benchmarks/bench_progress.py (the cost of parsing, measured)
+        self.progress = metrics.Progress(cfg.get("metrics"), note, cfg.get("parse_output", True))
 
     # ---- starting
     def start(self, attempt, head_address=""):
@@ -144,6 +147,7 @@ class Local:
         self.flip_log_link(adir)
         self.last_output = now()
         self.sizes = {}
+        self.progress.reset([r["rank"] for r in self.cfg["ranks"]])
         self.ranks = {}
         for r in self.cfg["ranks"]:
             self.ranks[r["rank"]] = {"rank": r["rank"], "host": self.host, "device": r["device"], "pid": None,
@@ -284,13 +288,15 @@ class Local:
     def watch_output(self):
         adir = attempt_dir(self.rundir, self.attempt)
         for rank in self.ranks:
+            path = rank_log(adir, rank, self.launcher)
             try:
-                size = os.stat(rank_log(adir, rank, self.launcher)).st_size
+                size = os.stat(path).st_size
             except OSError:
                 continue
             if size != self.sizes.get(rank):
                 self.sizes[rank] = size
                 self.last_output = now()
+                self.progress.read(rank, path, size, self.last_output)
 
     def live(self):
         """Processes of the run still alive here (children, and any other process of the run)."""
@@ -407,7 +413,7 @@ class Local:
         return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
                 "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
                 "stopping": self.stopping[0] if self.stopping else None,
-                "live": bool(self.children) or bool(self.pending_ranks())}
+                "live": bool(self.children) or bool(self.pending_ranks()), "progress": self.progress.report(now())}
 
 
 def _number(v):

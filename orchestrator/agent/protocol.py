@@ -43,6 +43,8 @@ import math
 import os
 import struct
 
+from .metrics import parse_progress
+
 VERSION = 1           # of this protocol: in hello and challenge
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
 PREAUTH_LINE = 1024
@@ -315,7 +317,8 @@ def parse_report(rep):
         raise ProtocolError("field 'live': true or false expected")
     return {"host": _str(rep, "host", 255), "attempt": _int(rep, "attempt", lo=0),
             "ranks": [_parse_rank(r) for r in ranks], "procs": [_parse_proc(p) for p in procs],
-            "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live}
+            "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live,
+            "progress": parse_progress(rep.get("progress"), ProtocolError)}
 
 
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}

@@ -82,6 +82,7 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
             "ranks": [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
             "procs": [p.to_config() for p in launch.procs.get(h.name, ())],
             "secret_env": dict(launch.secret_env.get(h.name, {})),
+            "metrics": dict(job.metrics),
             **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
         }
     return out
