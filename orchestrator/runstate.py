@@ -52,6 +52,8 @@ class RunView:
     ended: float | None = None
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
     run_id: str | None = None   # which run (api.status sets it)
+    progress: dict[str, dict] = field(default_factory=dict)   # rank -> what its output says (agent/metrics.py)
+    load: dict[str, dict] = field(default_factory=dict)       # host -> its sampled load (agent/load.py)
 
     @property
     def final(self) -> bool:
@@ -65,6 +67,7 @@ class RunView:
         return {"state": self.state, "message": self.message, "attempt": self.attempt, "attempts": self.attempts,
                 "first_failure": self.first_failure, "lost": self.lost, "ranks": self.ranks,
                 "unreachable": self.unreachable, "started": self.started, "ended": self.ended,
+                "progress": self.progress, "load": self.load,
                 **({"slurm": self.slurm} if self.slurm is not None else {})}
 
 
@@ -86,7 +89,11 @@ def from_head(doc: Mapping) -> RunView:
                    attempt=int(doc.get("attempt") or 0), attempts=list(doc.get("attempts") or []),
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
-                   ended=doc.get("ended"))
+                   ended=doc.get("ended"), progress=_figures(doc.get("progress")), load=_figures(doc.get("load")))
+
+
+def _figures(m) -> dict[str, dict]:
+    return {str(k): dict(v) for k, v in m.items() if isinstance(v, dict)} if isinstance(m, dict) else {}
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],

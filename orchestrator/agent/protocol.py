@@ -27,7 +27,8 @@ After the handshake:
                      exit   {state}         the run is over
                      hb     {}              the head is alive
     head -> watcher, control
-                     state  {state}         the run's document (states.py, head.py)
+                     state  {seq, state}    the run's document (states.py, head.py), on connect
+                     delta  {seq, delta}    what changed since seq - 1 (delta.py), on every change
 
 Limits: a line before authentication is at most PREAUTH_LINE bytes and the handshake must be
 over within HANDSHAKE_TIMEOUT seconds (server.py enforces both, and a cap on connections);
@@ -45,7 +46,7 @@ import struct
 
 from .metrics import parse_progress
 
-VERSION = 1           # of this protocol: in hello and challenge
+VERSION = 2           # of this protocol: in hello and challenge (2: `delta` to watchers)
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
 PREAUTH_LINE = 1024
 LINE = 1 << 20
@@ -275,8 +276,12 @@ def heartbeat():
     return {"t": "hb"}
 
 
-def state(doc):
-    return {"t": "state", "state": doc}
+def state(doc, seq=0):
+    return {"t": "state", "seq": seq, "state": doc}
+
+
+def delta(seq, d):
+    return {"t": "delta", "seq": seq, "delta": d}
 
 
 def _parse_rank(r):
@@ -336,7 +341,9 @@ TO_MEMBER = {
     "hb": lambda m: {},
 }
 TO_WATCHER = {   # and to a control
-    "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {}},
+    "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {},
+                        "seq": _int(m, "seq", optional=True, lo=0) or 0},
+    "delta": lambda m: {"seq": _int(m, "seq", lo=1), "delta": m["delta"] if isinstance(m.get("delta"), dict) else {}},
     "hb": lambda m: {},
 }
 

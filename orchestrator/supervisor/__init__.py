@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import __version__, sh
-from ..agent import layout
+from ..agent import delta, layout
 from ..launchers import AGENT, PY, RUN_VAR, HeadReach, Launch, head_reach, orch_dir, run_dir
 from ..plan import RankPlan
 from ..model import Cluster
@@ -318,6 +318,7 @@ class EventStream:
     """A file-like sink for `agent.py watch`'s stdout: parses its frames as they arrive.
 
         E <json>\\n                          the head's state -> on_state(doc)
+        D <json>\\n                          what changed in it -> on_state(the state, changed)
         O <rank> <attempt> <n>\\n<n bytes>   a rank's new output -> on_output(rank, attempt, data)
         H\\n                                 a heartbeat
         X <why>\\n                           the end of the stream -> self.end = why
@@ -357,6 +358,12 @@ class EventStream:
                 if isinstance(doc, dict) and doc:
                     self.last_state = doc
                     self.on_state(doc)
+            elif kind == b"D" and self.last_state is not None:   # what changed (agent/delta.py)
+                try:
+                    delta.apply(self.last_state, json.loads(rest))
+                except ValueError:
+                    continue
+                self.on_state(self.last_state)
             elif kind == b"O":
                 parts = rest.split()
                 if len(parts) == 3 and all(p.isdigit() for p in parts):

@@ -181,3 +181,11 @@ def test_the_head_keeps_each_hosts_progress_for_its_own_ranks_only():
     doc["attempt"] = 2
     metrics.merge(doc, rank_host, "h2", [{"rank": 1, "step": 1}])
     assert doc["progress"] == {"1": {"rank": 1, "step": 1}}    # a new attempt's figures only
+
+
+def test_status_json_carries_each_ranks_figures():
+    from orchestrator import runstate
+    doc = {"v": 1, "state": "running", "attempt": 1, "ranks": [{"rank": 0, "host": "h1", "state": "running"}],
+           "progress": {"0": {"rank": 0, "step": 7, "loss": 0.5}}, "load": {"h1": {"cpu": 99.0}}}
+    d = runstate.from_head(doc).to_dict()
+    assert d["progress"] == {"0": {"rank": 0, "step": 7, "loss": 0.5}} and d["load"] == {"h1": {"cpu": 99.0}}
