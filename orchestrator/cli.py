@@ -607,6 +607,40 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
 
 
+@cli.command("top")
+@click.argument("file", required=False, default=None, type=click.Path(dir_okay=False),
+                metavar="[FILE, default: the latest run recorded here, else ./cluster.yaml]")
+@inventory_option
+@_run_option
+@click.option("--interval", default=2.0, type=click.FloatRange(0.5, 3600), metavar="SECONDS",
+              help="on a terminal: seconds between refreshes (default 2)")
+@json_option(help="print the figures once as one JSON object")
+def top_command(file: str | None, run_id: str | None, interval: float, as_json: bool) -> None:
+    """A run's progress: per rank (or per group of alike hosts, the worst first): state, step,
+    loss, steps/s, seconds since its last output, host load; stragglers marked. On a terminal it
+    refreshes until the run ends (Ctrl-C to leave); in a pipe, or with --json, it prints once."""
+    import json as _json
+
+    from . import api, top
+
+    def view():
+        if file is not None or (run_id is None and not _has_runs()):
+            return api.status(cluster=load(file or "cluster.yaml", None))
+        return api.status(run_id)
+
+    live = sys.stdout.isatty() and not as_json
+    while True:
+        v = view()
+        if as_json:
+            click.echo(_json.dumps(top.as_json(v, time.time())))
+            return
+        text = "\n".join(top.lines(v, time.time()))
+        click.echo(("\x1b[H\x1b[2J" if live else "") + text)
+        if not live or v.final:
+            return
+        time.sleep(interval)
+
+
 def _record_name(run_id: str | None) -> str | None:
     from .runs import load_run
 

@@ -42,3 +42,60 @@ def test_each_ranks_progress_reaches_the_heads_document(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+SLOW = ("import os, sys, time\n"
+        "rank = int(os.environ['RANK_ID'])\n"
+        "for s in range(1, 100000):\n"
+        "    if rank == 3 and s > 5:\n"
+        "        time.sleep(5)\n"             # a straggler: slow steps
+        "    if rank == 2 and s > 30:\n"
+        "        time.sleep(300)\n"           # stops printing
+        "    print('epoch: 1, step: %d, loss is %.4f' % (s, 1.0 / s), flush=True)\n"
+        "    time.sleep(0.05)\n")
+
+
+def test_orch_top_marks_a_slow_rank_and_a_silent_one(tmp_path, monkeypatch):
+    """4 local ranks: rank 3 slows down, rank 2 stops printing; `orch top --json` marks both, the
+    others not; in a pipe `orch top` prints plain lines."""
+    import json
+    import subprocess
+    import time
+
+    from orchestrator import top
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SLOW)
+    (tmp_path / "cluster.yaml").write_text(
+        "inventory: {hosts: [{address: 127.0.0.1, connection: local, slots: 4}]}\n"
+        f"job: {{workdir: {tmp_path}/wd, launcher: ranktable, command: [{PY}, {tmp_path}/train.py]}}\n")
+    orch = [sys.executable, "-m", "orchestrator.cli"]
+    up = subprocess.run(orch + ["up", "--detach", "--skip-checks"], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            got = subprocess.run(orch + ["top", "--json"], capture_output=True, text=True, timeout=60)
+            assert got.returncode == 0, got.stderr
+            doc = json.loads(got.stdout)
+            marks = {r["rank"]: r["straggler"] for r in doc["ranks"]}
+            # the silent rank's mark needs top.SILENT (30 s) of silence: judged below with 3 s
+            if marks.get(3) and (doc["ranks"][2]["since"] or 0) >= 4:
+                break
+            assert time.monotonic() < deadline, doc
+            time.sleep(1)
+        assert marks[0] is None and marks[1] is None and "lagging" in marks[3], marks
+        assert doc["ranks"][2]["step"] == 30, doc["ranks"][2]
+        plain = subprocess.run(orch + ["top"], capture_output=True, text=True, timeout=60)
+        assert plain.returncode == 0 and "\x1b" not in plain.stdout
+        assert plain.stdout.splitlines()[1].startswith("rank ") and "STRAGGLER" in plain.stdout
+        # the silent rank: judged on the same figures with a shorter SILENT
+        monkeypatch.setattr(top, "SILENT", 3.0)
+        from orchestrator.runstate import RunView
+        v = RunView(state="running", ranks=[{"rank": r["rank"], "host": r["host"], "state": r["state"]}
+                                            for r in doc["ranks"]],
+                    progress={str(r["rank"]): {"total": 100, "out": time.time() - (r["since"] or 0)}
+                              for r in doc["ranks"]})
+        assert "no output" in top.stragglers(v.ranks, v.progress, time.time())[2]
+    finally:
+        subprocess.run(orch + ["down"], capture_output=True, timeout=120)
