@@ -34,7 +34,7 @@ from enum import Enum
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
-from . import metrics
+from . import load, metrics
 from .protocol import STATE_VERSION
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
@@ -158,6 +158,7 @@ def _apply(head, ev, now):
             return False
         h.report = rep
         metrics.merge(head.doc, head.rank_host, host, rep.get("progress"))   # published with the next beat
+        load.merge(head.doc, host, rep.get("load"))
         return _merge(head, host, rep)
     raise ValueError("unknown event %r" % (kind,))
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from . import metrics
+from . import load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, rank_log, read_json, write_atomic)
@@ -132,6 +132,7 @@ class Local:
         self.secrets_path = None
         # parse_output: off only in tests/benchmarks/bench_progress.py (the cost of parsing, measured)
         self.progress = metrics.Progress(cfg.get("metrics"), note, cfg.get("parse_output", True))
+        self.load = load.Sampler(self.run_id, self.rundir, run_pids, note)
 
     # ---- starting
     def start(self, attempt, head_address=""):
@@ -249,6 +250,7 @@ class Local:
         if self.launcher in WRAPPING_LAUNCHERS:
             self.read_wrapped()
         self.watch_output()
+        self.load.tick(now())
         changed, self.changed = self.changed, False
         return changed
 
@@ -413,7 +415,8 @@ class Local:
         return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
                 "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
                 "stopping": self.stopping[0] if self.stopping else None,
-                "live": bool(self.children) or bool(self.pending_ranks()), "progress": self.progress.report(now())}
+                "live": bool(self.children) or bool(self.pending_ranks()), "progress": self.progress.report(now()),
+                "load": self.load.sample}
 
 
 def _number(v):

@@ -44,6 +44,7 @@ import math
 import os
 import struct
 
+from .load import parse_load
 from .metrics import parse_progress
 
 VERSION = 2           # of this protocol: in hello and challenge (2: `delta` to watchers)
@@ -323,7 +324,8 @@ def parse_report(rep):
     return {"host": _str(rep, "host", 255), "attempt": _int(rep, "attempt", lo=0),
             "ranks": [_parse_rank(r) for r in ranks], "procs": [_parse_proc(p) for p in procs],
             "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live,
-            "progress": parse_progress(rep.get("progress"), ProtocolError)}
+            "progress": parse_progress(rep.get("progress"), ProtocolError),
+            "load": parse_load(rep.get("load"), ProtocolError)}
 
 
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
