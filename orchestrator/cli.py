@@ -641,6 +641,24 @@ def top_command(file: str | None, run_id: str | None, interval: float, as_json: 
         time.sleep(interval)
 
 
+@cli.command("report")
+@_run_option
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="where to write the page (default: .orch/runs/<id>/report.html)")
+def report_command(run_id: str | None, out: str | None) -> None:
+    """One self-contained HTML page of a recorded run, that opens offline: its timeline, loss
+    and every metric per rank over steps, steps and steps/s per rank (stragglers marked), host
+    load, the first failure with its log tail. Reads the logs gathered here (`orch logs` fetches
+    what is missing) and keeps their figures in logs/metrics.jsonl."""
+    from . import report
+    from .runs import load_run
+
+    from pathlib import Path
+
+    page, kept = report.write(load_run(run_id), Path(out) if out else None)
+    click.echo(f"{page}\n(metrics: {kept})")
+
+
 def _record_name(run_id: str | None) -> str | None:
     from .runs import load_run
 

@@ -427,7 +427,7 @@ def record(run: Run, outcome: RunEnd) -> None:
         data.update(exit_codes={str(r["rank"]): r.get("exit_code") for r in view.ranks},
                     signals={str(r["rank"]): r["signal"] for r in view.ranks if r.get("signal")},
                     attempt=max(1, view.attempt), attempts=view.attempts, lost=view.lost,
-                    ranks=view.ranks)
+                    ranks=view.ranks, progress=view.progress, load=view.load)
     run.data.update(data)
     run.save()
 

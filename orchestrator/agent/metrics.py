@@ -339,3 +339,25 @@ def merge(doc, rank_host, host, items):
     for x in items or ():
         if rank_host.get(x["rank"]) == host:
             prog[str(x["rank"])] = x
+
+
+def records(fh, user=None, limit=256 << 20):
+    """Every progress line of a rank's log (a binary file object), in order, as the supervisor
+    reads them: {"total", "step", "epoch", "loss", "values"} after each line that moved the step
+    or the loss (what `orch report` and metrics.jsonl keep). At most `limit` bytes are read."""
+    pr = Progress(user)
+    p = RankProgress(0)
+    read = 0
+    while read < limit:
+        chunk = fh.read(min(1 << 20, limit - read))
+        if not chunk:
+            break
+        read += len(chunk)
+        for line in chunk.splitlines(True):
+            before = (p.records, p.loss)
+            pr.feed(p, line, 0.0)
+            if (p.records, p.loss) != before:
+                rec = {"total": p.total, "step": p.step, "epoch": p.epoch, "loss": p.loss}
+                if p.values:
+                    rec["values"] = dict(p.values)
+                yield rec
