@@ -659,6 +659,30 @@ def report_command(run_id: str | None, out: str | None) -> None:
     click.echo(f"{page}\n(metrics: {kept})")
 
 
+@cli.command("collect")
+@_run_option
+@click.argument("paths", nargs=-1, metavar="[PATH...]")
+def collect_command(run_id: str | None, paths: tuple[str, ...]) -> None:
+    """Bring a run's outputs here from every host that has them: PATHs (workdir-relative, globs;
+    default: job.collect) into .orch/runs/<id>/collect/<host>/. Only what changed moves; every
+    file is checked against its SHA-256 before it is put in place."""
+    from . import collect
+    from .lifecycle import plan_from_run
+    from .runs import load_run
+    from .transport import Pool
+
+    run = load_run(run_id)
+    cluster = run.cluster()
+    wanted = paths or cluster.job.collect
+    if not wanted:
+        raise UsageError("nothing to collect: name the paths (orch collect checkpoints/*.ckpt) or set job.collect")
+    with Pool(cluster) as pool:
+        got = collect.collect(run, cluster, plan_from_run(run), pool, wanted)
+    for line in collect.lines(got):
+        click.echo(line)
+    click.echo(f"into {run.dir / 'collect'}")
+
+
 def _record_name(run_id: str | None) -> str | None:
     from .runs import load_run
 

@@ -401,6 +401,12 @@ class Lifecycle:
             self.events.warning(f"the logs of {name} could not be gathered ({why.splitlines()[0]}); "
                                 f"`orch logs` fetches them once {when}")
         self.run.data["logs_incomplete"] = sorted(missing)
+        if self.cluster.job.collect:   # job.collect: the run's outputs, from the hosts that gave their logs
+            from . import collect
+
+            for line in collect.lines(collect.collect(self.run, self.cluster, self.plan, self.pool,
+                                                      self.cluster.job.collect, hosts)):
+                self.events.step(line)
         return out
 
     def finish(self, outcome: RunEnd) -> None:

@@ -146,6 +146,7 @@ class Job:
     hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
     hccl_exec_timeout: int | None = None
     metrics: Mapping[str, str] = field(default_factory=dict)   # name -> regex with one group (agent/metrics.py)
+    collect: tuple[str, ...] = ()  # workdir paths (globs) brought back after the run (collect.py)
 
     def __post_init__(self):
         object.__setattr__(self, "env", sh.mark(self.env, self.is_secret))
@@ -162,7 +163,7 @@ class Job:
                             metrics=dict(d.get("metrics") or {})))
 
 
-_JOB_TUPLES = ("command", "secret_env", "sync", "sync_exclude", "mpirun_args")
+_JOB_TUPLES = ("command", "secret_env", "sync", "sync_exclude", "mpirun_args", "collect")
 
 
 @dataclass(frozen=True)

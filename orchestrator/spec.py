@@ -255,6 +255,7 @@ class RawJob(_Raw):
     rank_dirs: bool = False
     hccl: RawHccl = RawHccl()
     metrics: dict[str, str] = {}
+    collect: list[str] = []
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
@@ -471,6 +472,11 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
             problems.add(src.loc(("job", "sync", i)), "empty sync path")
     for loc, why in _metrics_problems(rj.metrics):
         problems.add(src.loc(("job", "metrics") + loc), why)
+    from .collect import path_problem
+    for i, p in enumerate(rj.collect):
+        why = path_problem(p)
+        if why:
+            problems.add(src.loc(("job", "collect", i)), f"collect: {why}")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
                env=dict(rj.env), secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
@@ -478,7 +484,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
                stall_timeout=rj.stall_timeout, interface=rj.interface, rank_dirs=rj.rank_dirs,
                hccl_connect_timeout=rj.hccl.connect_timeout, hccl_exec_timeout=rj.hccl.exec_timeout,
-               metrics=dict(rj.metrics))
+               metrics=dict(rj.metrics), collect=tuple(rj.collect))
 
 
 def _metrics_problems(entries: Mapping[str, str]) -> list[tuple[tuple, str]]:
