@@ -15,6 +15,8 @@ Pure; stdlib only.
 import json
 
 MAPS = ("progress", "load", "reached")
+FIGURES = ("progress", "load")   # what moves all the time: sent at most every FIGURES_EVERY seconds
+FIGURES_EVERY = 5.0
 _MISSING = object()
 
 
@@ -27,11 +29,13 @@ def copy(doc):
     return json.loads(json.dumps(doc))
 
 
-def diff(old, new):
-    """{...} of what turns `old` into `new` ({} when nothing changed)."""
+def diff(old, new, skip=()):
+    """{...} of what turns `old` into `new` ({} when nothing changed); keys in `skip` not compared."""
     out = {}
     sets, maps = {}, {}
     for k, v in new.items():
+        if k in skip:
+            continue
         o = old.get(k, _MISSING)
         if k == "ranks" and isinstance(v, list) and isinstance(o, list) and len(o) == len(v):
             ch = {str(i): r for i, (a, r) in enumerate(zip(o, v)) if a != r}
@@ -44,7 +48,7 @@ def diff(old, new):
                 maps[k] = {"set": ch, "del": gone}
         elif o is _MISSING or o != v:
             sets[k] = v
-    gone = [k for k in old if k not in new]
+    gone = [k for k in old if k not in new and k not in skip]
     if sets:
         out["set"] = sets
     if gone:
@@ -94,12 +98,18 @@ class Publisher:
     def __init__(self, doc):
         self.sent = copy(doc)
         self.seq = 0
+        self.figures_at = None
 
-    def next(self, doc):
-        d = diff(self.sent, doc)
+    def next(self, doc, now=None):
+        """With `now`, the figures (FIGURES: each rank's progress, each host's load, which change
+        every second on a training run) go out at most every FIGURES_EVERY seconds; the rest at once."""
+        hold = now is not None and self.figures_at is not None and now - self.figures_at < FIGURES_EVERY
+        d = diff(self.sent, doc, FIGURES if hold else ())
+        if now is not None and not hold and any(k in d.get("maps", {}) for k in FIGURES):
+            self.figures_at = now
         if not d:
             return None
-        self.sent = copy(doc)
+        apply(self.sent, copy(d))   # what the watchers now have (held figures stay as they were)
         self.seq += 1
         return self.seq, d
 

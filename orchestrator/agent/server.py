@@ -563,7 +563,7 @@ class Supervisor:
     def publish(self):
         self.save()
         if self.watched():
-            change = self.published.next(self.head.doc)
+            change = self.published.next(self.head.doc, now())
             if change:
                 self.broadcast(proto.delta(*change), roles=("watcher", "control"))
 

@@ -71,3 +71,23 @@ def test_the_controllers_stream_applies_deltas_to_the_last_state():
     stream.write(b'D {"ranks":{"0":{"state":"failed"}},"set":{"state":"failed"}}\nD {not json}\n')
     assert got == [{"state": "running", "ranks": [{"state": "running"}]},
                    {"state": "failed", "ranks": [{"state": "failed"}]}]
+
+
+def test_figures_that_move_every_second_go_out_at_most_every_few_seconds():
+    doc = {"state": "running", "ranks": [{"state": "running"}], "progress": {"0": {"step": 1}}}
+    pub = Publisher(doc)
+    f = Follower()
+    f.snapshot(*pub.snapshot())
+    f.doc = delta.copy(f.doc)
+    t = 100.0
+    doc["progress"]["0"] = {"step": 2}
+    f.delta(*pub.next(doc, t))                      # the first change goes at once
+    assert f.doc["progress"]["0"]["step"] == 2
+    doc["progress"]["0"] = {"step": 3}
+    assert pub.next(doc, t + 1) is None             # held back...
+    doc["ranks"][0] = {"state": "failed"}
+    f.delta(*pub.next(doc, t + 2))                  # ...a rank's state is not
+    assert f.doc["ranks"][0]["state"] == "failed" and f.doc["progress"]["0"]["step"] == 2
+    doc["progress"]["0"] = {"step": 4}
+    f.delta(*pub.next(doc, t + delta.FIGURES_EVERY))
+    assert f.doc == doc
