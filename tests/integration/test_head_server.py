@@ -373,5 +373,12 @@ def test_a_watcher_gets_a_snapshot_then_only_what_changed(head):
     deltas = [fields["delta"] for t, fields in kinds if t == "delta"]
     assert deltas and all("attempts" not in d.get("set", {}) for d in deltas[-1:])
     assert any(d.get("ranks") == {"0": dict(head.sup.head.doc["ranks"][0])} for d in deltas)
-    assert json.loads(json.dumps(f.doc)) == json.loads(json.dumps(head.sup.head.doc))
+    def same():   # the head goes on publishing (its figures every few seconds): the watcher catches up
+        try:
+            return json.loads(json.dumps(f.doc)) == json.loads(json.dumps(head.sup.head.doc))
+        except RuntimeError:   # the head's thread changed its document while it was read here
+            return False
+    while not same():
+        assert time.monotonic() < deadline + 10, "the watcher's document never caught up with the head's"
+        take()
     c.close()
