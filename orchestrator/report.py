@@ -60,6 +60,61 @@ def write_metrics(run, recs: list[dict]) -> Path:
     return path
 
 
+def fetch_history(run) -> tuple[list[dict], str | None]:
+    """The head's history.jsonl (agent/history.py): what is new of it brought here (one round trip
+    to the launch host), then read. ([line], why it could not be brought, or None)."""
+    from .errors import OrchError
+    from .launchers import run_dir
+    from .lifecycle import plan_from_run
+    from .transport import Pool
+
+    local = run.dir / "history.jsonl"
+    why = None
+    try:
+        cluster = run.cluster()
+        host = plan_from_run(run).launch_host
+        with Pool(cluster) as pool:
+            pool[host].get(f"{run_dir(cluster, run.id)}/history.jsonl", local,
+                           offset=local.stat().st_size if local.exists() else 0)
+    except (OrchError, OSError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    out = []
+    try:
+        with open(local, "rb") as fh:
+            for line in fh:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue    # a line cut by a full disk, or being written
+                if isinstance(doc, dict) and _num(doc.get("t")) is not None:
+                    out.append(doc)
+    except OSError:
+        pass
+    return out, why
+
+
+def _over_time(hist: list[dict], part: str, col: int, label: str) -> list[dict]:
+    """Traces of one figure over time from the history: one per rank or host (few), else min / median / max."""
+    t0 = hist[0]["t"]
+    by: dict[str, list[tuple[float, float]]] = {}
+    for h in hist:
+        for k, vals in (h.get(part) or {}).items():
+            v = _num(vals[col]) if isinstance(vals, list) and len(vals) > col else None
+            if v is not None:
+                by.setdefault(k, []).append((h["t"] - t0, v))
+    if len(by) <= MAX_TRACES:
+        return [{"type": "scatter", "mode": "lines+markers", "name": f"{label} {k}", "x": [p[0] for p in pts],
+                 "y": [p[1] for p in pts], "marker": {"size": 4}}
+                for k, pts in sorted(by.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    at: dict[float, list[float]] = {}
+    for pts in by.values():
+        for x, y in pts:
+            at.setdefault(x, []).append(y)
+    xs = sorted(at)
+    return [{"type": "scatter", "mode": "lines+markers", "name": name, "x": xs, "y": [fn(at[x]) for x in xs]}
+            for name, fn in (("min", min), ("median", statistics.median), ("max", max))]
+
+
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -83,7 +138,7 @@ def _lines(recs: list[dict], key) -> list[dict]:
             for name, fn in (("min", min), ("median", statistics.median), ("max", max))]
 
 
-def figures(run_doc: dict, recs: list[dict], now: float) -> list[tuple[str, str, dict]]:
+def figures(run_doc: dict, recs: list[dict], now: float, hist: list[dict] = ()) -> list[tuple[str, str, dict]]:
     """(id, title, plotly figure) of each chart of the page."""
     from . import top
     from .runstate import RunView
@@ -130,6 +185,17 @@ def figures(run_doc: dict, recs: list[dict], now: float) -> list[tuple[str, str,
             figs.append(("rate", "Steps per second per rank, last measured (stragglers in red)", {"data": [{
                 "type": "bar", "name": "steps/s", "x": [f"rank {k}" for k in xs], "y": rates,
                 "marker": {"color": ["#d62728" if k in lag else "#2ca02c" for k in xs]}}], "layout": {}}))
+    hist = list(hist)
+    if hist:
+        rate = _over_time(hist, "p", 2, "rank")
+        if rate:
+            figs.append(("rate-time", "Steps per second per rank over time (s since the first sample)",
+                         {"data": rate, "layout": {"xaxis": {"title": "s"}}}))
+        for col, key, title in ((0, "cpu", "CPU of the run's processes per host over time (% of one core)"),
+                                (2, "acc", "Accelerator use per host over time (%)")):
+            traces = _over_time(hist, "l", col, "")
+            if traces:
+                figs.append((f"load-time-{key}", title, {"data": traces, "layout": {"xaxis": {"title": "s"}}}))
     load = run_doc.get("load") or {}
     if load:
         hosts = sorted(load)
@@ -146,9 +212,10 @@ _COLOR = {"succeeded": "#2ca02c", "running": "#1f77b4", "failed": "#d62728", "lo
           "stalled": "#ff7f0e", "timeout": "#8c564b", "stopped": "#7f7f7f", "interrupted": "#7f7f7f"}
 
 
-def build(run_id: str, run_doc: dict, recs: list[dict], tail: str, plotly_js: str, now: float) -> str:
+def build(run_id: str, run_doc: dict, recs: list[dict], tail: str, plotly_js: str, now: float,
+          hist: list[dict] = (), hist_why: str | None = None) -> str:
     """The page: every chart, the first failure and its log tail; plotly.js inside."""
-    figs = figures(run_doc, recs, now)
+    figs = figures(run_doc, recs, now, hist)
     js = plotly_js.replace("</script", "<\\/script")
     ff = run_doc.get("first_failure")
     e = html.escape
@@ -159,6 +226,9 @@ def build(run_id: str, run_doc: dict, recs: list[dict], tail: str, plotly_js: st
                      f"{e(str(ff.get('how') or ''))} (attempt {e(str(ff.get('attempt') or 1))})</p>")
         if tail:
             parts.append(f"<pre class=tail>{e(tail)}</pre>")
+    if hist_why:
+        parts.append(f"<p>The run's history could not be brought from its launch host ({e(hist_why)}): the "
+                     "charts over time show what was here.</p>")
     if not figs:
         parts.append("<p>No progress found in the gathered logs (no line matched the built-in patterns or "
                      "job.metrics).</p>")
@@ -196,7 +266,8 @@ def write(run, out: Path | None = None) -> tuple[Path, Path]:
     ff = run.data.get("first_failure") or {}
     tail = log_tail(run, int(ff["rank"]), int(ff.get("attempt") or run.attempt), 30) \
         if isinstance(ff.get("rank"), int) else ""
-    page = build(run.id, run.data, recs, tail, js, time.time())
+    hist, why = fetch_history(run)
+    page = build(run.id, run.data, recs, tail, js, time.time(), hist, why)
     dest = Path(out) if out else run.dir / "report.html"
     from .runs import write_atomic
 

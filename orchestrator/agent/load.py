@@ -140,7 +140,8 @@ class Sampler:
         if now - self.last < INTERVAL:
             return False
         dt = now - self.last if self.last else None
-        self.last = now
+        # the first CPU figure needs two samples: the second comes a second after the first
+        self.last = now if dt is not None else now - INTERVAL + 1.0
         cpu, rss, seen = 0.0, 0, {}
         for pid in self.run_pids(self.run_id):
             u = proc_usage(pid)

@@ -19,6 +19,7 @@ import socket
 import time
 
 from . import delta as deltas
+from .history import History
 from . import head as heads
 from . import protocol as proto
 from .layout import INFO, STATE, attempt_dir, write_atomic
@@ -297,6 +298,7 @@ class Supervisor:
             cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
             self.head = heads.Head(cfg, now())
             self.published = deltas.Publisher(self.head.doc)   # what the watchers have: deltas follow
+            self.history = History(self.rundir, len(cfg["all_ranks"]), lambda text: note(self.host, text))
         self.local.write_secrets()
         self.save()
 
@@ -562,6 +564,7 @@ class Supervisor:
 
     def publish(self):
         self.save()
+        self.history.maybe(self.head.doc, now(), RunState(self.head.doc["state"]).is_terminal)
         if self.watched():
             change = self.published.next(self.head.doc, now())
             if change:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def test_the_run_processes_cpu_and_memory_from_proc(tmp_path):
         s.tools = []
         assert s.tick(1000.0) and s.sample["procs"] == 1 and s.sample["cpu"] is None
         assert s.sample["mem_mib"] > 1 and 0 < s.sample["host_mem_pct"] < 100
-        assert not s.tick(1001.0)    # not due yet
+        assert not s.tick(1000.5)    # not due yet (the second sample comes a second after the first)
         before = load.proc_usage(busy.pid)[0]
         while load.proc_usage(busy.pid)[0] - before < 0.2:
             time.sleep(0.05)
@@ -103,3 +104,23 @@ def test_a_load_sample_is_checked_on_the_wire():
     doc: dict = {}
     load.merge(doc, "h1", got)
     assert doc["load"]["h1"]["cpu"] == 99.5
+
+
+def test_the_heads_history_is_bounded_and_ends_with_a_last_line(tmp_path, monkeypatch):
+    from orchestrator.agent import history
+    h = history.History(str(tmp_path), 4)
+    doc = {"attempt": 1, "progress": {"0": {"total": 5, "loss": 1.0, "rate": 2.0}}, "load": {"h1": {"cpu": 50.0}}}
+    assert h.maybe(doc, 100.0) and not h.maybe(doc, 101.0) and h.maybe(doc, 100.0 + h.every)
+    assert h.maybe(doc, 112.0, final=True) and not h.maybe(doc, 500.0) and not h.maybe(doc, 501.0, final=True)
+    lines = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [x["t"] for x in lines] == [100.0, 110.0, 112.0] and lines[0]["p"] == {"0": [5, 1.0, 2.0]}
+    monkeypatch.setattr(history, "LIMIT", 100)
+    small = history.History(str(tmp_path / "x"), 4)
+    (tmp_path / "x").mkdir()
+    every = small.every
+    assert small.maybe(doc, 1000.0) and small.every == every         # under the limit
+    small.limit = 10
+    assert small.maybe(doc, 2000.0) and small.every == 2 * every     # past it: half as often
+    (tmp_path / "x" / "history.jsonl").unlink()
+    (tmp_path / "x").rmdir()
+    assert not small.maybe(doc, 9000.0)                              # cannot write: no exception
