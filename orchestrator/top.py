@@ -38,9 +38,9 @@ def stragglers(ranks: list[dict], progress: dict[str, dict], now: float) -> dict
                 out[k] = f"lagging: {t:g} steps, the others {med:g}"
     quiet = {k: now - p["out"] for k, p in prog.items() if isinstance(p.get("out"), (int, float))}
     if len(quiet) >= 2:
-        for k, q in quiet.items():
-            others = [v for kk, v in quiet.items() if kk != k]
-            if q >= SILENT and sum(1 for v in others if v < SILENT / 3) * 2 > len(others):
+        fresh = sum(1 for v in quiet.values() if v < SILENT / 3)
+        for k, q in quiet.items():   # q >= SILENT: this rank is not among the fresh ones
+            if q >= SILENT and fresh * 2 > len(quiet) - 1:
                 out.setdefault(k, f"no output for {q:.0f}s while the others go on")
     return out
 
