@@ -94,25 +94,30 @@ def fetch_history(run) -> tuple[list[dict], str | None]:
 
 
 def _over_time(hist: list[dict], part: str, col: int, label: str) -> list[dict]:
-    """Traces of one figure over time from the history: one per rank or host (few), else min / median / max."""
+    """Traces of one figure over time from the history (seconds since its first line)."""
     t0 = hist[0]["t"]
-    by: dict[str, list[tuple[float, float]]] = {}
+    by: dict = {}
     for h in hist:
         for k, vals in (h.get(part) or {}).items():
             v = _num(vals[col]) if isinstance(vals, list) and len(vals) > col else None
             if v is not None:
-                by.setdefault(k, []).append((h["t"] - t0, v))
+                by.setdefault(int(k) if part == "p" and k.isdigit() else k, []).append((h["t"] - t0, v))
+    return _traces(by, label)
+
+
+def _traces(by: dict, label: str) -> list[dict]:
+    """{rank or host: [(x, y)]} -> plotly traces: one each when few, else min / median / max at each x."""
     if len(by) <= MAX_TRACES:
-        return [{"type": "scatter", "mode": "lines+markers", "name": f"{label} {k}", "x": [p[0] for p in pts],
-                 "y": [p[1] for p in pts], "marker": {"size": 4}}
-                for k, pts in sorted(by.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+        return [{"type": "scatter", "mode": "lines+markers", "name": f"{label} {k}".strip(),
+                 "x": [p[0] for p in pts], "y": [p[1] for p in pts], "marker": {"size": 4}}
+                for k, pts in sorted(by.items())]
     at: dict[float, list[float]] = {}
     for pts in by.values():
         for x, y in pts:
             at.setdefault(x, []).append(y)
     xs = sorted(at)
-    return [{"type": "scatter", "mode": "lines+markers", "name": name, "x": xs, "y": [fn(at[x]) for x in xs]}
-            for name, fn in (("min", min), ("median", statistics.median), ("max", max))]
+    return [{"type": "scatter", "mode": "lines+markers", "name": name, "x": xs, "y": [fn(at[x]) for x in xs],
+             "marker": {"size": 4}} for name, fn in (("min", min), ("median", statistics.median), ("max", max))]
 
 
 def _num(v) -> float | None:
@@ -120,22 +125,13 @@ def _num(v) -> float | None:
 
 
 def _lines(recs: list[dict], key) -> list[dict]:
-    """Plotly traces of one figure over steps: one per rank (few), else min/median/max per step."""
+    """Traces of one figure over steps, per rank."""
     by_rank: dict[int, list[tuple[float, float]]] = {}
     for r in recs:
         v = _num(key(r))
         if v is not None:
             by_rank.setdefault(r["rank"], []).append((r["total"], v))
-    if len(by_rank) <= MAX_TRACES:
-        return [{"type": "scatter", "mode": "lines+markers", "name": f"rank {k}", "x": [p[0] for p in pts],
-                 "y": [p[1] for p in pts], "marker": {"size": 3}} for k, pts in sorted(by_rank.items())]
-    at: dict[float, list[float]] = {}
-    for pts in by_rank.values():
-        for x, y in pts:
-            at.setdefault(x, []).append(y)
-    xs = sorted(at)
-    return [{"type": "scatter", "mode": "lines", "name": name, "x": xs, "y": [fn(at[x]) for x in xs]}
-            for name, fn in (("min", min), ("median", statistics.median), ("max", max))]
+    return _traces(by_rank, "rank")
 
 
 def figures(run_doc: dict, recs: list[dict], now: float, hist: list[dict] = ()) -> list[tuple[str, str, dict]]:
