@@ -169,7 +169,7 @@ class Sampler:
         for name, path, args, parse in self.tools:
             pid, out = self.pending.get(name, (None, None))
             if pid is not None:
-                if _alive(pid):
+                if not _ended(pid):
                     continue     # still running (bounded by timeout): read at a later sample
                 try:
                     with open(out, "rb") as fh:
@@ -186,19 +186,22 @@ class Sampler:
                     self.pending[name] = (p.pid, out)
                 finally:
                     os.close(fd)
-            except OSError as exc:
+            except OSError as exc:   # said once; the tool is not tried again
                 self.pending.pop(name, None)
+                self.tools = [t for t in self.tools if t[0] != name]
                 if self.note:
                     self.note("cannot run %s: %s" % (name, exc))
         return [d for devs in self.devices.values() for d in devs][:MAX_DEVICES]
 
 
-def _alive(pid):
-    """Running (not yet reaped, not a zombie)."""
+def _ended(pid):
+    """Has our child `pid` ended? Reaped here (a supervisor with no child of its own, a member of an
+    mpirun run, reaps nothing else), or already by the supervisor's reap()."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+    except OSError:
         return False
 
 

@@ -28,6 +28,7 @@ MAX_NAMES = 32            # job.metrics entries
 MAX_VALUES = 48           # values kept per rank (built-in + job.metrics + HF dict keys)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
 RATE_WINDOW = 10.0        # seconds over which steps/s is measured
+REPORT_VALUES = 256 << 10  # the values of a host's ranks in one report, at most (a frame is 1 MiB)
 
 _NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf|Infinity)"
 # name, pattern: named groups `epoch`, `step`, `loss` feed the core fields, others become values
@@ -276,8 +277,14 @@ class Progress:
             p.values[name] = v
 
     def report(self, now):
-        """What a member sends the head: each rank's figures (only ranks whose output grew)."""
-        return [p.record(now) for _, p in sorted(self.ranks.items()) if p.out is not None]
+        """What a member sends the head: each rank's figures (only ranks whose output grew). A host
+        of very many ranks with many metrics sends their step, loss and rate without the other
+        values rather than a report past the wire's frame limit."""
+        out = [p.record(now) for _, p in sorted(self.ranks.items()) if p.out is not None]
+        if sum(len(r.get("values") or ()) for r in out) * 48 > REPORT_VALUES:
+            for r in out:
+                r.pop("values", None)
+        return out
 
 
 # --------------------------------------------------------------------------- the head's side

@@ -86,11 +86,21 @@ def test_a_tool_is_read_at_the_next_sample_without_waiting_for_it(tmp_path, monk
     s.tick(1000.0)
     assert "acc" not in s.sample      # started, not waited for
     pid = s.pending["nvidia-smi"][0]
-    os.waitpid(pid, 0)                # the supervisor's reap() does this
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z":
+        time.sleep(0.02)              # ended (a zombie until the sampler reaps it)
     s.tick(1000.0 + load.INTERVAL)
+    assert not os.path.exists(f"/proc/{pid}")     # reaped: no zombie left behind
     assert s.sample["acc"] == [{"id": "0", "util": 55.0, "mem_mib": 100.0, "mem_total_mib": 200.0}]
     assert s.sample["acc_util"] == 55.0
     os.waitpid(s.pending["nvidia-smi"][0], 0)
+    def cannot(*a, **k):              # no `timeout` on the host, say: said once, not tried again
+        raise FileNotFoundError(2, "No such file or directory", "timeout")
+    monkeypatch.setattr(load.subprocess, "Popen", cannot)
+    notes = []
+    s.note = notes.append
+    s.tick(1000.0 + 2 * load.INTERVAL)
+    s.tick(1000.0 + 3 * load.INTERVAL)
+    assert s.tools == [] and len(notes) <= 1
 
 
 def test_a_load_sample_is_checked_on_the_wire():

@@ -189,3 +189,16 @@ def test_status_json_carries_each_ranks_figures():
            "progress": {"0": {"rank": 0, "step": 7, "loss": 0.5}}, "load": {"h1": {"cpu": 99.0}}}
     d = runstate.from_head(doc).to_dict()
     assert d["progress"] == {"0": {"rank": 0, "step": 7, "loss": 0.5}} and d["load"] == {"h1": {"cpu": 99.0}}
+
+
+def test_a_host_of_many_ranks_with_many_metrics_stays_within_a_frame():
+    pr = Progress({f"m{i}": rf"m{i}=(\d+)" for i in range(metrics.MAX_NAMES)})
+    line = b" ".join(b"m%d=%d" % (i, i) for i in range(metrics.MAX_NAMES)) + b" epoch: 1, step: 3, loss is 1\n"
+    for r in range(512):
+        p = pr.ranks[r] = metrics.RankProgress(r)
+        p.out = 1.0
+        pr.feed(p, line, 1.0)
+    rep = {"host": "h", "attempt": 1, "ranks": [], "procs": [], "out": 1.0, "stopping": None, "live": True,
+           "progress": pr.report(2.0)}
+    assert len(protocol.encode(protocol.report(rep))) < protocol.LINE
+    assert rep["progress"][0]["step"] == 3 and "values" not in rep["progress"][0]
