@@ -650,10 +650,10 @@ def report_command(run_id: str | None, out: str | None) -> None:
     and every metric per rank over steps, steps and steps/s per rank (stragglers marked), host
     load, the first failure with its log tail. Reads the logs gathered here (`orch logs` fetches
     what is missing) and keeps their figures in logs/metrics.jsonl."""
+    from pathlib import Path
+
     from . import report
     from .runs import load_run
-
-    from pathlib import Path
 
     page, kept = report.write(load_run(run_id), Path(out) if out else None)
     click.echo(f"{page}\n(metrics: {kept})")

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import UsageError
-from .fanout import fan_out
-from .launchers import PY
 
 COLLECT_PY = r'''
 import glob, hashlib, json, os, stat, sys
@@ -219,6 +217,9 @@ class _Sink:
 def collect(run, cluster, plan, pool, paths, hosts=None) -> dict[str, Collected | str]:
     """Fetch `paths` (workdir-relative globs) from every host (default: the plan's): {host:
     Collected, or why the host could not be asked}. Never raises for a host."""
+    from .fanout import fan_out
+    from .launchers import PY
+
     bad = [why for why in (path_problem(p) for p in paths) if why]
     if bad:
         raise UsageError(f"cannot collect {bad[0]}")
