@@ -564,9 +564,10 @@ class Supervisor:
 
     def publish(self):
         self.save()
-        self.history.maybe(self.head.doc, now(), RunState(self.head.doc["state"]).is_terminal)
-        if self.watched():
-            change = self.published.next(self.head.doc, now())
+        ended = RunState(self.head.doc["state"]).is_terminal
+        self.history.maybe(self.head.doc, now(), ended)
+        if self.watched():   # once the run has ended nothing is held back: the last word is whole
+            change = self.published.next(self.head.doc, None if ended else now())
             if change:
                 self.broadcast(proto.delta(*change), roles=("watcher", "control"))
 

@@ -382,3 +382,41 @@ def test_a_watcher_gets_a_snapshot_then_only_what_changed(head):
         assert time.monotonic() < deadline + 10, "the watcher's document never caught up with the head's"
         take()
     c.close()
+
+
+def test_when_the_run_ends_the_watchers_get_every_figure_held_back(head):
+    """Figures are held back a few seconds while the run goes on, never past its end: what the
+    controller records (run.json) is each rank's last figure."""
+    from orchestrator.agent.delta import Follower
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    c.sock.settimeout(5)
+    f = Follower()
+
+    def take():
+        for line in c.lines.feed(c.sock.recv(1 << 16)):
+            t, fields = proto.parse(proto.TO_WATCHER, c.rx.open(line, proto.WATCH_LINE))
+            if t in ("state", "delta"):
+                f.on(t, fields)
+
+    take()
+
+    def send(step, state="running", end=None):
+        rep = {"host": "h2", "attempt": 1, "procs": [], "out": time.time(), "stopping": None, "live": state == "running",
+               "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": 4242, "state": state, "exit_code": 0 if end else None,
+                          "signal": None, "start": 1.0, "end": end, "attempt": 1}],
+               "progress": [{"rank": 0, "step": step, "loss": 1.0 / step}]}
+        head.member.sock.sendall(head.member.tx.seal(proto.report(rep)))
+
+    send(1)
+    deadline = time.monotonic() + 10
+    while (f.doc.get("progress") or {}).get("0", {}).get("step") != 1:
+        assert time.monotonic() < deadline
+        take()
+    send(2)                                   # held back (within 5 s of the last figures)...
+    send(3, "exited", time.time())            # ...and the run ends: all of it goes now
+    while f.doc.get("state") != "succeeded":
+        assert time.monotonic() < deadline, f.doc.get("state")
+        take()
+    assert f.doc["progress"]["0"]["step"] == 3     # in the same delta as the end, not seconds later
+    c.close()
