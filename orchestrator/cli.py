@@ -626,7 +626,7 @@ def top_command(file: str | None, run_id: str | None, interval: float, as_json: 
     def view():
         if file is not None or (run_id is None and not _has_runs()):
             return api.status(cluster=load(file or "cluster.yaml", None))
-        return api.status(run_id)
+        return api.progress(run_id)
 
     live = sys.stdout.isatty() and not as_json
     while True:

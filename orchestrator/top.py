@@ -4,8 +4,9 @@ each rank's progress, agent/metrics.py, and each host's load). Pure: the CLI fet
 One line per rank when the run has at most PER_RANK ranks; else one line per group of hosts
 that are alike (same state, same straggler mark), folded (`node[01-64]`, hostsets.fold) with the
 range of their figures, the worst group first. Stragglers: a running rank whose steps lag the
-others' (behind the median by more than LAG_STEPS and LAG_SHARE of it), or whose output has
-stopped for SILENT seconds while most others wrote within the last SILENT / 3.
+others' (behind the median by more than LAG_STEPS and LAG_SHARE of it) and that is not keeping
+pace (its steps/s under SLOW of the median: one that only started late is not marked), or whose
+output has stopped for SILENT seconds while most others wrote within the last SILENT / 3.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ PER_RANK = 16
 LAG_STEPS = 3
 LAG_SHARE = 0.1
 SILENT = 30.0
+SLOW = 0.8
 
 # worst first
 _ORDER = {"failed": 0, "lost": 1, "unknown": 2, "straggler": 3, "orphaned": 4, "stopped": 5, "pending": 6,
@@ -31,11 +33,16 @@ def stragglers(ranks: list[dict], progress: dict[str, dict], now: float) -> dict
     prog = {r["rank"]: progress.get(str(r["rank"])) or {} for r in running}
     out: dict[int, str] = {}
     totals = {k: p["total"] for k, p in prog.items() if isinstance(p.get("total"), (int, float))}
+    rates = {k: p["rate"] for k, p in prog.items() if isinstance(p.get("rate"), (int, float))}
+    med_rate = statistics.median(rates.values()) if rates else None
     if len(totals) >= 2:
         med = statistics.median(totals.values())
         for k, t in totals.items():
-            if med - t > max(LAG_STEPS, LAG_SHARE * med):
-                out[k] = f"lagging: {t:g} steps, the others {med:g}"
+            pace = rates.get(k)
+            keeping_up = pace is not None and med_rate and pace >= SLOW * med_rate
+            if med - t > max(LAG_STEPS, LAG_SHARE * med) and not keeping_up:
+                out[k] = f"lagging: {t:g} steps, the others {med:g}" + (
+                    f" ({pace:.3g} steps/s, the others {med_rate:.3g})" if pace is not None and med_rate else "")
     quiet = {k: now - p["out"] for k, p in prog.items() if isinstance(p.get("out"), (int, float))}
     if len(quiet) >= 2:
         fresh = sum(1 for v in quiet.values() if v < SILENT / 3)

@@ -22,11 +22,20 @@ def view(n_hosts: int, per_host: int, progress=None, load=None, states=None) -> 
 
 def test_a_rank_that_lags_is_a_straggler_and_comes_first():
     v = view(2, 2)
-    v.progress["3"].update(total=200, step=200)
+    v.progress["3"].update(total=200, step=200, rate=0.5)
     out = top.lines(v, NOW)
     assert out[0] == "run R1: running, 4 ranks, 1 straggling"
-    assert out[1].startswith("rank 3 node002") and "STRAGGLER: lagging: 200 steps, the others 500" in out[1]
+    assert out[1].startswith("rank 3 node002") and "STRAGGLER: lagging: 200 steps, the others 500 (0.5 steps/s, " \
+        "the others 2)" in out[1]
     assert not any("STRAGGLER" in ln for ln in out[2:])
+
+
+def test_a_rank_that_started_late_but_keeps_pace_is_not_a_straggler():
+    v = view(2, 2)
+    v.progress["3"].update(total=200, step=200, rate=1.9)
+    assert top.stragglers(v.ranks, v.progress, NOW) == {}
+    v.progress["3"].update(rate=None)          # no rate yet: the steps alone say it
+    assert "lagging" in top.stragglers(v.ranks, v.progress, NOW)[3]
 
 
 def test_a_rank_whose_output_stopped_while_the_others_go_on_is_a_straggler():
@@ -49,7 +58,7 @@ def test_ranks_close_together_are_not_stragglers():
 def test_1024_ranks_fold_into_a_few_lines_worst_first():
     v = view(128, 8, states={17: "failed"}, load={f"node{h:03d}": {"cpu": 700.0 + h, "mem_mib": 9000.0}
                                                  for h in range(1, 129)})
-    v.progress["77"].update(total=10, step=10)      # node010 lags
+    v.progress["77"].update(total=10, step=10, rate=0.1)      # node010 lags
     out = top.lines(v, NOW)
     assert len(out) == 4, out
     assert out[1].startswith("node003 ") and " failed " in out[1]
