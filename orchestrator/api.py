@@ -236,6 +236,40 @@ def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster:
     return view
 
 
+def progress(run_id: str | None = None, root: str | os.PathLike = "."):
+    """A live run's state and figures for `orch top`: the launch host's document alone (one round
+    trip to one host; no scan of every host's processes, which `status` does to find orphans).
+    When that document cannot be read, is stale (its supervisor gone) or the run has ended: status()."""
+    import json
+    import time
+
+    from . import runstate
+    from .errors import OrchError
+    from .launchers import run_dir
+    from .lifecycle import plan_from_run
+    from .runs import load_run
+    from .supervisor import lost_after
+    from .transport import Pool
+
+    run = load_run(run_id, cwd=Path(root).absolute())
+    cluster = run.cluster()
+    try:
+        with Pool(cluster) as pool:
+            res = pool[plan_from_run(run).launch_host].run(
+                ["cat", f"{run_dir(cluster, run.id)}/state.json"]).check("reading the run's state")
+        doc = json.loads(res.stdout)
+        fresh = isinstance(doc, dict) and time.time() - float(doc.get("updated") or 0) < max(15.0, lost_after(cluster))
+    except (OrchError, ValueError, TypeError):
+        fresh = False
+    if not fresh or doc.get("role") == "member":
+        return status(run.id, root)
+    view = runstate.from_head(doc)
+    if view.final:
+        return status(run.id, root)
+    view.run_id = run.id
+    return view
+
+
 def down(run_id: str | None = None, root: str | os.PathLike = "."):
     """Stop every process of the run on every host, gather its logs, record it (idempotent):
     ({host: what was done}, {host: why it could not be stopped}, the final RunView)."""

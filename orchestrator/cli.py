@@ -665,6 +665,82 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))
 
 
+@cli.command("top")
+@click.argument("file", required=False, default=None, type=click.Path(dir_okay=False),
+                metavar="[FILE, default: the latest run recorded here, else ./cluster.yaml]")
+@inventory_option
+@_run_option
+@click.option("--interval", default=2.0, type=click.FloatRange(0.5, 3600), metavar="SECONDS",
+              help="on a terminal: seconds between refreshes (default 2)")
+@json_option(help="print the figures once as one JSON object")
+def top_command(file: str | None, run_id: str | None, interval: float, as_json: bool) -> None:
+    """A run's progress: per rank (or per group of alike hosts, the worst first): state, step,
+    loss, steps/s, seconds since its last output, host load; stragglers marked. On a terminal it
+    refreshes until the run ends (Ctrl-C to leave); in a pipe, or with --json, it prints once."""
+    import json as _json
+
+    from . import api, top
+
+    def view():
+        if file is not None or (run_id is None and not _has_runs()):
+            return api.status(cluster=load(file or "cluster.yaml", None))
+        return api.progress(run_id)
+
+    live = sys.stdout.isatty() and not as_json
+    while True:
+        v = view()
+        if as_json:
+            click.echo(_json.dumps(top.as_json(v, time.time())))
+            return
+        text = "\n".join(top.lines(v, time.time()))
+        click.echo(("\x1b[H\x1b[2J" if live else "") + text)
+        if not live or v.final:
+            return
+        time.sleep(interval)
+
+
+@cli.command("report")
+@_run_option
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="where to write the page (default: .orch/runs/<id>/report.html)")
+def report_command(run_id: str | None, out: str | None) -> None:
+    """One self-contained HTML page of a recorded run, that opens offline: its timeline, loss
+    and every metric per rank over steps, steps and steps/s per rank (stragglers marked), host
+    load, the first failure with its log tail. Reads the logs gathered here (`orch logs` fetches
+    what is missing) and keeps their figures in logs/metrics.jsonl."""
+    from pathlib import Path
+
+    from . import report
+    from .runs import load_run
+
+    page, kept = report.write(load_run(run_id), Path(out) if out else None)
+    click.echo(f"{page}\n(metrics: {kept})")
+
+
+@cli.command("collect")
+@_run_option
+@click.argument("paths", nargs=-1, metavar="[PATH...]")
+def collect_command(run_id: str | None, paths: tuple[str, ...]) -> None:
+    """Bring a run's outputs here from every host that has them: PATHs (workdir-relative, globs;
+    default: job.collect) into .orch/runs/<id>/collect/<host>/. Only what changed moves; every
+    file is checked against its SHA-256 before it is put in place."""
+    from . import collect
+    from .lifecycle import plan_from_run
+    from .runs import load_run
+    from .transport import Pool
+
+    run = load_run(run_id)
+    cluster = run.cluster()
+    wanted = paths or cluster.job.collect
+    if not wanted:
+        raise UsageError("nothing to collect: name the paths (orch collect checkpoints/*.ckpt) or set job.collect")
+    with Pool(cluster) as pool:
+        got = collect.collect(run, cluster, plan_from_run(run), pool, wanted)
+    for line in collect.lines(got):
+        click.echo(line)
+    click.echo(f"into {run.dir / 'collect'}")
+
+
 def _record_name(run_id: str | None) -> str | None:
     from .runs import load_run
 

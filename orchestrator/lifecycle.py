@@ -406,6 +406,12 @@ class Lifecycle:
             self.events.warning(f"the logs of {name} could not be gathered ({why.splitlines()[0]}); "
                                 f"`orch logs` fetches them once {when}")
         self.run.data["logs_incomplete"] = sorted(missing)
+        if self.cluster.job.collect:   # job.collect: the run's outputs, from the hosts that gave their logs
+            from . import collect
+
+            for line in collect.lines(collect.collect(self.run, self.cluster, self.plan, self.pool,
+                                                      self.cluster.job.collect, hosts)):
+                self.events.step(line)
         return out
 
     def finish(self, outcome: RunEnd) -> None:
@@ -432,7 +438,8 @@ def record(run: Run, outcome: RunEnd) -> None:
         data.update(exit_codes={str(r["rank"]): r.get("exit_code") for r in view.ranks},
                     signals={str(r["rank"]): r["signal"] for r in view.ranks if r.get("signal")},
                     attempt=max(1, view.attempt), attempts=view.attempts, lost=view.lost,
-                    ranks=view.ranks, **({"replaced": view.replaced} if view.replaced else {}))
+                    ranks=view.ranks, progress=view.progress, load=view.load,
+                    **({"replaced": view.replaced} if view.replaced else {}))
     run.data.update(data)
     run.save()
 

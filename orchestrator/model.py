@@ -146,6 +146,8 @@ class Job:
     rank_dirs: bool = False        # each rank starts in workdir/rank_<N>/
     hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
     hccl_exec_timeout: int | None = None
+    metrics: Mapping[str, str] = field(default_factory=dict)   # name -> regex with one group (agent/metrics.py)
+    collect: tuple[str, ...] = ()  # workdir paths (globs) brought back after the run (collect.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", sh.mark(self.env, self.is_secret))
@@ -158,10 +160,11 @@ class Job:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Job:
-        return cls(**_known(cls, d, **{k: _tuple(d, k) for k in _JOB_TUPLES}, env=dict(d.get("env") or {})))
+        return cls(**_known(cls, d, **{k: _tuple(d, k) for k in _JOB_TUPLES}, env=dict(d.get("env") or {}),
+                            metrics=dict(d.get("metrics") or {})))
 
 
-_JOB_TUPLES = ("command", "secret_env", "sync", "sync_exclude", "mpirun_args")
+_JOB_TUPLES = ("command", "secret_env", "sync", "sync_exclude", "mpirun_args", "collect")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ class RunView:
     slurm: dict | None = None   # the run's Slurm job: job_id, state, reason (Slurm inventories)
     run_id: str | None = None   # which run (the head's document names it; api.status sets it too)
     replaced: list[dict] = field(default_factory=list)   # spares in lost hosts' places: attempt, host, by, why
+    progress: dict[str, dict] = field(default_factory=dict)   # rank -> what its output says (agent/metrics.py)
+    load: dict[str, dict] = field(default_factory=dict)       # host -> its sampled load (agent/load.py)
 
     @property
     def final(self) -> bool:
@@ -66,6 +68,7 @@ class RunView:
         return {"state": self.state, "message": self.message, "attempt": self.attempt, "attempts": self.attempts,
                 "first_failure": self.first_failure, "lost": self.lost, "ranks": self.ranks,
                 "unreachable": self.unreachable, "started": self.started, "ended": self.ended,
+                "progress": self.progress, "load": self.load,
                 **({"slurm": self.slurm} if self.slurm is not None else {}),
                 **({"replaced": self.replaced} if self.replaced else {})}
 
@@ -89,7 +92,12 @@ def from_head(doc: Mapping) -> RunView:
                    first_failure=doc.get("first_failure"), lost=list(doc.get("lost") or []),
                    ranks=[_row(r) for r in doc.get("ranks") or []], started=doc.get("started"),
                    ended=doc.get("ended"), run_id=doc["run"] if isinstance(doc.get("run"), str) else None,
-                   replaced=list(doc.get("replaced") or []))
+                   replaced=list(doc.get("replaced") or []), progress=_figures(doc.get("progress")),
+                   load=_figures(doc.get("load")))
+
+
+def _figures(m) -> dict[str, dict]:
+    return {str(k): dict(v) for k, v in m.items() if isinstance(v, dict)} if isinstance(m, dict) else {}
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],

@@ -271,6 +271,8 @@ class RawJob(_Raw):
     interface: str | None = None
     rank_dirs: bool = False
     hccl: RawHccl = RawHccl()
+    metrics: dict[str, str] = {}
+    collect: list[str] = []
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_check(v)))
 
@@ -489,13 +491,35 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
     for i, s in enumerate(rj.sync):
         if not s.strip():
             problems.add(src.loc(("job", "sync", i)), "empty sync path")
+    for loc, why in _metrics_problems(rj.metrics):
+        problems.add(src.loc(("job", "metrics") + loc), why)
+    from .collect import path_problem
+    for i, p in enumerate(rj.collect):
+        unsafe = path_problem(p)
+        if unsafe:
+            problems.add(src.loc(("job", "collect", i)), f"collect: {unsafe}")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
                env={k: str(v) for k, v in rj.env.items()}, secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,
                stall_timeout=rj.stall_timeout, interface=rj.interface, rank_dirs=rj.rank_dirs,
-               hccl_connect_timeout=rj.hccl.connect_timeout, hccl_exec_timeout=rj.hccl.exec_timeout)
+               hccl_connect_timeout=rj.hccl.connect_timeout, hccl_exec_timeout=rj.hccl.exec_timeout,
+               metrics=dict(rj.metrics), collect=tuple(rj.collect))
+
+
+def _metrics_problems(entries: Mapping[str, str]) -> list[tuple[tuple, str]]:
+    """job.metrics: each name and pattern as the hosts' supervisors will use them (agent/metrics.py)."""
+    from .agent import metrics
+    out: list[tuple[tuple, str]] = []
+    if len(entries) > metrics.MAX_NAMES:
+        out.append(((), f"at most {metrics.MAX_NAMES} metrics ({len(entries)} given)"))
+    for name, pattern in entries.items():
+        try:
+            metrics.check_pattern(name, pattern)
+        except metrics.MetricsError as exc:
+            out.append(((name,), f"metric {exc}"))
+    return out
 
 
 class _SshLookup(NamedTuple):

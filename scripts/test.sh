@@ -18,6 +18,8 @@ PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v pyt
 # the Slurm lab (orch lab up --slurm): slurmctld here, slurmd in every lab host
 { command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; } || missing+=(slurm-wlm)
 { command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ]; } || missing+=(munge)
+# orch report's page is opened in a real headless browser (tests/integration/test_report.py)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

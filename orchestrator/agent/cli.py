@@ -24,6 +24,7 @@ import sys
 import time
 
 from . import protocol as proto
+from .delta import DeltaError, Follower
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
                      STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
 from .procs import pid_of_run, run_pids, run_rank
@@ -273,18 +274,19 @@ def cmd_stop(rundir, reason):
     conn.send(proto.stop(reason))
     deadline = now() + float(os.environ.get("ORCH_STOP_WAIT", "20"))
     last = None
+    doc = Follower()
     while now() < deadline and not conn.closed:
         select.select([conn], [], [], 0.5)
         try:
             lines = conn.recv_lines()
             for line in lines:
                 t, f = proto.parse(proto.TO_WATCHER, conn.message(line, proto.WATCH_LINE))
-                if t == "state":
-                    last = f["state"]
+                if t in ("state", "delta"):
+                    last = doc.on(t, f)
                     if run_state(last.get("state")).is_terminal:
                         print(json.dumps({"stop": "done", "state": last}))
                         return 0
-        except proto.ProtocolError as exc:
+        except (proto.ProtocolError, DeltaError) as exc:
             print(json.dumps({"stop": "sent", "state": last, "error": str(exc)}))
             return 0
     print(json.dumps({"stop": "sent", "state": last}))
@@ -325,7 +327,8 @@ class Tail:
 
 def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
     """Stream to stdout, until the run ends (or every named rank has ended, unless `to_end`):
-         E <json>\\n           the head's state (on every change)
+         E <json>\\n           the head's state (when the stream starts, and the last word)
+         D <json>\\n           what changed in it (delta.py: apply it to the last E)
          O <rank> <attempt> <n>\\n<n bytes>   new output of a named rank on this host
          H\\n                  at least once a second (the reader's sign of life)
          X <why>\\n            the end"""
@@ -338,6 +341,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
     except (OSError, KeyError, proto.ProtocolError):
         conn = None
     state = None
+    doc = Follower()
     last_beat = 0.0
     last_msg = now()
 
@@ -373,9 +377,12 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
                     t, f = proto.parse(proto.TO_WATCHER, conn.message(line, proto.WATCH_LINE))
                     last_msg = now()
                     if t == "state":
-                        state = f["state"]
+                        state = doc.on(t, f)
                         event(state)
-            except proto.ProtocolError as exc:
+                    elif t == "delta":
+                        state = doc.on(t, f)
+                        out.write(b"D " + json.dumps(f["delta"], separators=(",", ":")).encode() + b"\n")
+            except (proto.ProtocolError, DeltaError) as exc:
                 note(info.get("host", "?"), "watch: %s" % exc)
                 conn.close()
         else:

@@ -44,8 +44,8 @@ from typing import Any
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
+from . import load, metrics, tables
 from .protocol import FILES_MAX, STATE_VERSION, pack_files
-from . import tables
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
 LOST_RANKS_STOP = 5.0         # a silent host's supervisor stops its ranks within grace + this of the head's verdict
@@ -182,6 +182,8 @@ def _apply(head: Head, ev: tuple[Any, ...], now: float) -> bool:
         if rep.get("attempt") != head.doc["attempt"]:
             return False
         h.report = rep
+        metrics.merge(head.doc, head.rank_host, host, rep.get("progress"))   # published with the next beat
+        load.merge(head.doc, host, rep.get("load"))
         return _merge(head, host, rep)
     raise ValueError("unknown event %r" % (kind,))
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from . import load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, rank_log, read_json, write_atomic)
@@ -134,6 +135,9 @@ class Local:
         self.replaced = ""         # "old->new,...": the hosts replaced by spares so far
         self.start_error = ""      # why this attempt's processes cannot start here (a launch file unwritten)
         self.exits = []           # (pid, status, when) of children reaped, as they ended (collect)
+        # parse_output: off only in tests/benchmarks/bench_progress.py (the cost of parsing, measured)
+        self.progress = metrics.Progress(cfg.get("metrics"), note, cfg.get("parse_output", True))
+        self.load = load.Sampler(self.run_id, self.rundir, run_pids, note)
 
     # ---- starting
     def start(self, attempt, head_address="", slot=None, files=None, replaced=""):
@@ -162,6 +166,7 @@ class Local:
         self.flip_log_link(adir)
         self.last_output = now()
         self.sizes = {}
+        self.progress.reset([r["rank"] for r in self.cfg["ranks"]])
         self.ranks = {}
         for r in self.cfg["ranks"]:
             self.ranks[r["rank"]] = {"rank": r["rank"], "host": self.host, "device": r["device"], "pid": None,
@@ -284,6 +289,7 @@ class Local:
         if self.launcher in WRAPPING_LAUNCHERS:
             self.read_wrapped()
         self.watch_output()
+        self.load.tick(now())
         changed, self.changed = self.changed, False
         return changed
 
@@ -323,13 +329,15 @@ class Local:
     def watch_output(self):
         adir = attempt_dir(self.rundir, self.attempt)
         for rank in self.ranks:
+            path = rank_log(adir, rank, self.launcher)
             try:
-                size = os.stat(rank_log(adir, rank, self.launcher)).st_size
+                size = os.stat(path).st_size
             except OSError:
                 continue
             if size != self.sizes.get(rank):
                 self.sizes[rank] = size
                 self.last_output = now()
+                self.progress.read(rank, path, size, self.last_output)
 
     def live(self):
         """Processes of the run still alive here (children, and any other process of the run)."""
@@ -457,7 +465,8 @@ class Local:
         return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
                 "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
                 "stopping": self.stopping[0] if self.stopping else None,
-                "live": bool(self.children) or bool(self.pending_ranks())}
+                "live": bool(self.children) or bool(self.pending_ranks()), "progress": self.progress.report(now()),
+                "load": self.load.sample}
 
 
 def _number(v):

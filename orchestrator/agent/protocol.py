@@ -27,7 +27,8 @@ After the handshake:
                      exit   {state}         the run is over
                      hb     {}              the head is alive
     head -> watcher, control
-                     state  {state}         the run's document (states.py, head.py)
+                     state  {seq, state}    the run's document (states.py, head.py), on connect
+                     delta  {seq, delta}    what changed since seq - 1 (delta.py), on every change
 
 Limits: a line before authentication is at most PREAUTH_LINE bytes and the handshake must be
 over within HANDSHAKE_TIMEOUT seconds (server.py enforces both, and a cap on connections);
@@ -48,7 +49,10 @@ import struct
 import zlib
 from typing import Any, Callable, Dict, Literal, overload
 
-VERSION = 1           # of this protocol: in hello and challenge
+from .load import parse_load
+from .metrics import parse_progress
+
+VERSION = 2           # of this protocol: in hello and challenge (2: `delta` to watchers)
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
 PREAUTH_LINE = 1024
 LINE = 1 << 20
@@ -342,8 +346,12 @@ def heartbeat() -> Msg:
     return {"t": "hb"}
 
 
-def state(doc: Msg) -> Msg:
-    return {"t": "state", "state": doc}
+def state(doc: Msg, seq: int = 0) -> Msg:
+    return {"t": "state", "seq": seq, "state": doc}
+
+
+def delta(seq: int, d: Msg) -> Msg:
+    return {"t": "delta", "seq": seq, "delta": d}
 
 
 def _parse_rank(r: object) -> Msg:
@@ -384,7 +392,9 @@ def parse_report(rep: object) -> Msg:
         raise ProtocolError("field 'live': true or false expected")
     return {"host": _str(rep, "host", 255), "attempt": _int(rep, "attempt", lo=0),
             "ranks": [_parse_rank(r) for r in ranks], "procs": [_parse_proc(p) for p in procs],
-            "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live}
+            "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live,
+            "progress": parse_progress(rep.get("progress"), ProtocolError),
+            "load": parse_load(rep.get("load"), ProtocolError)}
 
 
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
@@ -405,7 +415,9 @@ TO_MEMBER: dict[str, Parser] = {
     "hb": lambda m: {},
 }
 TO_WATCHER: dict[str, Parser] = {   # and to a control
-    "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {}},
+    "state": lambda m: {"state": m["state"] if isinstance(m.get("state"), dict) else {},
+                        "seq": _int(m, "seq", optional=True, lo=0) or 0},
+    "delta": lambda m: {"seq": _int(m, "seq", lo=1), "delta": m["delta"] if isinstance(m.get("delta"), dict) else {}},
     "hb": lambda m: {},
 }
 

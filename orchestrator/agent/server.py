@@ -20,6 +20,8 @@ import signal
 import socket
 import time
 
+from . import delta as deltas
+from .history import History
 from . import head as heads
 from . import protocol as proto
 from .layout import INFO, STATE, attempt_dir, write_atomic
@@ -298,6 +300,8 @@ class Supervisor:
         if self.is_head:
             cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
             self.head = heads.Head(cfg, now())
+            self.published = deltas.Publisher(self.head.doc)   # what the watchers have: deltas follow
+            self.history = History(self.rundir, len(cfg["all_ranks"]), lambda text: note(self.host, text))
         self.local.write_secrets()
         self.save()
 
@@ -506,7 +510,10 @@ class Supervisor:
                 elif self.head.phase == heads.Phase.DONE:
                     conn.send(proto.exit_(self.head.doc["state"]))
             else:   # a watcher, or a control (`agent.py stop`) waiting for the run's end
-                conn.send(proto.state(self.head.doc))
+                if not self.watched(but=conn):   # no one follows the deltas: start them from now
+                    self.published = deltas.Publisher(self.head.doc)
+                seq, doc = self.published.snapshot()
+                conn.send(proto.state(doc, seq))
             return
         raise proto.ProtocolError("unexpected stage")
 
@@ -575,10 +582,18 @@ class Supervisor:
             if c.authed and c.role in roles:
                 c.send(m)
 
+    def watched(self, but=None):
+        return any(c.authed and c.role in ("watcher", "control") and c is not but for c in self.conns)
+
     def publish(self):
         assert self.head is not None  # the head publishes its document
         self.save()
-        self.broadcast(proto.state(self.head.doc), roles=("watcher", "control"))
+        ended = RunState(self.head.doc["state"]).is_terminal
+        self.history.maybe(self.head.doc, now(), ended)
+        if self.watched():   # once the run has ended nothing is held back: the last word is whole
+            change = self.published.next(self.head.doc, None if ended else now())
+            if change:
+                self.broadcast(proto.delta(*change), roles=("watcher", "control"))
 
     # ---- member
     def join(self):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import __version__, sh
-from ..agent import layout
+from ..agent import delta, layout
 from ..agent.layout import AGENT, RUN_VAR
 from ..launchers import PY, HeadReach, Launch, head_reach, orch_dir, run_dir
 from ..plan import RankPlan
@@ -87,6 +87,7 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
             "ranks": [] if h.spare else [{"rank": r.rank, "device": r.device_id} for r in plan.by_host(h.name)],
             "procs": [p.to_config() for p in launch.procs.get(h.name, ())],
             "secret_env": dict(launch.secret_env.get(h.name, {})),
+            "metrics": dict(job.metrics),
             **({"hosts": [x.name for x in plan.hosts], "all_ranks": all_ranks} if head else {}),
         }
         if spares is not None:
@@ -348,6 +349,7 @@ class EventStream:
     """A file-like sink for `agent.py watch`'s stdout: parses its frames as they arrive.
 
         E <json>\\n                          the head's state -> on_state(doc)
+        D <json>\\n                          what changed in it -> on_state(the state, changed)
         O <rank> <attempt> <n>\\n<n bytes>   a rank's new output -> on_output(rank, attempt, data)
         H\\n                                 a heartbeat
         X <why>\\n                           the end of the stream -> self.end = why
@@ -387,6 +389,12 @@ class EventStream:
                 if isinstance(doc, dict) and doc:
                     self.last_state = doc
                     self.on_state(doc)
+            elif kind == b"D" and self.last_state is not None:   # what changed (agent/delta.py)
+                try:
+                    delta.apply(self.last_state, json.loads(rest))
+                except ValueError:
+                    continue
+                self.on_state(self.last_state)
             elif kind == b"O":
                 parts = rest.split()
                 if len(parts) == 3 and all(p.isdigit() for p in parts):

@@ -116,15 +116,22 @@ def up_fails_naming(tmp_path: Path, lab, *, rank: int, host: int, code: int, hea
 
 
 def assert_trained(tmp_path: Path, lab, hosts_of_rank: list[int]) -> dict[int, list[float]]:
-    """Every rank: loss lines, last below first; one checksum line naming the rank, the world
-    size and the lab host the plan put it on; the same checksum everywhere."""
+    """Every rank: loss lines, last below first, the last one as the hosts' supervisors read it
+    (run.json's progress); one checksum line naming the rank, the world size and the lab host
+    the plan put it on; the same checksum everywhere."""
     size = len(hosts_of_rank)
     sums, losses = {}, {}
+    progress = run_record(tmp_path).get("progress") or {}
     for rank in range(size):
         res = orch("logs", "--rank", str(rank), cwd=tmp_path, timeout=60)
         assert res.returncode == 0, res.stderr.decode()
         out = res.stdout.decode("utf-8", "replace")
         losses[rank] = [float(m.group(3)) for m in LOSS.finditer(out)]
+        # the figures the hosts' supervisors read from the output (agent/metrics.py) are the log's
+        last = list(LOSS.finditer(out))[-1]
+        mine = progress.get(str(rank)) or {}
+        assert (mine.get("epoch"), mine.get("step"), mine.get("loss"), mine.get("records")) == \
+            (int(last.group(1)), int(last.group(2)), float(last.group(3)), len(losses[rank])), (rank, mine)
         assert len(losses[rank]) >= 3, f"rank {rank}: too few loss lines:\n{out[-3000:]}"
         assert losses[rank][-1] < losses[rank][0], f"rank {rank} did not learn: {losses[rank]}"
         found = CHECKSUM.findall(out)

@@ -126,7 +126,7 @@ def closed_by_peer(s: socket.socket, limit=8.0) -> bool:
 @pytest.mark.parametrize("payload", [
     b"[]\n", b"[" * 100_000 + b"\n", b"{\"t\": \"hello\"}\n", b"\xff\xfe\x00garbage\n", b"null\n", b"1e999999\n",
     b"{\"t\":\"report\",\"token\":\"x\"}\n", b"{" * 50_000 + b"\n", b"x" * 2_000_000,
-    json.dumps({"t": "hello", "v": 1, "role": "member", "host": "h2", "run": "r1", "nonce": "0" * 32}).encode()
+    json.dumps({"t": "hello", "v": proto.VERSION, "role": "member", "host": "h2", "run": "r1", "nonce": "0" * 32}).encode()
     + b"\n" + json.dumps({"t": "auth", "proof": "0" * 64}).encode() + b"\n",
 ])
 def test_one_bad_connection_closes_only_itself(head, payload):
@@ -340,3 +340,83 @@ def test_the_handshake_reads_the_welcome_whatever_follows_it():
     finally:
         a.close()
         b.close()
+
+
+def test_a_watcher_gets_a_snapshot_then_only_what_changed(head):
+    """The head sends a watcher the document once, then deltas; applied in order they give the
+    head's document (progress included), and a delta carries only the rank that moved."""
+    from orchestrator.agent.delta import Follower
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    c.sock.settimeout(5)
+    f = Follower()
+    kinds = []
+
+    def take():
+        for line in c.lines.feed(c.sock.recv(1 << 16)):
+            t, fields = proto.parse(proto.TO_WATCHER, c.rx.open(line, proto.WATCH_LINE))
+            kinds.append((t, fields))
+            if t in ("state", "delta"):
+                f.on(t, fields)
+
+    take()
+    assert kinds[0][0] == "state"
+    rep = {"host": "h2", "attempt": 1, "procs": [], "out": time.time(), "stopping": None, "live": True,
+           "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": 4343, "state": "running", "exit_code": None,
+                      "signal": None, "start": 1.0, "end": None, "attempt": 1}],
+           "progress": [{"rank": 0, "step": 7, "loss": 0.5}]}
+    head.member.sock.sendall(head.member.tx.seal(proto.report(rep)))
+    deadline = time.monotonic() + 10
+    while not (f.doc and f.doc["ranks"][0]["pid"] == 4343 and f.doc.get("progress", {}).get("0", {}).get("step") == 7):
+        assert time.monotonic() < deadline, kinds[-3:]
+        take()
+    deltas = [fields["delta"] for t, fields in kinds if t == "delta"]
+    assert deltas and all("attempts" not in d.get("set", {}) for d in deltas[-1:])
+    assert any(d.get("ranks") == {"0": dict(head.sup.head.doc["ranks"][0])} for d in deltas)
+    def same():   # the head goes on publishing (its figures every few seconds): the watcher catches up
+        try:
+            return json.loads(json.dumps(f.doc)) == json.loads(json.dumps(head.sup.head.doc))
+        except RuntimeError:   # the head's thread changed its document while it was read here
+            return False
+    while not same():
+        assert time.monotonic() < deadline + 10, "the watcher's document never caught up with the head's"
+        take()
+    c.close()
+
+
+def test_when_the_run_ends_the_watchers_get_every_figure_held_back(head):
+    """Figures are held back a few seconds while the run goes on, never past its end: what the
+    controller records (run.json) is each rank's last figure."""
+    from orchestrator.agent.delta import Follower
+    c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "watcher", None, proto.WATCH_LINE)
+    c.sock.setblocking(True)
+    c.sock.settimeout(5)
+    f = Follower()
+
+    def take():
+        for line in c.lines.feed(c.sock.recv(1 << 16)):
+            t, fields = proto.parse(proto.TO_WATCHER, c.rx.open(line, proto.WATCH_LINE))
+            if t in ("state", "delta"):
+                f.on(t, fields)
+
+    take()
+
+    def send(step, state="running", end=None):
+        rep = {"host": "h2", "attempt": 1, "procs": [], "out": time.time(), "stopping": None, "live": state == "running",
+               "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": 4242, "state": state, "exit_code": 0 if end else None,
+                          "signal": None, "start": 1.0, "end": end, "attempt": 1}],
+               "progress": [{"rank": 0, "step": step, "loss": 1.0 / step}]}
+        head.member.sock.sendall(head.member.tx.seal(proto.report(rep)))
+
+    send(1)
+    deadline = time.monotonic() + 10
+    while (f.doc.get("progress") or {}).get("0", {}).get("step") != 1:
+        assert time.monotonic() < deadline
+        take()
+    send(2)                                   # held back (within 5 s of the last figures)...
+    send(3, "exited", time.time())            # ...and the run ends: all of it goes now
+    while f.doc.get("state") != "succeeded":
+        assert time.monotonic() < deadline, f.doc.get("state")
+        take()
+    assert f.doc["progress"]["0"]["step"] == 3     # in the same delta as the end, not seconds later
+    c.close()

@@ -199,7 +199,8 @@ def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
     from orchestrator import supervisor
 
     rdir = tmp_path / "wd" / ".orch" / "RUN1"
-    subprocess.run(["sh", "-c", supervisor._write_agent(str(rdir))], check=True, timeout=30)
+    # on its stdin, as the transports send it (the package is past one argument's 128 KiB limit)
+    subprocess.run(["sh"], input=supervisor._write_agent(str(rdir)).encode(), check=True, timeout=30)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH")}
     if safe_path:
         env["PYTHONSAFEPATH"] = "1"
@@ -236,7 +237,7 @@ def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tm
     wd = tmp_path / "it's $(touch pwned1) `touch pwned2` ; x & y"
     wd.mkdir()
     rdir = wd / ".orch" / "R1"
-    res = subprocess.run(["sh", "-c", supervisor._write_agent(str(rdir))], cwd=tmp_path, capture_output=True,
+    res = subprocess.run(["sh"], input=supervisor._write_agent(str(rdir)), cwd=tmp_path, capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert not list(tmp_path.glob("pwned*")) and (rdir / "agent.py").is_file()
@@ -245,7 +246,7 @@ def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tm
     other.mkdir()
     os.symlink(tmp_path / "elsewhere", other / ".orch")
     (tmp_path / "elsewhere").mkdir()
-    res = subprocess.run(["sh", "-c", supervisor._write_agent(str(other / ".orch" / "R1"))], capture_output=True,
+    res = subprocess.run(["sh"], input=supervisor._write_agent(str(other / ".orch" / "R1")), capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 1 and "is not a directory of this user" in res.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -31,7 +31,8 @@ def full_cluster(tmp_path: Path) -> Cluster:
               env={"X": "y", "API_KEY": "abcdefgh"}, secret_env=("X",), sync=("train.py",), sync_exclude=("*.ckpt",),
               log_dir="logs", timeout=60.0, on_failure="continue", mpirun_args=("--bind-to", "core"),
               rank_table_version="1.2", master_port=9000, restarts=2, restart_delay=1.5, stall_timeout=30.0,
-              interface="eth1", rank_dirs=True, hccl_connect_timeout=600, hccl_exec_timeout=1200)
+              interface="eth1", rank_dirs=True, hccl_connect_timeout=600, hccl_exec_timeout=1200,
+              metrics={"acc": "acc=([0-9.]+)"}, collect=("checkpoints/*.ckpt",))
     template = Host(name="", address="", user="train", slots=8, devices=tuple(range(8)), proxy_command="nc %h %p",
                     connection="local")
     slurm = Slurm(nodes=2, template=template, partition="p", account="a", qos="q", time="01:00:00", constraint="c",
