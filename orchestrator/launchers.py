@@ -182,14 +182,18 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
     # NCCL/HCCL/Gloo pinned to job.interface; the user's own values (job/host env) win
     if_env = {h: render.interface_env(n) for h, (n, _) in interfaces.items()}
     rdir = run_dir(cluster, run_id)
-    procs: dict[str, list[Proc]] = {h.name: [] for h in plan.all_hosts}
-    files: dict[str, dict[str, bytes]] = {h.name: {} for h in plan.all_hosts}
+    # `only`: one spare in one host's place, rendered once per such pair: its own host alone
+    mine = (plan.host(only),) if only else plan.all_hosts
+    procs: dict[str, list[Proc]] = {h.name: [] for h in mine}
+    files: dict[str, dict[str, bytes]] = {h.name: {} for h in mine}
     secret_env: dict[str, Mapping[str, str]] = {}
     # what orch adds to every rank's environment (the user's own values, job/host env, win)
     added = {**render.hccl_env(cluster, plan), **({RANK_DIRS_VAR: "1"} if job.rank_dirs else {})}
-    if_env = {h.name: {**if_env.get(h.name, {}), **added} for h in plan.hosts}
+    if_env = {h.name: {**if_env.get(h.name, {}), **added} for h in plan.hosts if h.name in procs}
     stall_env = {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}
-    if job.launcher == "mpirun":
+    if job.launcher == "mpirun" and only:   # a spare in mpirun's job: mpirun (on the launch host) starts its ranks
+        pass
+    elif job.launcher == "mpirun":
         head = plan.launch_host
         files[head.name][render.HOSTFILE] = render.hostfile(plan, by_name=cluster.slurm is not None).encode()
         mca, mpi_if_env = render.mpirun_interface(interfaces) if interfaces else (None, {})
@@ -209,9 +213,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
             data = render.rank_table(cluster, plan, device_ips or {}, aarch64).encode()
             for h in plan.all_hosts:
                 files[h.name][render.RANK_TABLE] = data
-        for r in plan.ranks:
-            if only and r.host != only:
-                continue
+        for r in plan.by_host(only) if only else plan.ranks:
             env = {**if_env[r.host], **render.rank_env(cluster, plan, r, table)}
             if job.platform != "ascend":  # no rank table off Ascend
                 env.pop("RANK_TABLE_FILE", None)

@@ -177,13 +177,18 @@ def replaced(plan: RankPlan, swaps: Mapping[str, str]) -> RankPlan:
     unknown = [n for n in swaps.values() if n not in spares]
     if unknown:
         raise KeyError(f"not a spare of the plan: {', '.join(unknown)}")
-    hosts = tuple(replace(spares[swaps[h.name]], spare=False) if h.name in swaps else h for h in plan.hosts)
-    by_name = {h.name: h for h in hosts}
-    ranks = tuple(replace(r, host=swaps[r.host], address=by_name[swaps[r.host]].cluster_address)
-                  if r.host in swaps else r for r in plan.ranks)
+    hosts = list(plan.hosts)
+    ranks = list(plan.ranks)
+    index = dict(plan._index)
+    for old, new in swaps.items():   # only the swapped hosts' ranks change (orch up renders one per spare and host)
+        i, start, stop = index.pop(old)
+        spare = replace(spares[new], spare=False)
+        hosts[i] = spare
+        index[new] = (i, start, stop)
+        ranks[start:stop] = [replace(r, host=new, address=spare.cluster_address) for r in ranks[start:stop]]
     used = set(swaps.values())
-    return RankPlan(ranks=ranks, hosts=hosts, launcher=plan.launcher, platform=plan.platform,
-                    warnings=plan.warnings, spares=tuple(h for h in plan.spares if h.name not in used))
+    return RankPlan(ranks=tuple(ranks), hosts=tuple(hosts), launcher=plan.launcher, platform=plan.platform,
+                    warnings=plan.warnings, spares=tuple(h for h in plan.spares if h.name not in used), _index=index)
 
 
 # --------------------------------------------------------------------------- ordering
