@@ -33,9 +33,9 @@ def cluster(hosts: int, spares: int) -> Cluster:
                    job=Job(workdir="/data/w", command=("python", "train.py"), launcher="ranktable", platform="ascend"))
 
 
-def timed(fn):
+def timed(fn, *args, **kw):
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kw)
     return out, time.perf_counter() - t0
 
 
@@ -46,8 +46,8 @@ def main() -> None:
         c = cluster(hosts, spares)
         p = make_plan(c)
         ips = {h.name: dict(h.device_ips) for h in c.hosts}
-        launch, took = timed(lambda: launchers.build(c, p, "R", root={}, device_ips=ips))
-        _, base = timed(lambda: launchers.build(c, make_plan(cluster(hosts, 0)), "R", root={}, device_ips=ips))
+        launch, took = timed(launchers.build, c, p, "R", root={}, device_ips=ips)
+        _, base = timed(launchers.build, c, make_plan(cluster(hosts, 0)), "R", root={}, device_ips=ips)
         cfgs = supervisor.configs(c, p, "R", launch)
         spare_cfg = cfgs[p.spares[0].name]
         head_cfg = cfgs[p.launch_host.name]
