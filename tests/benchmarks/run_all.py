@@ -61,6 +61,8 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
     "scale": ("11. orch check at 64/128/256 hosts vs pdsh-c25519, processes past 128 hosts, projected to 1,000 "
               "(bench_check.py --sizes 64,128,256)", "bench_check.py",
               ["--sizes", "64,128,256", "--tools", "orch,pdsh-c25519"]),
+    "spares": ("12. Spare hosts: what they cost orch up and the configs, and the head's replacement "
+               "(bench_spares.py)", "bench_spares.py", []),
 }
 
 
