@@ -158,12 +158,7 @@ class RawSlurm(_Raw):
     conf: str | None = None
     spares: StrictInt = 0   # more nodes, requested up front, that run no ranks until a node is lost
 
-    @field_validator("spares")
-    @classmethod
-    def _slurm_spares(cls, v):
-        if v < 0:
-            raise ValueError("spares must be 0 or more")
-        return v
+    _spares = field_validator("spares")(_within(0, 1 << 20, "spares must be 0 or more"))
 
     @field_validator("nodes")
     @classmethod
@@ -194,12 +189,7 @@ class RawInventory(_Raw):
     groups: dict[str, list[str]] = {}
     spares: int = 0   # the last N hosts of `hosts` are spares (as `spare: true` on each)
 
-    @field_validator("spares")
-    @classmethod
-    def _spares(cls, v):
-        if v < 0:
-            raise ValueError("spares must be 0 or more")
-        return v
+    _spares = field_validator("spares")(_within(0, 1 << 20, "spares must be 0 or more"))
 
     @field_validator("hosts")
     @classmethod
