@@ -479,9 +479,14 @@ class _CliEvents(Events):
         if not self.quiet:
             click.echo(f"orch: {message}", err=True)
 
-    def progress(self, running: int, exited: int, total: int, elapsed: float) -> None:
-        line = f"{running} running, {exited}/{total} ranks exited, {elapsed:.0f}s"
-        if not self.quiet and sys.stderr.isatty() and line != self.last:
+    def progress(self, running: int, exited: int, total: int, elapsed: float, detail: str = "") -> None:
+        if self.quiet or not sys.stderr.isatty():
+            return
+        import shutil
+
+        line = f"{running} running, {exited}/{total} ranks exited, {elapsed:.0f}s" + (f"; {detail}" if detail else "")
+        line = line[:max(20, shutil.get_terminal_size().columns - 8)]   # one line: \r clears only that
+        if line != self.last:
             click.echo(f"\r\x1b[2Korch: {line}", err=True, nl=False)
             self.last = line
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Mapping
 
-from . import runstate, supervisor
+from . import runstate, supervisor, top
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import Results, fan_out
@@ -34,7 +34,7 @@ class Events:
     """What the lifecycle reports. The CLI subclasses this to print; the default is silent."""
 
     def step(self, message: str) -> None: ...
-    def progress(self, running: int, exited: int, total: int, elapsed: float) -> None: ...
+    def progress(self, running: int, exited: int, total: int, elapsed: float, detail: str = "") -> None: ...
     def output(self, rank: int, data: bytes) -> None: ...
     def warning(self, message: str) -> None: ...
 
@@ -312,7 +312,8 @@ class Lifecycle:
             ranks = doc.get("ranks") or []
             running = sum(1 for r in ranks if r.get("state") == "running")
             ended = sum(1 for r in ranks if r.get("end") is not None)
-            self.events.progress(running, ended, self.plan.size, time.monotonic() - self.t0)
+            detail = top.summary(runstate.from_head(doc), time.time()) if doc.get("progress") else ""
+            self.events.progress(running, ended, self.plan.size, time.monotonic() - self.t0, detail)
 
         def on_output(r: int, attempt: int, data: bytes) -> None:
             try:

@@ -143,3 +143,24 @@ def as_json(view: Any, now: float) -> dict:
     """`orch top --json`: the run's state, each rank's figures and straggler mark, each host's load."""
     return {"run": view.run_id, "state": view.state, "attempt": view.attempt, "message": view.message,
             "ranks": rows(view, now), "load": view.load}
+
+
+def summary(view: Any, now: float) -> str:
+    """One short line of the run's progress for `orch up`'s status line (attached, on a terminal):
+    the steps reached, the loss, and the stragglers by rank; "" while no rank has printed any."""
+    rs = [r for r in rows(view, now) if r["state"] == "running"]
+    steps = [r["steps"] for r in rs if isinstance(r["steps"], (int, float))]
+    if not steps:
+        return ""
+    losses = [r["loss"] for r in rs if isinstance(r["loss"], (int, float))]
+    out = [f"step {_span(steps, '{:g}')}"]
+    if losses:
+        out.append(f"loss {statistics.median(losses):.4g}")
+    lag = [r for r in rs if r["straggler"]]
+    if lag:
+        from .agent.states import rank_ranges
+
+        out.append(f"{len(lag)} straggling ({rank_ranges(r['rank'] for r in lag)} on "
+                   f"{fold(sorted({r['host'] for r in lag}))})")
+    return ", ".join(out)
+

@@ -75,3 +75,28 @@ def test_plain_lines_no_control_codes_and_json():
     assert doc["ranks"][0] == {"rank": 0, "host": "node001", "state": "running", "step": 500, "epoch": 1,
                                "loss": 0.5, "steps": 500, "rate": 2.0, "since": 1.0, "values": {},
                                "straggler": None}
+
+
+def test_orch_up_status_line_summarises_steps_loss_and_stragglers():
+    v = view(64, 8)
+    v.progress["77"].update(total=200, step=200, rate=0.5)
+    v.progress["78"].update(total=210, step=210, rate=0.4)
+    assert top.summary(v, NOW) == "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)"
+    assert top.summary(view(2, 2, progress={}), NOW) == ""
+
+
+def test_orch_up_status_line_on_a_terminal_carries_the_summary_and_fits_one_line(monkeypatch, capsys):
+    import shutil
+    import sys
+
+    from orchestrator.cli import _CliEvents
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: __import__("os").terminal_size((60, 20)))
+    ev = _CliEvents(quiet=False)
+    ev.progress(16, 0, 16, 12.0, "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)")
+    err = capsys.readouterr().err
+    assert err.startswith("\r\x1b[2Korch: 16 running, 0/16 ranks exited, 12s; step 200-500")
+    assert len(err) - len("\r\x1b[2Korch: ") <= 52
+    ev.progress(16, 0, 16, 12.0, "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)")
+    assert capsys.readouterr().err == ""   # the same line is not printed again
