@@ -346,8 +346,13 @@ def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
 
     ranks = run.data["plan"]["ranks"]
     if host is not None:
+        from .lifecycle import plan_from_run
+
         wanted = {h.name for h in run.cluster().select(host).hosts}
-        ranks = [r for r in ranks if r["host"] in wanted]
+        # a spare that took a lost host's place ran that host's ranks (the replacements the run recorded)
+        ran = ranks_by_host(plan_from_run(run), run.data.get("replaced") or ())
+        mine = {r for h in wanted for r in ran.get(h, ())}
+        ranks = [r for r in ranks if r["rank"] in mine]
         if not ranks:
             raise UsageError(f"run {run.id} has no rank on host {host!r}")
     if rank is not None:

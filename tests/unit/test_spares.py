@@ -220,3 +220,18 @@ def test_slurm_spares_are_nodes_asked_for_up_front_and_a_failed_node_ends_nothin
     assert go["members"] == ["node2", "node3"] and go["no_kill"] is True
     assert "--no-kill" in step_argv(["node2", "node3"], "python3", "/r", no_kill=True)
     assert "--no-kill" not in slurm.sbatch_argv(_load(tmp_path, "slurm: {nodes: 2}\n").slurm, "orch-t", "/data/w")
+
+
+def test_logs_hosts_names_a_spare_by_the_ranks_it_ran(tmp_path):
+    from orchestrator.errors import UsageError
+    from orchestrator.logs import select_ranks
+    from orchestrator.runs import create_run
+
+    c = cluster(host("10.0.0.1", devices=(0, 1)), host("10.0.0.2", devices=(0, 1)),
+                host("10.0.0.9", devices=(0, 1), spare=True))
+    run = create_run(c, make_plan(c).to_dict(), cwd=tmp_path)
+    with pytest.raises(UsageError):
+        select_ranks(run, None, "10.0.0.9")          # nothing replaced: the spare ran no rank
+    run.data["replaced"] = [{"attempt": 2, "host": "10.0.0.2", "by": "10.0.0.9", "why": "lost"}]
+    assert select_ranks(run, None, "10.0.0.9") == [2, 3]
+    assert select_ranks(run, None, "10.0.0.2") == [2, 3] and select_ranks(run, 3, "10.0.0.9") == [3]
