@@ -163,18 +163,19 @@ def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str,
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
           interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False,
-          head_interface_address: str | None = None, only: str | None = None) -> Launch:
+          head_interface_address: str | None = None, only: str | None = None, spares: bool = True) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `lifecycle.prepare` found them
     (default: a name the cluster file gives; `auto` is only known on the hosts);
     head_interface_address: the launch host's address on job.interface, as prepare read it.
-    `only`: that host's processes alone, no files, no spares (what a spare runs in a host's place)."""
+    `only`: that host's processes alone, no files, no spares (what a spare runs in a host's place);
+    `spares=False`: the launch without what the spares are given (spare_launch)."""
     job = cluster.job
-    if only is None and plan.spares:
-        spares = spare_launch(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
-                              aarch64=aarch64, head_interface_address=head_interface_address)
+    if spares and only is None and plan.spares:
+        ready = spare_launch(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
+                             aarch64=aarch64, head_interface_address=head_interface_address)
         return replace(build(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
-                             aarch64=aarch64, head_interface_address=head_interface_address, only=""),
-                       spares=spares)
+                             aarch64=aarch64, head_interface_address=head_interface_address, spares=False),
+                       spares=ready)
     head_at = head_reach(cluster, plan.launch_host, plan.all_hosts, head_interface_address)
     master = head_at.rendered
     if interfaces is None:

@@ -117,7 +117,7 @@ class RankPlan:
     def can_replace(self, name: str, spare: Host) -> bool:
         """May `spare` take host `name`'s place: not the launch host (the run's head lives there),
         and the same devices (its ranks keep their DEVICE_ID)."""
-        return name != self.launch_host.name and self.host(name).devices == spare.devices
+        return fits(self.launch_host, self.host(name), spare)
 
     def host(self, name: str) -> Host:
         return self.hosts[self._lookup(name)[0]]
@@ -280,16 +280,20 @@ def make_plan(cluster: Cluster) -> RankPlan:
                     warnings=tuple(warnings), spares=spares)
 
 
+def fits(launch: Host, host: Host, spare: Host) -> bool:
+    """The one rule for who may take whose place: never the launch host (the run's head lives
+    there), and only with the same devices (the ranks keep their DEVICE_ID on the spare)."""
+    return host.name != launch.name and host.devices == spare.devices
+
+
 def spare_violations(hosts: tuple[Host, ...], spares: tuple[Host, ...]) -> list[str]:
-    """A spare takes a lost host's ranks with their device ids: it must have the devices of at
-    least one host that runs ranks (other than the launch host, which is never replaced)."""
+    """A spare must fit (`fits`) at least one host that runs ranks."""
     out = []
-    replaceable = {h.devices for h in hosts[1:]}
     for s in spares:
-        if not replaceable:
+        if len(hosts) == 1:
             out.append(f"spare {s.name}: there is no host it could replace (the launch host {hosts[0].name}, "
                        "where the run's supervisor decides, is never replaced)")
-        elif s.devices not in replaceable:
+        elif not any(fits(hosts[0], h, s) for h in hosts):
             out.append(f"spare {s.name}: devices {list(s.devices)} match no host that runs ranks (its ranks keep "
                        f"their DEVICE_ID on the spare); hosts have " + _describe_by(hosts[1:], lambda h: ",".join(map(str, h.devices))))
     return out
