@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import Interrupted, PreflightFailed, UsageError
+from .launchers import launcher
 from .lifecycle import Events, Lifecycle, RunEnd
 from .plan import RankPlan
 from .runs import Run
@@ -165,7 +166,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                 exc.report = report
                 raise exc
         device_ips = None
-        if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend":
+        if launcher(cluster).needs_device_ips(cluster):
             # hccn.conf once per host: what the check's probe read there, else read now
             device_ips = lifecycle.read_device_ips(rp, pool, report.hccn if report is not None else None)
             if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
@@ -245,7 +246,7 @@ def progress(run_id: str | None = None, root: str | os.PathLike = "."):
 
     from . import runstate
     from .errors import OrchError
-    from .launchers import run_dir
+    from .hostlayout import run_dir
     from .lifecycle import plan_from_run
     from .runs import load_run
     from .supervisor import lost_after

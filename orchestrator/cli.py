@@ -175,7 +175,9 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     import shlex
     from pathlib import Path
 
-    from . import launchers, render
+    from .launchers import show
+    from .launchers.ranktable import RANK_TABLE
+    from .logins import is_root
     from . import plan as planning
     from .devices import HCCN_CONF
     from .errors import PlanError
@@ -220,7 +222,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             missing_ips = missing_sdids if missing_ips is None else \
                 PlanError(f"{missing_ips.message}\n{missing_sdids.message}", hint=missing_sdids.hint)
 
-    files = launchers.plan_files(cluster, rp, device_ips=device_ips, root=render.is_root(user=rp.launch_host.user))
+    files = show.plan_files(cluster, rp, device_ips=device_ips, root=is_root(user=rp.launch_host.user))
     if slurm_cmds is not None:
         files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"
     if as_json:
@@ -242,10 +244,10 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
             (out_dir / name).write_text(text, encoding="utf-8")
         click.echo(f"wrote {', '.join(sorted(files))} to {out_dir}", err=as_json)
     if missing_ips is not None and slurm_cmds is not None:
-        click.echo(f"{render.RANK_TABLE}: rendered at `orch up` from each allocated node's {HCCN_CONF}",
+        click.echo(f"{RANK_TABLE}: rendered at `orch up` from each allocated node's {HCCN_CONF}",
                    err=True)
     elif missing_ips is not None:
-        click.secho(f"WARNING: {render.RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
+        click.secho(f"WARNING: {RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
                     f"{HCCN_CONF} on the hosts"
                     + (" (and npu-smi's spod-info, for rank table 1.2)" if cluster.job.rank_table_version == "1.2"
                        else ""), fg="yellow", err=True)

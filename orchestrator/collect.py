@@ -220,7 +220,7 @@ def collect(run, cluster, plan, pool, paths, hosts=None) -> dict[str, Collected 
     """Fetch `paths` (workdir-relative globs) from every host (default: the plan's): {host:
     Collected, or why the host could not be asked}. Never raises for a host."""
     from .fanout import fan_out
-    from .launchers import PY
+    from .hostlayout import PY
 
     bad = [why for why in (path_problem(p) for p in paths) if why]
     if bad:

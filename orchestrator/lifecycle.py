@@ -21,9 +21,11 @@ from . import runstate, supervisor, top
 from .devices import HccnDevice
 from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
 from .fanout import Results, fan_out
-from .launchers import Launch, recorded_commands, run_dir
+from .hostlayout import run_dir
+from .launchers import Launch
+from .launchers.show import recorded_commands
 from .plan import RankPlan
-from .render import is_root
+from .logins import is_root
 from .runs import Run
 from .runstate import RunView
 from .model import Cluster

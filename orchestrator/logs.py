@@ -20,7 +20,8 @@ from typing import Any, BinaryIO, Mapping
 
 from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
-from .launchers import PY, run_dir
+from .launchers import launcher
+from .hostlayout import PY, run_dir
 from .plan import current_hosts, ranks_by_host
 from .runs import Run
 
@@ -325,9 +326,7 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
 
 def launcher_hosts(cluster, plan) -> list[str]:
     """The hosts where the launcher itself (mpirun, msrun, torchrun) writes a log of its own."""
-    if cluster.job.launcher not in ("mpirun", "msrun", "torchrun"):
-        return []
-    return [plan.launch_host.name] if cluster.job.launcher == "mpirun" else [h.name for h in plan.hosts]
+    return launcher(cluster).launcher_hosts(plan)
 
 
 def launcher_log(run: Run, cluster, plan, h, attempt: int) -> tuple[str, Path]:

@@ -144,7 +144,7 @@ class Job:
     stall_timeout: float | None = None
     interface: str | None = None   # NIC for MPI/NCCL/HCCL/Gloo traffic: a name or "auto"
     rank_dirs: bool = False        # each rank starts in workdir/rank_<N>/
-    hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (render.hccl_env)
+    hccl_connect_timeout: int | None = None  # job.hccl: None = scaled to the cluster (hccl.hccl_env)
     hccl_exec_timeout: int | None = None
     metrics: Mapping[str, str] = field(default_factory=dict)   # name -> regex with one group (agent/metrics.py)
     collect: tuple[str, ...] = ()  # workdir paths (globs) brought back after the run (collect.py)

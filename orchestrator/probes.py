@@ -36,7 +36,7 @@ from typing import Iterable, Literal, Mapping, Sequence, TypedDict
 from . import devices
 from .devices import HccnDevice
 from .model import Cluster, Host
-from .render import is_python
+from .interpreters import is_python
 
 MARK = "@@orch:"
 NOT_INSTALLED = "orch:not-installed"
@@ -78,7 +78,7 @@ class SyncFile:
 @dataclass(frozen=True)
 class MeshTarget:
     """A host another one must reach with ssh as mpirun does: its address in the cluster and the
-    ssh options mpirun is given (render.ssh_args)."""
+    ssh options mpirun is given (logins.ssh_args)."""
     name: str
     address: str
     ssh_args: tuple[str, ...] = ()

@@ -65,7 +65,7 @@ def fetch_history(run) -> tuple[list[dict], str | None]:
     """The head's history.jsonl (agent/history.py): what is new of it brought here (one round trip
     to the launch host), then read. ([line], why it could not be brought, or None)."""
     from .errors import OrchError
-    from .launchers import run_dir
+    from .hostlayout import run_dir
     from .lifecycle import plan_from_run
     from .transport import Pool
 

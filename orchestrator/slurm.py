@@ -34,7 +34,7 @@ from ClusterShell.NodeSet import NodeSetParseError
 
 from .errors import OrchError, UsageError
 from .hostsets import expand
-from .launchers import PY, orch_dir
+from .hostlayout import PY, orch_dir
 from .model import Cluster, Host, Slurm
 from .agent.cli import step_argv
 

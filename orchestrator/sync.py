@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import HostError, Location, OrchError, SpecError
-from .launchers import PY
+from .hostlayout import PY
 from .transport import Transport
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".orch/")

@@ -1,7 +1,7 @@
 """The launch files that name hosts: OpenMPI's hostfile and HCCL's rank tables (1.0, 1.2, legacy).
 
 Pure, stdlib, Python 3.8: the controller renders them through here for `orch plan` and `orch up`
-(orchestrator/render.py builds the servers), and the run's head renders them on the cluster when
+(orchestrator/launchers builds the servers), and the run's head renders them on the cluster when
 it replaces a lost host by a spare, so both write the same bytes for the same host set.
 
 `servers`: the hosts that run ranks, in plan order, each a dict

@@ -43,7 +43,7 @@ _PUBLIC = {
     "files": ("judge_files",),
     "mesh": ("judge_mesh",),
     "nic": ("judge_interface", "judge_interfaces", "judge_nic", "judge_nic_names"),
-    "path": ("judge_path", "launch_tools", "mpirun_prefix"),
+    "path": ("judge_path", "launch_tools"),
     "ports": ("judge_ports",),
     "stale": ("judge_stale",),
     "user": ("judge_user", "judge_users"),

@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from .. import probes
 from ..errors import PlanError
+from ..launchers import launcher
 from ..plan import RankPlan, order_hosts
 from ..probes import MeshTarget, ReachTarget, SyncFile
 from ..model import Cluster, Host
@@ -21,13 +22,9 @@ def active_checks(cluster: Cluster) -> list[str]:
 def needed_tools(cluster: Cluster) -> list[str]:
     """Tools the launch cannot do without (their absence everywhere is a fail)."""
     job = cluster.job
-    out = ["python"]
-    if job.launcher == "mpirun":
-        out.append("openmpi")
-    if job.launcher == "msrun" or (job.platform == "ascend" and job.launcher != "torchrun"):
+    out = ["python", *launcher(cluster).tools]
+    if job.platform == "ascend" and not {"mindspore", "torch"} & set(out):  # a framework the launcher names wins
         out.append("mindspore")
-    if job.launcher == "torchrun":
-        out.append("torch")
     if job.platform == "ascend":
         out.append("cann")
     if job.platform == "gpu":
@@ -45,7 +42,7 @@ def version_tools(cluster: Cluster) -> list[str]:
 def mesh_sources(hosts: tuple[Host, ...], cluster: Cluster, full_mesh: bool) -> list[Host]:
     """Who tests ssh to the others (hosts in plan order): the launch host for mpirun, every host
     with --full-mesh."""
-    if len(hosts) < 2 or not (cluster.job.launcher == "mpirun" or full_mesh):
+    if len(hosts) < 2 or not (launcher(cluster).needs_mesh or full_mesh):
         return []
     return list(hosts) if full_mesh else [hosts[0]]
 
@@ -106,7 +103,7 @@ class CheckPlan:
     def mesh_targets(self, source: Host) -> list[MeshTarget]:
         """Every other host, as mpirun will ssh to it from `source`: the address and ssh options
         mpirun gets (connection: local hosts are this machine)."""
-        from ..render import ssh_args
+        from ..logins import ssh_args
 
         return [MeshTarget(h.name, h.cluster_address, tuple(ssh_args(source, h))) for h in self.hosts
                 if h.name != source.name and h.connection == "ssh"]

@@ -41,7 +41,7 @@ def judge_hccl_timeout(cluster: Cluster, skews: Sequence[float], sent: Sequence[
     ("Getting socket times out")."""
     if cluster.job.platform != "ascend" or max(len(skews), len(sent)) < 2:
         return []
-    from ..render import hccl_connect_timeout
+    from ..hccl import hccl_connect_timeout
 
     limit = hccl_connect_timeout(cluster, len(cluster.hosts))
     skew = max(skews) - min(skews) if skews else 0.0

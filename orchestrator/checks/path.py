@@ -6,25 +6,15 @@ run's supervisor on the plain PATH."""
 from __future__ import annotations
 
 import shlex
-from typing import Sequence
 
 from .. import probes, sh
 from ..probes import Section
+from ..launchers import launcher
+from ..launchers.mpirun import mpirun_prefix
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
 
 PLAYBOOK_VENVS = "/opt/orch-venvs/"   # where scripts/install-e2e-deps.sh puts the playbooks' venv
-
-
-def mpirun_prefix(args: Sequence[str]) -> str | None:
-    """`--prefix DIR` (or --prefix=DIR) from mpirun_args: mpirun then runs DIR/bin/orted remotely."""
-    args = list(args)
-    for i, a in enumerate(args):
-        if a == "--prefix" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--prefix="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
@@ -33,13 +23,7 @@ def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
     how: "job" (PATH of the ranks: job.env applied), "plain" (the non-interactive ssh PATH,
     what mpirun's own ssh gets) or an absolute path."""
     job = cluster.job
-    out: list[tuple[str, str]] = []
-    if job.launcher == "mpirun":
-        out.append(("mpirun", "job"))
-        prefix = mpirun_prefix(job.mpirun_args)
-        out.append(("orted", f"{prefix.rstrip('/')}/bin/orted" if prefix else "plain"))
-    elif job.launcher in ("msrun", "torchrun"):
-        out.append((job.launcher, "job"))
+    out = launcher(cluster).programs(cluster)
     exe = job.command[0] if job.command else None
     if exe and not any(label == exe for label, _ in out):
         if "/" not in exe:

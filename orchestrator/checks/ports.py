@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from .. import probes
 from ..probes import Section
+from ..launchers import launcher
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
 
 
 def _applies(plan, host: Host) -> bool:
-    return plan.cluster.job.launcher in ("msrun", "torchrun") and host.name == plan.launch.name
+    return launcher(plan.cluster).uses_master_port and host.name == plan.launch.name
 
 
 PORTS = Probe("ports", lambda plan, host: [("ports", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || ss -ltn")]

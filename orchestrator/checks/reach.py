@@ -24,7 +24,8 @@ import time
 from dataclasses import replace
 
 from .. import probes
-from ..launchers import PY, HeadReach, head_reach
+from ..hostlayout import PY
+from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
 from .base import Check, CheckResult, Probe, register, result, section

@@ -7,7 +7,8 @@ from typing import Mapping
 
 from .. import probes
 from ..probes import Section
-from ..render import is_root
+from ..launchers import LAUNCHERS
+from ..logins import is_root
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section, split_by
 
@@ -20,7 +21,7 @@ def judge_user(host: Host, sec: Section, launcher: str = "mpirun") -> CheckResul
         return result("user", host, "error", f"`id -un` failed: {probes.quote_output(sec.body)}")
     if is_root(user=user):
         return result("user", host, "warn", "logged in as root"
-                      + (": mpirun needs --allow-run-as-root (orch adds it)" if launcher == "mpirun" else "")
+                      + (f": {launcher} needs --allow-run-as-root (orch adds it)" if LAUNCHERS[launcher].root_flag else "")
                       + "; a non-root user is safer")
     return result("user", host, "pass", f"logged in as {user}")
 
@@ -30,8 +31,8 @@ def judge_users(per_host: Mapping[str, str], launcher: str) -> list[CheckResult]
     groups, parts = split_by(per_host)
     if len(groups) <= 1:
         return []
-    if launcher == "mpirun":
-        return [CheckResult("user", None, "fail", f"the login user differs: {parts}; mpirun logs in to every host "
+    if LAUNCHERS[launcher].needs_mesh:
+        return [CheckResult("user", None, "fail", f"the login user differs: {parts}; {launcher} logs in to every host "
                             "as the launch host's user: use the same user everywhere (inventory defaults.user)",
                             tuple(per_host))]
     return [CheckResult("user", None, "warn", f"the login user differs: {parts}", tuple(per_host))]

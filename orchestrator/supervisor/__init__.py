@@ -20,7 +20,8 @@ from typing import Callable, Mapping
 from .. import __version__, sh
 from ..agent import delta, layout
 from ..agent.layout import AGENT, RUN_VAR
-from ..launchers import PY, HeadReach, Launch, head_reach, orch_dir, run_dir
+from ..hostlayout import PY, orch_dir, run_dir
+from ..launchers import HeadReach, Launch, head_reach
 from ..plan import RankPlan
 from ..model import Cluster
 

@@ -15,10 +15,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.plan import device_ips_for, make_plan
-from orchestrator.launchers import launch_commands, plan_files
-from orchestrator.render import (
-    hostfile, mpirun_argv, msrun_argv, rank_env, rank_table_legacy, rank_table_v1,
-)
+from orchestrator.launchers.mpirun import hostfile, mpirun_argv
+from orchestrator.launchers.msrun import msrun_argv
+from orchestrator.launchers.ranktable import rank_env, rank_table_legacy, rank_table_v1
+from orchestrator.launchers.show import launch_commands, plan_files
 from orchestrator.spec import Cluster, Host, Job
 
 

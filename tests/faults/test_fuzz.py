@@ -24,7 +24,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import devices, launchers, logs, plan, probes, render, runs, sh, supervisor, sync
+from orchestrator import devices, logs, plan, probes, runs, sh, supervisor, sync
+from orchestrator.launchers import ranktable, show
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.hostsets import fold
 from orchestrator.spec import load_cluster
@@ -123,7 +124,7 @@ def _exercise(cluster) -> None:
     except PlanError:
         return
     try:
-        files = launchers.plan_files(cluster, rp, device_ips=None, root=False)
+        files = show.plan_files(cluster, rp, device_ips=None, root=False)
     except PlanError:
         return
     json.loads(files["plan.json"])
@@ -332,7 +333,7 @@ def test_fuzz_rank_tables(hosts, version, data):
     assert cluster is not None
     try:
         rp = plan.make_plan(cluster)
-        table = json.loads(render.rank_table(cluster, rp, plan.device_ips_for(rp, {})))
+        table = json.loads(ranktable.rank_table(cluster, rp, plan.device_ips_for(rp, {})))
     except PlanError:
         return  # an Ascend device rule refused the layout: a located, explained error
     if version == "1.0":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import render
+from orchestrator.launchers import ranktable
 from orchestrator.plan import make_plan, replaced
 from orchestrator.spec import load_cluster
 from tests.support import host_procs, leftovers, orch, wait_until, write_fault_cluster
@@ -92,7 +92,7 @@ def test_ranktable_2x8_host_killed_its_ranks_move_to_the_spare_with_a_rank_table
         [h2.name, "9", "1"]
     cluster = load_cluster(path)
     plan = replaced(make_plan(cluster), {h2.name: spare.name})
-    want = render.rank_table(cluster, plan, {h1.name: ips[1], spare.name: ips[3]})
+    want = ranktable.rank_table(cluster, plan, {h1.name: ips[1], spare.name: ips[3]})
     for node in (1, 3):
         got = sp.exec(node, ["cat", "/data/sp-rt/rank_table.json"]).stdout
         assert got == want, node

@@ -17,9 +17,9 @@ from orchestrator.devices import (
     read_spod, spod_script, super_devices_for,
 )
 from orchestrator.errors import PlanError
-from orchestrator.launchers import launch_commands
+from orchestrator.launchers.show import launch_commands
 from orchestrator.plan import device_ips_for, make_plan
-from orchestrator.render import rank_table, rank_table_v12
+from orchestrator.launchers.ranktable import rank_table, rank_table_v12
 from orchestrator.spec import Cluster, Host, Job
 from orchestrator.transport.base import Result
 

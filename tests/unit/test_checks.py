@@ -22,6 +22,7 @@ from orchestrator.checks import CheckResult, ProbeRun, Report
 from orchestrator.errors import AuthError, RemoteTimeout
 from orchestrator.probes import ProbeError, Section, SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
+from orchestrator.transport.base import BOOTSTRAP
 from orchestrator.transport.base import Transport
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "checks"
@@ -236,7 +237,9 @@ def test_probe_script_is_pure_valid_sh_and_runs(tmp_path):
     a, b = plan.script(c.hosts[0]), plan.script(c.hosts[0])
     assert a == b
     assert subprocess.run(["sh", "-n"], input=a, text=True).returncode == 0
-    out = subprocess.run(["sh"], input=a, capture_output=True, text=True, timeout=60).stdout
+    # run as the transport runs it (BOOTSTRAP reads the whole script first): fed to `sh` itself, the
+    # script's own `exec </dev/null` cut off whatever sh had not read yet (a flaky syntax error)
+    out = subprocess.run(["sh", "-c", BOOTSTRAP], input=a, capture_output=True, text=True, timeout=60).stdout
     s = probes.split_sections(out)
     assert all(x.finished for x in s.values()), out
     assert probes.parse_workdir(s["workdir"].body).writable

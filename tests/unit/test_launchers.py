@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import launchers
 from orchestrator.plan import make_plan
-from orchestrator.render import msrun_argv
+from orchestrator.launchers.msrun import msrun_argv
 from orchestrator.spec import Cluster, Host, Job
 
 
@@ -148,7 +148,7 @@ def test_torchrun_needs_the_same_slots_everywhere():
 def test_hccl_timeouts_and_rank_dirs_reach_every_rank(launcher):
     """Ascend: HCCL_CONNECT_TIMEOUT grows with the cluster (at least HCCL's 120 s) or is job.hccl's;
     job.env wins; rank_dirs is passed to whatever starts the ranks."""
-    from orchestrator.render import hccl_connect_timeout
+    from orchestrator.hccl import hccl_connect_timeout
 
     c = cluster(["python", "t.py"], launcher=launcher, n_hosts=2, rank_dirs=True, hccl_exec_timeout=900)
     from orchestrator.spec import Checks

@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from orchestrator.errors import PlanError
 from orchestrator.devices import hccn_ips, parse_hccn
 from orchestrator.plan import device_ips_for, make_plan, server_key
-from orchestrator.launchers import launch_commands, plan_files
-from orchestrator.render import (
-    hostfile, mpirun_argv, mpirun_secrets, msrun_argv, node_env, msrun_script,
+from orchestrator.launchers.base import node_env
+from orchestrator.launchers.mpirun import hostfile, mpirun_argv, mpirun_secrets
+from orchestrator.launchers.msrun import msrun_argv, msrun_script
+from orchestrator.launchers.ranktable import (
     rank_env, rank_table, rank_table_filename, rank_table_legacy, rank_table_v1,
 )
+from orchestrator.launchers.show import launch_commands, plan_files
 from orchestrator.sh import MASK
 from orchestrator.spec import Cluster, Host, Job
 
@@ -226,7 +228,7 @@ def test_mpirun_refuses_hosts_with_different_ssh_ports():
 
 
 def test_mpirun_interface_one_name_or_networks():
-    from orchestrator.render import mpirun_interface
+    from orchestrator.launchers.mpirun import mpirun_interface
     assert mpirun_interface({"a": ("eth1", "10.0.0.0/24"), "b": ("eth1", "10.0.0.0/24")}) == (
         "eth1", {"NCCL_SOCKET_IFNAME": "eth1", "HCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1"})
     assert mpirun_interface({"a": ("eth1", "10.0.0.0/24"), "b": ("ens5", "10.0.0.0/24")}) == (
@@ -292,7 +294,7 @@ def test_msrun_refuses_a_command_without_script(command):
                                             (["python3", "-m", "train", "x"], ["-m", "train", "x"])])
 def test_msrun_keeps_interpreter_options(command, script):
     """msrun passes them through, and orch's worker wrapper hands them to the interpreter."""
-    from orchestrator.launchers import msrun_task
+    from orchestrator.launchers.msrun import msrun_task
     assert msrun_script(command) == script
     assert msrun_task(command)[3:] == ["python3", *script]
 
@@ -395,7 +397,8 @@ def test_the_cluster_address_goes_everywhere_ranks_meet():
     msrun's --master_addr, torchrun's --master-addr, the rank table's file name."""
     import dataclasses
 
-    from orchestrator.render import rank_table_filename, torchrun_argv
+    from orchestrator.launchers.ranktable import rank_table_filename
+    from orchestrator.launchers.torchrun import torchrun_argv
     a = dataclasses.replace(host("node-a", range(8)), hostname="10.0.0.1", mpi_address="192.168.0.1")
     b = dataclasses.replace(host("node-b", range(8)), hostname="10.0.0.2")
     c = cluster(a, b)
@@ -430,7 +433,7 @@ def test_is_python_is_one_rule_for_msrun_and_check(tmp_path, want, exe):
     """One rule decides "the command starts with a Python interpreter": msrun drops it, orch
     check's probe asks it for the job's package versions."""
     from orchestrator.probes import interpreter
-    from orchestrator.render import is_python
+    from orchestrator.interpreters import is_python
     from orchestrator.spec import Cluster, Job
 
     assert is_python(exe) is want
@@ -440,7 +443,7 @@ def test_is_python_is_one_rule_for_msrun_and_check(tmp_path, want, exe):
 
 
 def test_is_root_one_rule():
-    from orchestrator.render import is_root
+    from orchestrator.logins import is_root
 
     assert is_root(uid=0) and not is_root(uid=1000) and not is_root(uid=1000, user="root")
     assert is_root(user="root") and not is_root(user="train") and not is_root()

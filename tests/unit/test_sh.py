@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launchers, sh, supervisor
+from orchestrator.launchers import show
 from orchestrator.plan import make_plan
 from orchestrator.runs import create_run
 from orchestrator.spec import Cluster, Host, Job
@@ -135,11 +136,11 @@ def test_secrets_in_no_printed_or_recorded_command_and_in_every_executed_one(tmp
     secrets = (JOB_SECRET, LISTED, HOST_SECRET)
 
     # printed/recorded: `orch plan --out`'s files, run.json (its commands as lifecycle.start records them)
-    printed = launchers.plan_files(c, plan, device_ips=None, root=True)
+    printed = show.plan_files(c, plan, device_ips=None, root=True)
     assert sh.MASK in printed["commands.json"]
     run = create_run(c, plan.to_dict(), cwd=tmp_path)
     cfgs = supervisor.configs(c, plan, run.id, launchers.build(c, plan, run.id, root={}))
-    run.data["commands"] = launchers.recorded_commands(cfgs)
+    run.data["commands"] = show.recorded_commands(cfgs)
     run.save()
     for text in [*printed.values(), (run.dir / "run.json").read_text()]:
         assert not [v for v in secrets if v in text]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launchers, render, supervisor
+from orchestrator import launchers, supervisor
+from orchestrator.launchers import ranktable
 from orchestrator.agent import protocol, tables
 from orchestrator.errors import PlanError, SpecError
 from orchestrator.plan import current_hosts, make_plan, ranks_by_host, replaced
@@ -116,7 +117,7 @@ def test_the_heads_rank_table_for_a_new_host_set_is_byte_for_byte_orchs(version)
     servers = [cfg["servers"][0], dict(spare, ranks=cfg["servers"][1]["ranks"])]
     servers = json.loads(json.dumps(servers))   # as the head has them: JSON, device ids as strings
     got = tables.render(cfg["tables"], servers)
-    want = render.rank_table(c, replaced(p, {"10.0.0.2": "10.0.0.9"}), _ips(c), aarch64=True)
+    want = ranktable.rank_table(c, replaced(p, {"10.0.0.2": "10.0.0.9"}), _ips(c), aarch64=True)
     assert got == {"rank_table.json": want}
 
 

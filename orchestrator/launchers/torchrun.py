@@ -1,0 +1,48 @@
+"""torchrun (pure): one torchrun per host, static rendezvous at the launch host; each worker runs
+under `agent.py rank`. torchrun restarts nothing itself (orch does, job.restarts)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..agent.layout import RANK_OUTPUT_VAR
+from ..model import Cluster
+from ..plan import RankPlan
+from .base import Context, Launcher, Proc, node_env, wrapped
+
+
+def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: Sequence[str], *,
+                  master_addr: str | None = None) -> list[str]:
+    """One host's torchrun (static rendezvous at the launch host, at `master_addr`: default its
+    cluster address): `command` is what each of its workers runs as is (`--no-python`:
+    job.command names its interpreter)."""
+    host = plan.host(host_name)
+    return ["torchrun",
+            f"--nnodes={len(plan.hosts)}",
+            f"--nproc-per-node={host.slots}",
+            f"--node-rank={plan.node_rank(host_name)}",
+            f"--master-addr={master_addr or plan.launch_host.cluster_address}",
+            f"--master-port={cluster.job.master_port}",
+            "--max-restarts=0",
+            "--no-python",
+            *command]
+
+
+class Torchrun(Launcher):
+    name = "torchrun"
+    uses_master_port = True
+    program = "torchrun"
+    tools = ("torch",)
+
+    def procs(self, ctx: Context) -> dict[str, list[Proc]]:
+        cluster, plan = ctx.cluster, ctx.plan
+        command = wrapped(ctx.rdir, cluster.job.command)
+        return {h.name: [Proc(f"torchrun.{h.name}",
+                              tuple(torchrun_argv(cluster, plan, h.name, command, master_addr=ctx.master)),
+                              {**ctx.host_added[h.name], **node_env(cluster, plan, h.name), **ctx.stall_env,
+                               RANK_OUTPUT_VAR: "1"},
+                              cluster.job.workdir, "torchrun.log")]
+                for h in ctx.hosts()}
+
+    def launcher_hosts(self, plan: RankPlan) -> list[str]:
+        return [h.name for h in plan.hosts]

@@ -1,0 +1,25 @@
+"""Who logs in where (pure): the one rule for "the launch user is root", and the ssh options one
+host needs to log in to another as orch does (mpirun's plm_rsh_args, `orch check`'s mesh test)."""
+
+from __future__ import annotations
+
+from .model import Host
+
+
+def is_root(*, uid: int | None = None, user: str | None = None) -> bool:
+    """The one rule for "the launch user is root" (mpirun then needs --allow-run-as-root): uid 0
+    when the host said (`id -u`, up's prepare), else the login name (`id -un` in orch check; the
+    inventory's user for `orch plan`, which touches no host)."""
+    return uid == 0 if uid is not None else user == "root"
+
+
+def ssh_args(source: Host, target: Host) -> list[str]:
+    """What `ssh` on `source` needs, beyond the address, to log in to `target` as orch does: its
+    port and user when they are not ssh's defaults there. mpirun gets exactly these
+    (plm_rsh_args), and `orch check`'s mesh test uses them too."""
+    out = []
+    if target.port != 22:
+        out += ["-p", str(target.port)]
+    if target.user != source.user:
+        out += ["-l", target.user]
+    return out
