@@ -26,20 +26,22 @@ from typing import Callable, Iterator
 from .errors import Interrupted, PreflightFailed, UsageError
 from .launchers import launcher
 from .lifecycle import Events, Lifecycle, RunEnd
-from .plan import RankPlan
+from .rankplan import RankPlan
 from .runs import Run
 from .model import Cluster
 
-__all__ = ["Events", "UpResult", "check", "down", "load", "logs", "plan", "status", "up"]
+__all__ = ["Events", "LogStream", "UpResult", "check", "down", "load", "logs", "plan", "progress", "status", "up"]
 
 
 def load(path: str | os.PathLike = "cluster.yaml", inventory: str | os.PathLike | None = None,
          hosts: str | None = None) -> Cluster:
     """The cluster file, validated (SpecError lists every problem with file and line);
-    `inventory` replaces its own (relative to the current directory), `hosts` narrows it
-    (names, ranges, groups: as --hosts)."""
+    `inventory` replaces its own (relative to the current directory; None: ORCH_INVENTORY when
+    set, as for the CLI's -i), `hosts` narrows it (names, ranges, groups: as --hosts)."""
     from .spec import load_cluster
 
+    if inventory is None:
+        inventory = os.environ.get("ORCH_INVENTORY") or None
     return load_cluster(path, inventory=inventory).select(hosts)
 
 
@@ -47,7 +49,7 @@ def plan(cluster: Cluster) -> RankPlan:
     """The rank plan (PlanError when a device or launcher rule is broken). Touches no host; for
     a Slurm inventory, planned on placeholder nodes node1..nodeN."""
     from . import slurm
-    from .plan import make_plan
+    from .rankplan import make_plan
 
     return make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
 
@@ -107,7 +109,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
     every rank (state `interrupted`); while queued for Slurm, the request is cancelled and
     Interrupted raised."""
     from . import slurm
-    from .plan import make_plan
+    from .rankplan import make_plan
     from .hostsets import fold
     from .supervisor import batch_grace
 
@@ -226,7 +228,7 @@ def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster:
             from . import slurm
 
             cluster = slurm.latest(cluster)
-        from .plan import make_plan  # the job's own nodes (api.plan would show placeholders)
+        from .rankplan import make_plan  # the job's own nodes (api.plan would show placeholders)
 
         rid, view = cluster_status(cluster, make_plan(cluster), run_id)
         view.run_id = rid
@@ -301,7 +303,7 @@ def logs(run_id: str | None = None, rank: int | None = 0, root: str | os.PathLik
     """Rank `rank`'s output, in blocks, exactly as `orch logs --rank N` writes it (fetched from
     its host when not here yet); rank None: every rank's, each line prefixed with its rank;
     `host`: only the ranks on those hosts (a name or address, or names and ranges)."""
-    from . import logs as _logs
+    from . import runlogs as _logs
     from .runs import load_run
 
     run = load_run(run_id, cwd=Path(root).absolute())

@@ -178,7 +178,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     from .launchers import show
     from .launchers.ranktable import RANK_TABLE
     from .logins import is_root
-    from . import plan as planning
+    from . import rankplan as planning
     from .devices import HCCN_CONF
     from .errors import PlanError
 
@@ -279,7 +279,7 @@ def _plan_super_devices(cluster, rp, probe: bool):
 
 def _replaced_plan(rp, swaps: tuple[str, ...]):
     """`orch plan --replace HOST=SPARE ...`: the plan as the run's head makes it when HOST is lost."""
-    from . import plan as planning
+    from . import rankplan as planning
 
     pairs: dict[str, str] = {}
     spares = {h.name: h for h in rp.spares}

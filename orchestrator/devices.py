@@ -41,8 +41,8 @@ from .errors import PlanError
 from .hostsets import fold
 from .model import Host
 
-if TYPE_CHECKING:  # plan.py imports this module
-    from .plan import RankPlan
+if TYPE_CHECKING:  # rankplan.py imports this module
+    from .rankplan import RankPlan
     from .transport import Pool
     from .transport.base import Transport
 

@@ -71,7 +71,7 @@ MARK_PING = "orch:ping"
 
 def ping_targets(cluster: Cluster, host: Host) -> tuple[Host | None, dict[int, str]]:
     """(the next host in plan order, {planned device: its same-index device IP from the inventory})."""
-    from .plan import order_hosts
+    from .rankplan import order_hosts
 
     hosts = order_hosts(cluster.hosts)
     names = [h.name for h in hosts]

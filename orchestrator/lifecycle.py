@@ -24,7 +24,7 @@ from .fanout import Results, fan_out
 from .hostlayout import run_dir
 from .launchers import Launch
 from .launchers.show import recorded_commands
-from .plan import RankPlan
+from .rankplan import RankPlan
 from .logins import is_root
 from .runs import Run
 from .runstate import RunView
@@ -303,7 +303,7 @@ class Lifecycle:
         host = self.plan.ranks[rank].host if rank is not None else self.plan.launch_host.name
         window = supervisor.lost_after(self.cluster)
         last_ok = time.monotonic()
-        from . import logs  # here: `orch status` and `down` of a recorded run need none of it
+        from . import runlogs as logs  # here: `orch status` and `down` of a recorded run need none of it
 
         copies = logs.Copies(self.run)
         state: dict = {}
@@ -397,7 +397,7 @@ class Lifecycle:
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
         hosts = [h for h in self.plan.all_hosts if h.name not in lost]
         attempt = self.view.attempt if self.view and self.view.attempt else 1
-        from . import logs
+        from . import runlogs as logs
 
         if self.view and self.view.replaced:   # which host ran which rank (logs.gather reads it here)
             self.run.data["replaced"] = self.view.replaced
@@ -467,7 +467,7 @@ def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int,
     (only from hosts that need it, over the pool's connections). PlanError for what is missing
     (`what` goes before a read error's message: `--probe: `)."""
     from .devices import hccn_ips, read_hccn
-    from .plan import device_ips_for
+    from .rankplan import device_ips_for
 
     known = dict(known or {})
     need = [h for h in plan.all_hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
@@ -495,7 +495,7 @@ def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
 
 
 def plan_from_run(run: Run) -> RankPlan:
-    from .plan import Rank
+    from .rankplan import Rank
 
     hosts = {h.name: h for h in run.hosts()}
     doc = run.data["plan"]

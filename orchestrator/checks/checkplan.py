@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from .. import probes
 from ..errors import PlanError
 from ..launchers import launcher
-from ..plan import RankPlan, order_hosts
+from ..rankplan import RankPlan, order_hosts
 from ..probes import MeshTarget, ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
@@ -126,8 +126,8 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:
-    """plan.make_plan, its PlanError as a value (orch check reports it as device-rules)."""
-    from ..plan import make_plan
+    """rankplan.make_plan, its PlanError as a value (orch check reports it as device-rules)."""
+    from ..rankplan import make_plan
 
     try:
         return make_plan(cluster)

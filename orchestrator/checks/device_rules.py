@@ -1,10 +1,10 @@
-"""device-rules: the plan's rules (Ascend device sets, msrun slots, mpirun env): plan.make_plan
+"""device-rules: the plan's rules (Ascend device sets, msrun slots, mpirun env): rankplan.make_plan
 accepts the cluster. Needs no host: judged on the rank plan the check was given."""
 
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from .base import Check, CheckResult, register
 
 

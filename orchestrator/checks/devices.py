@@ -9,7 +9,7 @@ from typing import Mapping
 
 from .. import probes
 from ..devices import HCCN_CONF, HccnDevice
-from ..plan import order_hosts
+from ..rankplan import order_hosts
 from ..probes import NOT_INSTALLED, ProbeError, Section
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, ids, register, result, section, split_by

@@ -16,7 +16,7 @@ from .. import probes
 from ..errors import HostError, OrchError, PlanError
 from ..fanout import fan_out
 from ..shards import decode_error, encode_error, fan_out_procs
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from ..probes import ProbeError
 from ..model import Cluster, Host
 from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result

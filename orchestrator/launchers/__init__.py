@@ -27,7 +27,7 @@ from ..errors import PlanError
 from ..hccl import hccl_env
 from ..hostlayout import run_dir
 from ..model import Cluster
-from ..plan import RankPlan, replaced
+from ..rankplan import RankPlan, replaced
 from .base import (ATTEMPT_DIR, HEAD_ADDR, Context, HeadReach, Launch, Launcher, Proc, Spares, head_reach,
                    interface_env, servers)
 from .mpirun import Mpirun

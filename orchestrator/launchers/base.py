@@ -15,7 +15,7 @@ from ..errors import PlanError
 from ..agent.layout import ATTEMPT_DIR_TOKEN as ATTEMPT_DIR
 from ..hostlayout import PY
 from ..model import Cluster, Host
-from ..plan import RankPlan, visible_devices_var
+from ..rankplan import RankPlan, visible_devices_var
 
 # In an argv or env value: the launch host's address as the other hosts reached it (torchrun's and
 # msrun's master address, MASTER_ADDR), when the cluster file does not pin one (HeadReach.pinned);

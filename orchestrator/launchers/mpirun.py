@@ -17,7 +17,7 @@ from ..agent.layout import ATTEMPT_VAR, DIR_VAR, REPLACED_VAR, RUN_VAR
 from ..hostlayout import log_dir_path
 from ..logins import ssh_args
 from ..model import Cluster
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from .base import ATTEMPT_DIR, Context, Launcher, Proc, host_env, interface_env, servers, visible_devices, wrapped
 
 

@@ -10,7 +10,7 @@ from ..errors import PlanError
 from ..hostlayout import log_dir_path
 from ..interpreters import is_python
 from ..model import Cluster
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from .base import ATTEMPT_DIR, Context, Launcher, Proc, node_env
 
 MSRUN_CLUSTER_TIME_OUT = 600

@@ -20,7 +20,7 @@ from ..agent import tables
 from ..devices import super_pod_problems
 from ..errors import PlanError
 from ..model import Cluster
-from ..plan import Rank, RankPlan
+from ..rankplan import Rank, RankPlan
 from .base import Context, Launcher, Proc, host_env, servers
 
 RANK_TABLE = "rank_table.json"

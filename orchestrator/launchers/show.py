@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from .. import sh
 from ..hostlayout import run_dir
 from ..model import Cluster
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from . import build, launcher, planned_interfaces
 from .base import ATTEMPT_DIR, head_reach
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..agent.layout import RANK_OUTPUT_VAR
 from ..model import Cluster
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from .base import Context, Launcher, Proc, node_env, wrapped
 
 

@@ -22,7 +22,7 @@ from ..agent import delta, layout
 from ..agent.layout import AGENT, RUN_VAR
 from ..hostlayout import PY, orch_dir, run_dir
 from ..launchers import HeadReach, Launch, head_reach
-from ..plan import RankPlan
+from ..rankplan import RankPlan
 from ..model import Cluster
 
 STOP_GRACE = 5.0

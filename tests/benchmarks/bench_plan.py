@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.plan import device_ips_for, make_plan
+from orchestrator.rankplan import device_ips_for, make_plan
 from orchestrator.launchers.mpirun import hostfile, mpirun_argv
 from orchestrator.launchers.msrun import msrun_argv
 from orchestrator.launchers.ranktable import rank_env, rank_table_legacy, rank_table_v1

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from orchestrator import launchers, supervisor
 from orchestrator.agent import head as H
 from orchestrator.model import Cluster, Host, Job
-from orchestrator.plan import make_plan
+from orchestrator.rankplan import make_plan
 
 
 def cluster(hosts: int, spares: int) -> Cluster:

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import devices, logs, plan, probes, runs, sh, supervisor, sync
+from orchestrator import devices, probes, rankplan, runlogs, runs, sh, supervisor, sync
 from orchestrator.launchers import ranktable, show
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.hostsets import fold
@@ -120,7 +120,7 @@ def _outcome(text: str, name: str = "cluster.yaml"):
 def _exercise(cluster) -> None:
     """A valid model must plan, render and be recorded without a crash (PlanError is fine)."""
     try:
-        rp = plan.make_plan(cluster)
+        rp = rankplan.make_plan(cluster)
     except PlanError:
         return
     try:
@@ -292,7 +292,7 @@ def test_fuzz_lifecycle_replies(text):
     content parse (garbage is ignored, or an OrchError for a gathering stream: never a crash)."""
     with tempfile.TemporaryDirectory() as here:
         run = type("R", (), {"dir": Path(here), "local_log": lambda self, r, a=1: Path(here) / f"{a}" / f"{r}"})()
-        sink = logs._Gathered(run, Path(here) / "launcher.log")
+        sink = runlogs._Gathered(run, Path(here) / "launcher.log")
         try:
             sink.write(text.encode("utf-8", "surrogateescape"))
         except OrchError:
@@ -332,8 +332,8 @@ def test_fuzz_rank_tables(hosts, version, data):
     cluster = _outcome(_dump(doc))
     assert cluster is not None
     try:
-        rp = plan.make_plan(cluster)
-        table = json.loads(ranktable.rank_table(cluster, rp, plan.device_ips_for(rp, {})))
+        rp = rankplan.make_plan(cluster)
+        table = json.loads(ranktable.rank_table(cluster, rp, rankplan.device_ips_for(rp, {})))
     except PlanError:
         return  # an Ascend device rule refused the layout: a located, explained error
     if version == "1.0":

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.launchers import ranktable
-from orchestrator.plan import make_plan, replaced
+from orchestrator.rankplan import make_plan, replaced
 from orchestrator.spec import load_cluster
 from tests.support import host_procs, leftovers, orch, wait_until, write_fault_cluster
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import orchestrator as orch
-from orchestrator import api
 from orchestrator.errors import PreflightFailed, SpecError, UsageError
 
 
@@ -35,15 +34,15 @@ def test_up_logs_status_down_from_python(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     _cluster(tmp_path, "echo hello $RANK_ID")
     cluster = orch.load("cluster.yaml")
-    assert api.plan(cluster).size == 2
+    assert orch.plan(cluster).size == 2
     report = orch.check(cluster)
     assert report.ok, [r for r in report.results if r.status in ("fail", "error")]
     ev = Recorder()
     result = orch.up(cluster, events=ev, follow_rank=1)
     assert (result.state, result.exit_code) == ("succeeded", 0)
     assert any("checking" in s for s in ev.steps) and ev.out.get(1) == b"hello 1\n"
-    assert b"".join(api.logs(result.run.id, rank=0)) == b"hello 0\n"
-    assert b"".join(api.logs(rank=None)) == b"[rank 0] hello 0\n[rank 1] hello 1\n"
+    assert b"".join(orch.logs(result.run.id, rank=0)) == b"hello 0\n"
+    assert b"".join(orch.logs(rank=None)) == b"[rank 0] hello 0\n[rank 1] hello 1\n"
     assert orch.status(result.run.id).state == "succeeded"
     done, failed, view = orch.down(result.run.id)
     assert failed == {} and view.state == "succeeded"
@@ -58,12 +57,12 @@ def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
         orch.up(cluster, follow_rank=2, show_output=False)
     assert (result.state, result.exit_code) == ("failed", 1)
     assert result.outcome.first_failure["rank"] == 1 and result.outcome.first_failure["exit_code"] == 4
-    followed = api.logs(result.run.id, rank=1, follow=True)  # as `orch logs --follow` exits 1
+    followed = orch.logs(result.run.id, rank=1, follow=True)  # as `orch logs --follow` exits 1
     assert b"".join(followed) == b"" and not followed.ok
-    followed = api.logs(result.run.id, rank=0, host="127.0.0.1", follow=True)  # stopped by fail-fast: not failed
+    followed = orch.logs(result.run.id, rank=0, host="127.0.0.1", follow=True)  # stopped by fail-fast: not failed
     assert b"".join(followed) == b"" and followed.ok
     with pytest.raises(UsageError, match="numbered from 1"):
-        api.logs(result.run.id, attempt=0)
+        orch.logs(result.run.id, attempt=0)
     (tmp_path / "bad.yaml").write_text("inventory: {hosts: [{address: x}]}\njob: {workdir: rel, command: x}\n")
     with pytest.raises(SpecError, match="must be an absolute path"):
         orch.load(tmp_path / "bad.yaml")

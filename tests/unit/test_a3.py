@@ -18,7 +18,7 @@ from orchestrator.devices import (
 )
 from orchestrator.errors import PlanError
 from orchestrator.launchers.show import launch_commands
-from orchestrator.plan import device_ips_for, make_plan
+from orchestrator.rankplan import device_ips_for, make_plan
 from orchestrator.launchers.ranktable import rank_table, rank_table_v12
 from orchestrator.spec import Cluster, Host, Job
 from orchestrator.transport.base import Result

@@ -156,7 +156,7 @@ def cpu_cluster(n=3, **job):
 
 
 def test_check_plan_takes_the_callers_rank_plan(monkeypatch):
-    from orchestrator import plan as planning
+    from orchestrator import rankplan as planning
 
     c = cpu_cluster()
     rp = planning.make_plan(c)
@@ -197,7 +197,7 @@ def test_up_reads_hccn_conf_once_per_host():
     """What the check's probe read from /etc/hccn.conf is what the rank table gets: read_device_ips
     asks only the hosts the probe did not read it on."""
     from orchestrator import lifecycle
-    from orchestrator.plan import make_plan
+    from orchestrator.rankplan import make_plan
 
     c = cpu_cluster(2, launcher="ranktable", platform="ascend")
     c = replace(c, hosts=tuple(replace(h, slots=8, devices=tuple(range(8))) for h in c.hosts))

@@ -1,5 +1,5 @@
-"""Log gathering in one round trip per host: logs.GATHER_PY (what runs on the host, here run
-locally with python3 -S) and its stream's sink (logs._Gathered), end to end on files."""
+"""Log gathering in one round trip per host: runlogs.GATHER_PY (what runs on the host, here run
+locally with python3 -S) and its stream's sink (runlogs._Gathered), end to end on files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import logs
+from orchestrator import runlogs
 from orchestrator.errors import OrchError
 
 
@@ -40,9 +40,9 @@ def setup(tmp_path):
         return p
 
     def gather(ranks, launcher: str | None = None, local_launcher: Path | None = None) -> bytes:
-        argv = logs.gather_script(run, cluster, ranks, launcher)
+        argv = runlogs.gather_script(run, cluster, ranks, launcher)
         out = subprocess.run(argv, capture_output=True, check=True).stdout
-        sink = logs._Gathered(run, local_launcher)
+        sink = runlogs._Gathered(run, local_launcher)
         for i in range(0, len(out), 7):  # as a transport delivers it: in pieces
             sink.write(out[i:i + 7])
         sink.close(True)
@@ -79,11 +79,11 @@ def test_a_log_rewritten_there_is_fetched_again_from_its_start(setup):
 def test_bytes_another_command_copied_meanwhile_are_not_written_twice(setup):
     s = setup
     s.remote(1, 0, b"0123456789")
-    argv = logs.gather_script(s.run, SimpleNamespace(job=SimpleNamespace(workdir=str(s.rd.parents[1]))), [0])
+    argv = runlogs.gather_script(s.run, SimpleNamespace(job=SimpleNamespace(workdir=str(s.rd.parents[1]))), [0])
     out = subprocess.run(argv, capture_output=True, check=True).stdout
     s.run.local_log(0).parent.mkdir(parents=True)
     s.run.local_log(0).write_bytes(b"0123")  # another `orch logs` got there first
-    sink = logs._Gathered(s.run, None)
+    sink = runlogs._Gathered(s.run, None)
     sink.write(out)
     sink.close(True)
     assert s.run.local_log(0).read_bytes() == b"0123456789"
@@ -97,7 +97,7 @@ def test_the_launchers_log_is_replaced_whole_and_only_by_a_complete_stream(setup
     local = tmp_path / "here" / "launcher" / "a1-node0-mpirun.log"
     s.gather([0], str(mpilog), local)
     assert local.read_bytes() == b"mpirun said this\n"
-    sink = logs._Gathered(s.run, local)
+    sink = runlogs._Gathered(s.run, local)
     sink.write(b"L 100\npartial")
     sink.close(False)  # the connection broke: the copy stays as it was, no temporary file left
     assert local.read_bytes() == b"mpirun said this\n"
@@ -106,14 +106,14 @@ def test_the_launchers_log_is_replaced_whole_and_only_by_a_complete_stream(setup
 
 def test_an_unreadable_stream_is_an_error_not_a_guess(setup):
     with pytest.raises(OrchError, match="unreadable gather stream"):
-        logs._Gathered(setup.run, None).write(b"garbage here\n")
+        runlogs._Gathered(setup.run, None).write(b"garbage here\n")
 
 
 def test_a_new_copy_appears_whole_or_not_at_all(setup):
     """As Transport.get writes one: a broken stream (or a full disk here) leaves no half copy,
     so no space is held by it and the next gather starts it again."""
     s = setup
-    sink = logs._Gathered(s.run, None)
+    sink = runlogs._Gathered(s.run, None)
     sink.write(b"D 1 0 0 10\n01234")
     sink.close(False)
     assert not s.run.local_log(0).exists()
@@ -148,6 +148,6 @@ def test_a_host_that_cannot_be_reached_is_asked_once_one_that_answered_gets_its_
                            node_rank=lambda name: [h.name for h in hosts].index(name))
     cluster = SimpleNamespace(job=SimpleNamespace(workdir="/w", launcher="msrun"), ssh=SimpleNamespace(fanout=4))
     pool = type("Pool", (), {"__getitem__": lambda self, h: Conn(h.name)})()
-    out = logs.gather(FakeRun(tmp_path), cluster, plan, pool, launcher_attempt=1)
+    out = runlogs.gather(FakeRun(tmp_path), cluster, plan, pool, launcher_attempt=1)
     assert calls == {"down": ["run"], "broken": ["run", "get"], "fine": ["run"]}
     assert out["fine"] == "ok" and "refused" in out["down"] and "no python" in out["broken"]

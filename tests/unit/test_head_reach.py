@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import launchers, lifecycle, supervisor
 from orchestrator.launchers import HEAD_ADDR, head_reach
-from orchestrator.plan import make_plan
+from orchestrator.rankplan import make_plan
 from orchestrator.runs import create_run
 from orchestrator.spec import Cluster, Host, Job
 from orchestrator.transport.base import Transport

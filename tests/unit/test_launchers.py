@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launchers
-from orchestrator.plan import make_plan
+from orchestrator.rankplan import make_plan
 from orchestrator.launchers.msrun import msrun_argv
 from orchestrator.spec import Cluster, Host, Job
 

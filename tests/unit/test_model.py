@@ -96,7 +96,7 @@ def test_no_secret_reaches_run_json_whatever_holds_it(tmp_path):
 
 def test_commands_that_read_a_record_do_not_import_pydantic():
     """orch status/logs/down work from run.json: the validation layer (pydantic) stays unloaded."""
-    code = ("import sys, orchestrator.runs, orchestrator.lifecycle, orchestrator.logs, orchestrator.runstate;"
+    code = ("import sys, orchestrator.runs, orchestrator.lifecycle, orchestrator.runlogs, orchestrator.runstate;"
             "print('pydantic' in sys.modules, 'orchestrator.spec' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"], out

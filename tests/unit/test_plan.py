@@ -1,4 +1,4 @@
-"""orchestrator.plan (pure) and the `orch plan` command."""
+"""orchestrator.rankplan (pure) and the `orch plan` command."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator.devices import hccn_ips, parse_hccn
 from orchestrator.errors import PlanError
-from orchestrator.plan import (
+from orchestrator.rankplan import (
     RULE_A3_MULTI, RULE_A3_NPU, RULE_MULTI, RULE_NETWORK, RULE_SINGLE, device_ips_for, make_plan,
     server_key,
 )

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError
 from orchestrator.devices import hccn_ips, parse_hccn
-from orchestrator.plan import device_ips_for, make_plan, server_key
+from orchestrator.rankplan import device_ips_for, make_plan, server_key
 from orchestrator.launchers.base import node_env
 from orchestrator.launchers.mpirun import hostfile, mpirun_argv, mpirun_secrets
 from orchestrator.launchers.msrun import msrun_argv, msrun_script

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import launchers, sh, supervisor
 from orchestrator.launchers import show
-from orchestrator.plan import make_plan
+from orchestrator.rankplan import make_plan
 from orchestrator.runs import create_run
 from orchestrator.spec import Cluster, Host, Job
 

@@ -14,7 +14,7 @@ from orchestrator import launchers, supervisor
 from orchestrator.launchers import ranktable
 from orchestrator.agent import protocol, tables
 from orchestrator.errors import PlanError, SpecError
-from orchestrator.plan import current_hosts, make_plan, ranks_by_host, replaced
+from orchestrator.rankplan import current_hosts, make_plan, ranks_by_host, replaced
 from orchestrator.spec import load_cluster
 from tests.unit.test_plan import SEED000_IPS, ascend, cluster, host
 
@@ -225,7 +225,7 @@ def test_slurm_spares_are_nodes_asked_for_up_front_and_a_failed_node_ends_nothin
 
 def test_logs_hosts_names_a_spare_by_the_ranks_it_ran(tmp_path):
     from orchestrator.errors import UsageError
-    from orchestrator.logs import select_ranks
+    from orchestrator.runlogs import select_ranks
     from orchestrator.runs import create_run
 
     c = cluster(host("10.0.0.1", devices=(0, 1)), host("10.0.0.2", devices=(0, 1)),

@@ -313,7 +313,7 @@ def test_device_ips_may_list_every_device_of_the_host(tmp_path):
         job: {workdir: /data/j, command: x, launcher: ranktable, platform: ascend, rank_dirs: true,
               hccl: {connect_timeout: 600, exec_timeout: 900}}
         """))
-    from orchestrator.plan import device_ips_for, make_plan
+    from orchestrator.rankplan import device_ips_for, make_plan
     assert device_ips_for(make_plan(c), {})["10.0.0.1"] == {4: "192.168.100.2", 5: "192.168.101.2",
                                                              6: "192.168.102.2", 7: "192.168.103.2"}
     assert (c.job.rank_dirs, c.job.hccl_connect_timeout, c.job.hccl_exec_timeout) == (True, 600, 900)

@@ -22,7 +22,7 @@ from .errors import LocalWriteError, LogsIncomplete, OrchError
 from .fanout import fan_out
 from .launchers import launcher
 from .hostlayout import PY, run_dir
-from .plan import current_hosts, ranks_by_host
+from .rankplan import current_hosts, ranks_by_host
 from .runs import Run
 
 _LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")  # (attempt, rank)
