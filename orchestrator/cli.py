@@ -175,7 +175,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     import shlex
     from pathlib import Path
 
-    from .launchers import show
+    from .launchers import launcher, show
     from .launchers.ranktable import RANK_TABLE
     from .logins import is_root
     from . import rankplan as planning
@@ -197,7 +197,7 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
         rp = _replaced_plan(rp, swaps)
 
     device_ips, missing_ips = None, None
-    if cluster.job.launcher == "ranktable":
+    if launcher(cluster).needs_device_ips(cluster):
         try:
             if probe:  # /etc/hccn.conf of the hosts whose inventory lacks some, as `orch up` reads it
                 from .lifecycle import read_device_ips
@@ -213,7 +213,8 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
                 raise
             missing_ips = exc
     elif probe:
-        click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} needs no device IPs", err=True)
+        click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} on platform {cluster.job.platform} "
+                   "needs no device IPs", err=True)
     if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend" \
             and cluster.job.rank_table_version == "1.2":
         rp, missing_sdids = _plan_super_devices(cluster, rp, probe)

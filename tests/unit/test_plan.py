@@ -374,6 +374,19 @@ def test_cli_ranktable_without_device_ips_says_probe(tmp_path):
     assert not (out / "rank_table.json").exists() and (out / "commands.json").exists()
 
 
+def test_cli_ranktable_off_ascend_shows_no_rank_table(tmp_path):
+    """platform cpu/gpu: `orch up` writes no rank table, so `orch plan` shows none and warns of none."""
+    f = write_cluster(tmp_path, """
+        inventory: {hosts: [{address: 10.0.0.1, slots: 2, device_ips: {0: 192.168.1.1, 1: 192.168.1.2}},
+                            {address: 10.0.0.2, slots: 2}]}
+        job: {launcher: ranktable, platform: cpu, workdir: /w, command: python net.py}
+    """)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(_cli(), ["plan", str(f), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "rank_table" not in res.stderr and sorted(p.name for p in out.iterdir()) == ["commands.json", "plan.json"]
+
+
 def test_cli_probe_reads_hccn_conf_through_the_transport(tmp_path, monkeypatch):
     import orchestrator.devices
 
