@@ -21,10 +21,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
-from .errors import Interrupted, PreflightFailed, UsageError
-from .launchers import launcher
+from .errors import Interrupted, PlanError, PreflightFailed, UsageError
 from .lifecycle import Events, Lifecycle, RunEnd
 from .rankplan import RankPlan
 from .runs import Run
@@ -52,6 +51,67 @@ def plan(cluster: Cluster) -> RankPlan:
     from .rankplan import make_plan
 
     return make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
+
+
+@dataclass
+class PlanOutput:
+    """`plan_files`: the plan (on placeholder nodes node1..nodeN for a Slurm inventory: `cluster`),
+    every file `orch up` would use ({name: text}), why the rank table is not among them
+    (`missing`: its device IPs or super devices are not known without `probe`), and for Slurm
+    the commands orch would run there."""
+
+    cluster: Cluster
+    plan: RankPlan
+    files: dict[str, str]
+    missing: PlanError | None = None
+    slurm_commands: dict | None = None
+
+
+def plan_files(cluster: Cluster, *, replace: Mapping[str, str] | None = None, probe: bool = False) -> PlanOutput:
+    """`orch plan --out`: the plan and every file and command `orch up` would use; `replace`
+    {host: spare}: as the run's head renders them with those spares in those hosts' places;
+    `probe`: read on the hosts the device IPs and super devices the inventory lacks (the only
+    thing that touches a host)."""
+    import json
+
+    from . import prepare, slurm
+    from .launchers import show
+    from .logins import is_root
+    from .transport import Pool
+
+    slurm_cmds = None
+    if cluster.slurm is not None:
+        slurm_cmds = slurm.plan_commands(cluster)
+        cluster, probe = slurm.placeholder(cluster), False
+    rp = replaced_plan(plan(cluster), replace or {})
+    got = prepare.plan_facts(cluster, rp, probe=probe, pool=lambda: Pool(cluster))
+    files = show.plan_files(cluster, got.plan, device_ips=got.device_ips, root=is_root(user=rp.launch_host.user))
+    if slurm_cmds is not None:
+        files["slurm.json"] = json.dumps(slurm_cmds, indent=2) + "\n"
+    return PlanOutput(cluster, got.plan, files, got.missing, slurm_cmds)
+
+
+def replaced_plan(rp: RankPlan, pairs: Mapping[str, str]) -> RankPlan:
+    """The plan as the run's head makes it when each host of `pairs` is lost and its spare takes
+    its place (UsageError for a pair that cannot be)."""
+    from .rankplan import replaced
+
+    spares = {h.name: h for h in rp.spares}
+    taken: set[str] = set()
+    for old, new in pairs.items():
+        item = f"{old}={new}"
+        if new not in spares:
+            raise UsageError(f"--replace {item}: {new} is not a spare of this cluster",
+                             hint="spares are " + (", ".join(spares) or "none (inventory: spares: N or spare: true)"))
+        if old not in {h.name for h in rp.hosts}:
+            raise UsageError(f"--replace {item}: {old} runs no ranks in this plan")
+        if not rp.can_replace(old, spares[new]):
+            raise UsageError(f"--replace {item}: {new} cannot take {old}'s place (the launch host is never "
+                             "replaced; a spare needs the same devices)")
+        if new in taken:
+            raise UsageError(f"--replace {item}: {new} already takes another host's place")
+        taken.add(new)
+    return replaced(rp, dict(pairs)) if pairs else rp
 
 
 def check(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False):
@@ -151,6 +211,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
 def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, on_finishing) -> UpResult:
     """`up` once the hosts are known."""
     from . import launchers, lifecycle
+    from . import prepare as preparing
     from .runs import create_run
     from .transport import Pool
 
@@ -167,14 +228,13 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
                 exc.report = report
                 raise exc
-        device_ips = None
-        if launcher(cluster).needs_device_ips(cluster):
-            # hccn.conf once per host: what the check's probe read there, else read now
-            device_ips = lifecycle.read_device_ips(rp, pool, report.hccn if report is not None else None)
-            if cluster.job.rank_table_version == "1.2":  # Atlas A3: super_device_ids, super_pod_id
-                rp = lifecycle.read_super_devices(rp, pool)
-        prepared = lifecycle.prepare(cluster, rp, pool, force=force, events=events,
+        # hccn.conf once per host: what the check's probe read there, else read now
+        rp, device_ips = preparing.launch_facts(cluster, rp, pool, report.hccn if report is not None else None)
+        prepared = preparing.prepare(cluster, rp, pool, force=force,
                                      known=report.prepared if report is not None else None)
+        for other, hosts in prepared.live.items():   # --force
+            events.step(f"--force: stopping run {other} on {', '.join(hosts)} (workdir {cluster.job.workdir})")
+            lifecycle.stop_run(cluster, rp, pool, other, "`orch up --force` of another run")
         run = create_run(cluster, rp.to_dict())
         if alloc is not None:
             run.data["slurm"] = alloc.record()

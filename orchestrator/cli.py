@@ -171,68 +171,35 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
     """Show the rank plan; with --out DIR, write every file and command `orch up` would use
     (plan.json, commands.json, the hostfile or rank table); --json: plan.json on stdout.
     Touches no host (unless --probe)."""
-    import json as _json
     import shlex
     from pathlib import Path
 
-    from .launchers import launcher, show
-    from .launchers.ranktable import RANK_TABLE
-    from .logins import is_root
-    from . import rankplan as planning
+    from .api import plan_files
     from .devices import HCCN_CONF
-    from .errors import PlanError
+    from .launchers import launcher as launcher_of
+    from .launchers.ranktable import RANK_TABLE
 
     cluster = load(file, hosts)
-    slurm_cmds = None
-    if cluster.slurm is not None:
-        from . import slurm
-
-        slurm_cmds = slurm.plan_commands(cluster)
-        cluster = slurm.placeholder(cluster)
-        probe = False
-    rp = planning.make_plan(cluster)
-    for w in rp.warnings:
-        click.secho(w, fg="yellow", bold=True, err=True)
-    if swaps:
-        rp = _replaced_plan(rp, swaps)
-
-    device_ips, missing_ips = None, None
-    if launcher(cluster).needs_device_ips(cluster):
-        try:
-            if probe:  # /etc/hccn.conf of the hosts whose inventory lacks some, as `orch up` reads it
-                from .lifecycle import read_device_ips
-                from .transport import Pool
-
-                with Pool(cluster) as pool:
-                    device_ips = read_device_ips(rp, pool, what="--probe: ",
-                                                 timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
-            else:
-                device_ips = planning.device_ips_for(rp, {})
-        except PlanError as exc:
-            if probe:
-                raise
-            missing_ips = exc
-    elif probe:
+    pairs: dict[str, str] = {}
+    for item in swaps:
+        old, eq, new = item.partition("=")
+        if not eq or not old or not new:
+            raise UsageError(f"--replace {item!r}: HOST=SPARE expected")
+        pairs[old] = new
+    if probe and cluster.slurm is None and not launcher_of(cluster).needs_device_ips(cluster):
         click.echo(f"--probe: nothing to read, launcher {cluster.job.launcher} on platform {cluster.job.platform} "
                    "needs no device IPs", err=True)
-    if cluster.job.launcher == "ranktable" and cluster.job.platform == "ascend" \
-            and cluster.job.rank_table_version == "1.2":
-        rp, missing_sdids = _plan_super_devices(cluster, rp, probe)
-        if missing_sdids is not None:  # no rank table without them; the commands show placeholders
-            device_ips = None
-            missing_ips = missing_sdids if missing_ips is None else \
-                PlanError(f"{missing_ips.message}\n{missing_sdids.message}", hint=missing_sdids.hint)
-
-    files = show.plan_files(cluster, rp, device_ips=device_ips, root=is_root(user=rp.launch_host.user))
-    if slurm_cmds is not None:
-        files["slurm.json"] = _json.dumps(slurm_cmds, indent=2) + "\n"
+    got = plan_files(cluster, replace=pairs, probe=probe)
+    cluster, rp, files = got.cluster, got.plan, got.files
+    for w in rp.warnings:
+        click.secho(w, fg="yellow", bold=True, err=True)
     if as_json:
         click.echo(files["plan.json"], nl=False)
     else:
         _plan_print(cluster, rp)
-        if slurm_cmds is not None:
+        if got.slurm_commands is not None and cluster.slurm is not None:
             click.echo(f"\nSlurm (hosts node1..node{cluster.slurm.allocated} stand for the allocated nodes):")
-            for what, argv in slurm_cmds["commands"].items():
+            for what, argv in got.slurm_commands["commands"].items():
                 click.echo(f"  {what}: {shlex.join(argv)}")
 
     if not out and not as_json:
@@ -244,62 +211,14 @@ def plan_command(file: str, hosts: str | None, out: str | None, as_json: bool, p
         for name, text in files.items():
             (out_dir / name).write_text(text, encoding="utf-8")
         click.echo(f"wrote {', '.join(sorted(files))} to {out_dir}", err=as_json)
-    if missing_ips is not None and slurm_cmds is not None:
+    if got.missing is not None and got.slurm_commands is not None:
         click.echo(f"{RANK_TABLE}: rendered at `orch up` from each allocated node's {HCCN_CONF}",
                    err=True)
-    elif missing_ips is not None:
-        click.secho(f"WARNING: {RANK_TABLE} not rendered: {missing_ips}\n  run `orch plan --probe` to read "
+    elif got.missing is not None:
+        click.secho(f"WARNING: {RANK_TABLE} not rendered: {got.missing}\n  run `orch plan --probe` to read "
                     f"{HCCN_CONF} on the hosts"
                     + (" (and npu-smi's spod-info, for rank table 1.2)" if cluster.job.rank_table_version == "1.2"
                        else ""), fg="yellow", err=True)
-
-
-def _plan_super_devices(cluster, rp, probe: bool):
-    """Rank table 1.2 (Atlas A3): (the plan with every host's super_device_ids and super_pod_id, None),
-    read with npu-smi on the hosts where the inventory lacks them when `probe`; or, when some are
-    missing without --probe, (the plan with placeholders for the printed commands, the PlanError)."""
-    from dataclasses import replace
-
-    from . import devices, lifecycle
-    from .errors import PlanError
-    from .transport import Pool
-
-    if probe and any(devices.needs_probe(h) for h in rp.all_hosts):
-        with Pool(cluster) as pool:
-            return lifecycle.read_super_devices(rp, pool), None
-    try:
-        return devices.super_devices_for(rp, {}), None
-    except PlanError as exc:
-        if probe:
-            raise
-        n = iter(range(sum(len(h.devices) for h in rp.all_hosts)))
-        shown = tuple(replace(h, super_device_ids={d: next(n) for d in h.devices}, super_pod_id=0)
-                      for h in rp.all_hosts)
-        return replace(rp, hosts=shown[:len(rp.hosts)], spares=shown[len(rp.hosts):]), exc
-
-
-def _replaced_plan(rp, swaps: tuple[str, ...]):
-    """`orch plan --replace HOST=SPARE ...`: the plan as the run's head makes it when HOST is lost."""
-    from . import rankplan as planning
-
-    pairs: dict[str, str] = {}
-    spares = {h.name: h for h in rp.spares}
-    for item in swaps:
-        old, eq, new = item.partition("=")
-        if not eq or not old or not new:
-            raise UsageError(f"--replace {item!r}: HOST=SPARE expected")
-        if new not in spares:
-            raise UsageError(f"--replace {item}: {new} is not a spare of this cluster",
-                             hint="spares are " + (", ".join(spares) or "none (inventory: spares: N or spare: true)"))
-        if old not in {h.name for h in rp.hosts}:
-            raise UsageError(f"--replace {item}: {old} runs no ranks in this plan")
-        if not rp.can_replace(old, spares[new]):
-            raise UsageError(f"--replace {item}: {new} cannot take {old}'s place (the launch host is never "
-                             "replaced; a spare needs the same devices)")
-        if new in pairs.values():
-            raise UsageError(f"--replace {item}: {new} already takes another host's place")
-        pairs[old] = new
-    return planning.replaced(rp, pairs)
 
 
 def _plan_print(cluster, rp) -> None:

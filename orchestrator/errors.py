@@ -112,6 +112,11 @@ class PreflightFailed(OrchError):
     report: Report | None = None  # the checks that failed (api.up), for the CLI to print
 
 
+class RunConflict(OrchError):
+    """Another run of orch holds the workdir on a host (a second run there would mix its logs)."""
+    exit_code = 2
+
+
 class LocalWriteError(OrchError):
     """orch could not write on this machine (its disk full, a directory read-only): a run's
     record or logs are incomplete; the hosts still have the logs."""

@@ -14,18 +14,16 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import AbstractSet, Any, Callable
 
 from . import runstate, supervisor, top
-from .devices import HccnDevice
-from .errors import LocalWriteError, OrchError, PreflightFailed, UsageError
-from .fanout import Results, fan_out
+from .errors import LocalWriteError, OrchError, RunConflict, UsageError
+from .fanout import fan_out
 from .hostlayout import run_dir
 from .launchers import Launch
 from .launchers.show import recorded_commands
 from .rankplan import RankPlan
-from .logins import is_root
 from .runs import Run
 from .runstate import RunView
 from .model import Cluster
@@ -62,85 +60,8 @@ class LaunchError(OrchError):
     exit_code = 1
 
 
-class RunConflict(OrchError):
-    exit_code = 2
-
-
 def _fan(cluster: Cluster, hosts, fn: Callable):
     return fan_out(hosts, fn, limit=cluster.ssh.fanout)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What `prepare` learnt from every host."""
-
-    root: dict[str, bool]                           # {host: the launch user is root}
-    interfaces: dict[str, tuple[str, str | None]]   # {host: (job.interface there, its IPv4 network)}
-    arch: dict[str, str | None] = field(default_factory=dict)  # {host: uname -m}
-    addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
-
-    @property
-    def aarch64(self) -> bool:
-        return any(a == "aarch64" for a in self.arch.values())
-
-
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts) -> Results[dict]:
-    """prepare's round trip, one per host of `hosts`: {host: Outcome of its parsed reply}
-    (supervisor.parse_prepare)."""
-    script = supervisor.prepare_script(cluster, plan.launch_host.cluster_address)
-    return _fan(cluster, hosts, lambda h: supervisor.parse_prepare(
-        pool[h].run(script).check("preparing the launch").out))
-
-
-def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            events: Events | None = None, known: Mapping[str, dict] | None = None) -> Prepared:
-    """What must hold before anything is written: who we are there (root or not), job.interface
-    there, python3 for the supervisor, and no other live run in the workdir (unless `force`,
-    which stops it). A host it cannot use: PreflightFailed (exit 3), as nothing was started.
-    `known`: {host: its facts} as up's check probe read them (checks.Report.prepared); the
-    other hosts are asked now, one round trip each (ask_prepare)."""
-    from . import probes
-
-    events = events or Events()
-    known = dict(known or {})
-    need = [h for h in plan.all_hosts if h.name not in known]
-    if need:
-        res = ask_prepare(cluster, plan, pool, need)
-        res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
-        known.update(res.succeeded)
-    facts = {h.name: known[h.name] for h in plan.all_hosts}
-    problems = []
-    for name, f in facts.items():
-        problem = supervisor.python_problem(f["python"])
-        if problem:
-            problems.append(f"{name}: {problem}")
-    interfaces: dict[str, tuple[str, str | None]] = {}
-    addresses: dict[str, str] = {}
-    for name, f in facts.items():
-        got = f["interface"]
-        problem = probes.interface_problem(cluster.job.interface, got) if cluster.job.interface else None
-        if problem is not None:
-            problems.append(f"{name}: job.{problem}")
-        elif got is not None:
-            interfaces[name] = (got.ifname or "", probes.interface_network(got))
-            addresses[name] = got.address
-    if problems:
-        raise PreflightFailed("cannot supervise the run; nothing was started:\n" + "\n".join(f"  {p}" for p in problems))
-    live: dict[str, list[str]] = {}
-    for name, f in facts.items():
-        if f["live"]:
-            live.setdefault(f["live"], []).append(name)
-    for run_id, hosts in live.items():
-        where = f"{', '.join(hosts)} (workdir {cluster.job.workdir})"
-        if not force:
-            raise RunConflict(f"run {run_id} is still running on {where}; a second run there would mix "
-                              "or overwrite its logs",
-                              hint=f"stop it with `orch down --run {run_id}` (from the directory that started "
-                                   "it), wait for it to end, or pass --force to stop it first")
-        events.step(f"--force: stopping run {run_id} on {where}")
-        stop_run(cluster, plan, pool, run_id, "`orch up --force` of another run")
-    return Prepared({n: is_root(uid=f["uid"]) for n, f in facts.items()}, interfaces,
-                    {n: f["arch"] for n, f in facts.items()}, addresses)
 
 
 @dataclass(frozen=True)
@@ -457,40 +378,6 @@ def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
     return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")
 
 
-# --------------------------------------------------------------------------- device IPs
-
-
-def read_device_ips(plan: RankPlan, pool: Pool, known: Mapping[str, Mapping[int, HccnDevice]] | None = None,
-                    *, what: str = "", timeout: float | None = None) -> dict[str, dict[int, str]]:
-    """Device IPs for the rank table: the inventory's `device_ips`, else each host's
-    /etc/hccn.conf: as `known` has it (what `orch check`'s probe read there), else read now
-    (only from hosts that need it, over the pool's connections). PlanError for what is missing
-    (`what` goes before a read error's message: `--probe: `)."""
-    from .devices import hccn_ips, read_hccn
-    from .rankplan import device_ips_for
-
-    known = dict(known or {})
-    need = [h for h in plan.all_hosts if any(d not in h.device_ips for d in h.devices) and h.name not in known]
-    confs = {**known, **(read_hccn(pool, need, what, timeout=timeout) if need else {})}
-    return device_ips_for(plan, {n: hccn_ips(c) for n, c in confs.items()})
-
-
-def read_super_devices(plan: RankPlan, pool: Pool) -> RankPlan:
-    """Rank table 1.2 (Atlas A3): the plan with every host's super_device_ids and super_pod_id,
-    the inventory's first, else read with npu-smi (`npu-smi info -m`, then `npu-smi info -t
-    spod-info -i <card> -c <chip>` per device) on the hosts that need it, over the open
-    connections. Anything missing -> PlanError naming host and device (devices.super_devices_for)."""
-    from .devices import needs_probe, read_spod, super_devices_for
-    from .errors import PlanError
-
-    need = [h for h in plan.all_hosts if needs_probe(h)]
-    outcomes = fan_out(need, lambda h: read_spod(pool[h], h), limit=pool.cluster.ssh.fanout)
-    outcomes.raise_if_failed(PlanError, "could not run npu-smi on {n} host(s)", brief=True,
-                             hint="run `orch check` for the connection problems, or give super_device_ids and "
-                                  "super_pod_id in the inventory")
-    return super_devices_for(plan, outcomes.succeeded)
-
-
 # --------------------------------------------------------------------------- a recorded run
 
 
@@ -571,5 +458,5 @@ def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) 
     return doc["run"], view
 
 
-__all__ = ["Events", "LaunchError", "Lifecycle", "RunConflict", "RunEnd", "cluster_status", "prepare",
-           "read_device_ips", "read_super_devices", "record", "run_dir", "run_down", "run_status", "stop_run"]
+__all__ = ["Events", "LaunchError", "Lifecycle", "RunEnd", "cluster_status", "record", "run_dir", "run_down",
+           "run_status", "stop_run"]

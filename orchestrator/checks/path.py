@@ -36,7 +36,7 @@ def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
 
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
     from ..supervisor import lock_path, python_sh
-    from .prepare import reads_lock
+    from ..prepare import reads_lock
 
     env = probes.tool_env(plan.cluster, host)
     plain: list[tuple[str, str]] = []

@@ -145,7 +145,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     other processes make are theirs, closed as they exit); the judging stays here.
     `prepare` (`orch up`): the probes read prepare's facts too (Report.prepared)."""
     from .devices import hccn_confs
-    from .prepare import facts
+    from ..prepare import facts
 
     t0 = time.monotonic()
     plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare)
@@ -226,7 +226,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     hidx = {h.name: i for i, h in enumerate(plan.hosts)}
     results.sort(key=lambda r: (order.get(r.check, 99), hidx.get(r.host, len(hidx)) if r.host else len(hidx)))
     hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
-    prepared = {r.host.name: f for r in ordered if (f := facts(plan, r)) is not None} if prepare else {}
+    prepared = {r.host.name: f for r in ordered if (f := facts(plan, r.sections)) is not None} if prepare else {}
     return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn, prepared)
 
 

@@ -224,7 +224,7 @@ def lock_path(cluster: Cluster) -> str:
 def python_sh(lock: str | None = None) -> str:
     """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
     non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
-    when a run holds that lock now. Parsed by parse_python (and parse_prepare)."""
+    when a run holds that lock now. Parsed by parse_python (and prepare.parse_prepare)."""
     prog, arg = (_PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (_PYTHON_PY, "")
     return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'"
 
@@ -236,46 +236,6 @@ def parse_python(text: str) -> str | None:
         if kind == "supervisor" and tab:
             return rest.strip()
     return None
-
-
-PREPARE_FACTS = ("uid", "arch", "interface", "python")  # what prepare reads on every host
-
-
-def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, ...] = PREPARE_FACTS) -> str:
-    """One round trip before anything is written: the user id, the machine (uname -m), job.interface
-    on this host (if set), python3's version and the run that holds the workdir now (if one does;
-    python_sh reads both). `read`: the facts to read here (up's probe reads the others in the
-    checks' own sections)."""
-    from ..probes import interface_script
-
-    lines = ["echo uid $(id -u)"] if "uid" in read else []
-    if "arch" in read:
-        lines.append("echo arch $(uname -m)")
-    if "interface" in read and cluster.job.interface:
-        lines.append(interface_script(cluster.job.interface, launch_address))
-    if "python" in read:
-        lines.append(python_sh(lock_path(cluster)))
-    return "\n".join(lines) + "\n"
-
-
-def parse_prepare(text: str) -> dict:
-    """prepare_script's output (or the up probe's sections that read the same facts, joined) ->
-    {uid, arch, interface, python, live}; None for what the text does not say (python: "" when
-    there is no python3)."""
-    from ..probes import parse_interface
-
-    out: dict = {"uid": None, "python": parse_python(text), "live": None, "arch": None,
-                 "interface": parse_interface(text)}
-    for line in text.splitlines():
-        kind, _, rest = line.partition(" ")
-        rest = rest.strip()
-        if kind == "uid" and rest.isdigit():
-            out["uid"] = int(rest)
-        elif kind == "live" and rest:
-            out["live"] = rest
-        elif kind == "arch" and rest:
-            out["arch"] = rest
-    return out
 
 
 def python_problem(version: str | None) -> str | None:

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import devices, probes, rankplan, runlogs, runs, sh, supervisor, sync
+from orchestrator import devices, prepare, probes, rankplan, runlogs, runs, sh, supervisor, sync
 from orchestrator.launchers import ranktable, show
 from orchestrator.errors import OrchError, PlanError, SpecError, UsageError
 from orchestrator.hostsets import fold
@@ -300,7 +300,7 @@ def test_fuzz_lifecycle_replies(text):
         finally:
             sink.close(False)
     assert isinstance(supervisor.parse_json_line(text), dict)
-    assert isinstance(supervisor.parse_prepare(text), dict)
+    assert isinstance(prepare.parse_prepare(text), dict)
     got = []
     stream = supervisor.EventStream(got.append, lambda r, a, d: got.append((r, a, d)))
     data = text.encode("utf-8", "surrogateescape")

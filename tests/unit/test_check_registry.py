@@ -196,7 +196,7 @@ class Pool:
 def test_up_reads_hccn_conf_once_per_host():
     """What the check's probe read from /etc/hccn.conf is what the rank table gets: read_device_ips
     asks only the hosts the probe did not read it on."""
-    from orchestrator import lifecycle
+    from orchestrator import prepare
     from orchestrator.rankplan import make_plan
 
     c = cpu_cluster(2, launcher="ranktable", platform="ascend")
@@ -210,9 +210,9 @@ def test_up_reads_hccn_conf_once_per_host():
     assert set(known) == {rp.hosts[0].name} and len(known[rp.hosts[0].name]) == 8
     conf2 = "".join(f"address_{d}=192.168.{d}.2\nnetmask_{d}=255.255.255.0\n" for d in range(8))
     ts = {h.name: CountingTransport(h, conf2) for h in rp.hosts}
-    ips = lifecycle.read_device_ips(rp, Pool(c, ts), known)
+    ips = prepare.read_device_ips(rp, Pool(c, ts), known)
     assert ts[rp.hosts[0].name].runs == [] and len(ts[rp.hosts[1].name].runs) == 1
     assert ips[rp.hosts[0].name] == {d: dev.address for d, dev in known[rp.hosts[0].name].items()}
     assert ips[rp.hosts[1].name][3] == "192.168.3.2"
-    lifecycle.read_device_ips(rp, Pool(c, ts))  # nothing known (--skip-checks): every host is read
+    prepare.read_device_ips(rp, Pool(c, ts))  # nothing known (--skip-checks): every host is read
     assert len(ts[rp.hosts[0].name].runs) == 1 and len(ts[rp.hosts[1].name].runs) == 2

@@ -417,7 +417,7 @@ def test_the_cluster_address_goes_everywhere_ranks_meet():
 
 def test_legacy_board_id_follows_the_hosts_arch():
     """MindSpore's generator writes board_id 0x002f on aarch64 (Kunpeng) hosts, 0x0000 elsewhere."""
-    from orchestrator.supervisor import parse_prepare
+    from orchestrator.prepare import parse_prepare
     c = cluster(host("10.0.0.1", [0, 1]), launcher="ranktable", platform="ascend", rank_table_version="legacy")
     plan = make_plan(c)
     ips = {"10.0.0.1": {0: "192.168.1.1", 1: "192.168.1.2"}}

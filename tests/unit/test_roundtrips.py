@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import api, lifecycle
+from orchestrator import api, lifecycle, prepare
+from orchestrator.errors import RunConflict
 from orchestrator.transport.local import LocalTransport
 
 
@@ -50,20 +51,20 @@ class BeforeSync(Exception):
 
 def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     """api.up up to its sync (distribute raises, `runs` then holds up's round trips before it):
-    what up learnt before writing anything (lifecycle.Prepared)."""
+    what up learnt before writing anything (prepare.Prepared)."""
     def stop(self, launch):
         captured["before_sync"] = dict(runs)
         raise BeforeSync
 
     monkeypatch.setattr(lifecycle.Lifecycle, "distribute", stop)
     captured = {}
-    real = lifecycle.prepare
+    real = prepare.prepare
 
-    def prepare(*a, **k):
+    def fake(*a, **k):
         captured["prepared"] = real(*a, **k)
         return captured["prepared"]
 
-    monkeypatch.setattr(lifecycle, "prepare", prepare)
+    monkeypatch.setattr(prepare, "prepare", fake)
     with pytest.raises(BeforeSync):
         api.up(cluster, show_output=False, **kw)
     runs.clear()
@@ -100,7 +101,7 @@ def test_up_one_probe_sees_a_live_run(tmp_path, monkeypatch, runs):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         monkeypatch.chdir(tmp_path)
-        with pytest.raises(lifecycle.RunConflict, match="run 20990101-000000-abcdef is still running"):
+        with pytest.raises(RunConflict, match="run 20990101-000000-abcdef is still running"):
             _up_until_sync(c, monkeypatch, runs)
     finally:
         os.close(fd)
