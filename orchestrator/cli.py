@@ -480,7 +480,7 @@ class _CliEvents(Events):
         if not quiet and sys.stderr.isatty() and os.environ.get("TERM") != "dumb":
             from .live import Panel
 
-            self.panel = Panel(sys.stderr, sys.stdout.buffer)
+            self.panel = Panel(sys.stderr, sys.stdout.buffer, out_on_terminal=sys.stdout.isatty())
 
     def _say(self, message: str, fg: str | None = None) -> None:
         if self.panel is None:

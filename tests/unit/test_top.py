@@ -106,7 +106,7 @@ def _events(monkeypatch, tty: bool, quiet: bool = False, term: str = "xterm"):
     from orchestrator.cli import _CliEvents
 
     err, out = io.StringIO(), io.BytesIO()
-    err.isatty = lambda: tty   # type: ignore[method-assign]
+    err.isatty = lambda: tty
     monkeypatch.setattr(sys, "stderr", err)
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
     monkeypatch.setenv("TERM", term)
