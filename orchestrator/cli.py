@@ -533,7 +533,8 @@ class _CliEvents(Events):
 @json_option(help="print the outcome as one JSON object on stdout (no rank output there; progress stays on stderr)")
 def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, force: bool, follow_rank: int,
                quiet: bool, as_json: bool) -> None:
-    """Check, render, distribute, launch, follow and gather a job.
+    """Check, render, distribute, launch, follow and gather a job. On a terminal, the followed
+    rank's output streams with the run's live view (what `orch top` prints) kept under it.
 
     Exit code: 0 every rank exited 0; 1 the job failed (or was lost, stalled, timed out);
     2 bad file/usage, or another run is live in the workdir; 3 preflight failed, or Slurm
