@@ -468,16 +468,30 @@ def _print_check(cluster, report) -> None:
 # --- run commands (orch up / status / down / logs) ---
 
 
+def _into_a_pipe(stream) -> bool:
+    """Does `stream` go into a pipe or socket? The rank's output through one (`| tee`, `| grep`)
+    may reach the terminal by a way orch cannot keep apart from a live view."""
+    import stat
+
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):   # not a file at all (a test's buffer): nothing else reads it
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 class _CliEvents(Events):
     """Prints the lifecycle's progress: steps on stderr, the followed rank's bytes on stdout. On
-    a terminal (stderr is one, not -q, TERM not dumb) the run's live view (top.panel: what `orch
-    top` prints, bounded) stays under the rank's output (live.Panel); `close` leaves its last
-    state on screen. Elsewhere: plain lines only, no control codes."""
+    a terminal (stderr is one, not -q, TERM not dumb, the rank's output not into a pipe) the
+    run's live view (top.panel: what `orch top` prints, bounded) stays under the rank's output
+    (live.Panel); `close` leaves its last state on screen. Elsewhere: plain lines only, no
+    control codes."""
 
-    def __init__(self, quiet: bool):
+    def __init__(self, quiet: bool, streams_output: bool = True):
         self.quiet = quiet
         self.panel = None
-        if not quiet and sys.stderr.isatty() and os.environ.get("TERM") != "dumb":
+        if not quiet and sys.stderr.isatty() and os.environ.get("TERM") != "dumb" and not (
+                streams_output and _into_a_pipe(sys.stdout)):
             from .live import Panel
 
             self.panel = Panel(sys.stderr, sys.stdout.buffer, out_on_terminal=sys.stdout.isatty())
@@ -554,7 +568,7 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
 
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
-        events = _CliEvents(quiet)
+        events = _CliEvents(quiet, streams_output=not (quiet or as_json))
         try:
             result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
                             follow_rank=follow_rank, show_output=not (quiet or as_json), events=events,

@@ -96,7 +96,7 @@ def test_orch_up_live_view_is_orch_tops_lines_under_the_counts_bounded_to_half_t
     assert top.panel(head, None, NOW, 24, 80) == [head]  # before the head's first word: the counts alone
 
 
-def _events(monkeypatch, tty: bool, quiet: bool = False, term: str = "xterm"):
+def _events(monkeypatch, tty: bool, quiet: bool = False, term: str = "xterm", stdout=None, streams_output=True):
     import io
     import os
     import shutil
@@ -108,11 +108,11 @@ def _events(monkeypatch, tty: bool, quiet: bool = False, term: str = "xterm"):
     err, out = io.StringIO(), io.BytesIO()
     err.isatty = lambda: tty
     monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
+    monkeypatch.setattr(sys, "stdout", stdout or io.TextIOWrapper(out))
     monkeypatch.setenv("TERM", term)
     monkeypatch.setattr(time, "time", lambda: NOW)
     monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((100, 30)))
-    return _CliEvents(quiet=quiet), err, out
+    return _CliEvents(quiet=quiet, streams_output=streams_output), err, out
 
 
 def _run_through(ev):
@@ -152,3 +152,22 @@ def test_orch_up_in_a_pipe_or_quiet_or_dumb_terminal_prints_plain_lines(monkeypa
         else:   # no table, no counts: the lines as they were
             assert plain == "orch: started run R1\norch: warning: something\n", kw
             assert out.getvalue() == b"epoch: 1, step: 5, loss is 0.5\npartial line\n"
+
+
+def test_orch_up_with_the_rank_output_into_a_pipe_has_no_live_view_unless_no_output_goes_there(monkeypatch):
+    import os
+
+    r, w = os.pipe()   # `orch up | tee log`: tee writes to the terminal too, out of orch's hands
+    try:
+        writer = os.fdopen(w, "w")
+        ev, err, _ = _events(monkeypatch, tty=True, stdout=writer)
+        _run_through(ev)
+        writer.flush()
+        assert os.read(r, 65536) == b"epoch: 1, step: 5, loss is 0.5\npartial line\n"
+        assert "\x1b7" not in err.getvalue() and "rank 3 node002" not in err.getvalue()
+        ev, err, _ = _events(monkeypatch, tty=True, stdout=writer, streams_output=False)   # --json
+        ev.progress(4, 0, 4, 3.0, view(2, 2))
+        assert "rank 3 node002" in err.getvalue()
+    finally:
+        writer.close()
+        os.close(r)
