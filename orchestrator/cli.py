@@ -497,10 +497,9 @@ class _CliEvents(Events):
             self.panel = Panel(sys.stderr, sys.stdout.buffer, out_on_terminal=sys.stdout.isatty())
 
     def _say(self, message: str, fg: str | None = None) -> None:
-        if self.panel is None:
-            click.secho(message, err=True, fg=fg) if fg else click.echo(message, err=True)
-            return
-        with self.panel.above():
+        import contextlib
+
+        with self.panel.above() if self.panel is not None else contextlib.nullcontext():
             click.secho(message, err=True, fg=fg) if fg else click.echo(message, err=True)
 
     def step(self, message: str) -> None:

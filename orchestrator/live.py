@@ -7,9 +7,8 @@ rank's last line is unfinished (no newline yet): the rows it needs are made firs
 scrolls the screen like a newline but keeps the column), the cursor is saved at the end of the
 rank's text (DECSC) and the panel starts on the next row (on the cursor's own row when that is
 empty); erasing restores the cursor there (DECRC) and clears to the end of the screen, so the
-rank's line goes on where it stopped. Both
-are plain VT100 (xterm, VTE, tmux, screen, Windows Terminal). Only the CLI uses this, and only
-when stderr is a terminal: in a pipe nothing here runs.
+rank's line goes on where it stopped. All plain VT100 (xterm, VTE, tmux, screen, Windows
+Terminal). Only the CLI uses this, and only when stderr is a terminal: in a pipe nothing here runs.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ class Panel:
     anything else is written (erased before, drawn again after); `close` leaves them where they
     are, as the last word, and moves on below."""
 
-    def __init__(self, err: IO[str], out: IO[bytes] | None = None, out_on_terminal: bool = True):
+    def __init__(self, err: IO[str], out: IO[bytes], out_on_terminal: bool = True):
         self.err, self.out = err, out
         self.out_on_terminal = out_on_terminal   # else the rank's bytes go elsewhere (a file)
         self.lines: list[str] = []
@@ -74,7 +73,6 @@ class Panel:
 
     def write(self, data: bytes) -> None:
         """The followed rank's bytes, as they came (a line may be unfinished), above the panel."""
-        assert self.out is not None
         self._erase()
         try:
             self.out.write(data)
