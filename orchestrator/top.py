@@ -147,12 +147,14 @@ def as_json(view: Any, now: float) -> dict:
 
 def panel(head: str, view: Any | None, now: float, height: int, width: int) -> list[str]:
     """The live view `orch up` keeps under the followed rank's output on a terminal of `height`
-    rows and `width` columns: `head` (the run's counts), then what `orch top` prints (lines()), at most half the
-    terminal's height (3 lines at least), each line cut to fit one row. lines() puts the worst
-    first: what is left out is the end, counted in a last line."""
+    rows and `width` columns: `head` (the run's counts), then what `orch top` prints (lines()), at
+    most half the terminal's height (3 lines at least, yet a row fewer than the terminal has), each
+    line cut to fit one row. lines() puts the worst first: what is left out is the end, counted in
+    a last line."""
     out = [head] + (lines(view, now) if view is not None and view.ranks else [])
-    limit = max(3, height // 2)
+    limit = min(max(3, height // 2), height - 1)   # the rank's own row stays on screen
     if len(out) > limit:
-        out = out[:limit - 1] + [f"... {len(out) - limit + 1} more line(s): `orch top` shows them all"]
+        more = f"... {len(out) - limit + 1} more line(s): `orch top` shows them all"
+        out = out[:limit - 1] + [more] if limit > 1 else [head]
     cut = max(10, width - 1)   # not the last column: a full row would wrap on some terminals
     return [ln if len(ln) <= cut else ln[:cut - 3] + "..." for ln in out]

@@ -92,7 +92,9 @@ def test_orch_up_live_view_is_orch_tops_lines_under_the_counts_bounded_to_half_t
     assert out[:11] == [head] + [ln if len(ln) <= 79 else ln[:76] + "..." for ln in full[:10]]
     assert out[11] == f"... {len(full) - 10} more line(s): `orch top` shows them all"
     assert all(len(ln) <= 79 for ln in out)
-    assert len(top.panel(head, v, NOW, 3, 80)) == 3     # a tiny terminal still gets the counts and more
+    assert len(top.panel(head, v, NOW, 6, 80)) == 3     # a small terminal still gets the counts and more
+    assert len(top.panel(head, v, NOW, 3, 80)) == 2     # but never all of its rows
+    assert top.panel(head, v, NOW, 1, 80) == [head]
     assert top.panel(head, None, NOW, 24, 80) == [head]  # before the head's first word: the counts alone
 
 
