@@ -390,38 +390,70 @@ def _print_check(cluster, report) -> None:
 # --- run commands (orch up / status / down / logs) ---
 
 
-class _CliEvents(Events):
-    """Prints the lifecycle's progress: steps on stderr, the followed rank's bytes on stdout."""
+def _into_a_pipe(stream) -> bool:
+    """Does `stream` go into a pipe or socket? The rank's output through one (`| tee`, `| grep`)
+    may reach the terminal by a way orch cannot keep apart from a live view."""
+    import stat
 
-    def __init__(self, quiet: bool):
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):   # not a file at all (a test's buffer): nothing else reads it
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class _CliEvents(Events):
+    """Prints the lifecycle's progress: steps on stderr, the followed rank's bytes on stdout. On
+    a terminal (stderr is one, not -q, TERM not dumb, the rank's output not into a pipe) the
+    run's live view (top.panel: what `orch top` prints, bounded) stays under the rank's output
+    (live.Panel); `close` leaves its last state on screen. Elsewhere: plain lines only, no
+    control codes."""
+
+    def __init__(self, quiet: bool, streams_output: bool = True):
         self.quiet = quiet
-        self.last = ""
+        self.panel = None
+        if not quiet and sys.stderr.isatty() and os.environ.get("TERM") != "dumb" and not (
+                streams_output and _into_a_pipe(sys.stdout)):
+            from .live import Panel
+
+            self.panel = Panel(sys.stderr, sys.stdout.buffer, out_on_terminal=sys.stdout.isatty())
+
+    def _say(self, message: str, fg: str | None = None) -> None:
+        import contextlib
+
+        with self.panel.above() if self.panel is not None else contextlib.nullcontext():
+            click.secho(message, err=True, fg=fg) if fg else click.echo(message, err=True)
 
     def step(self, message: str) -> None:
         if not self.quiet:
-            click.echo(f"orch: {message}", err=True)
+            self._say(f"orch: {message}")
 
-    def progress(self, running: int, exited: int, total: int, elapsed: float, detail: str = "") -> None:
-        if self.quiet or not sys.stderr.isatty():
+    def progress(self, running: int, exited: int, total: int, elapsed: float, view=None) -> None:
+        if self.panel is None:
             return
         import shutil
 
-        line = f"{running} running, {exited}/{total} ranks exited, {elapsed:.0f}s" + (f"; {detail}" if detail else "")
-        line = line[:max(20, shutil.get_terminal_size().columns - 8)]   # one line: \r clears only that
-        if line != self.last:
-            click.echo(f"\r\x1b[2Korch: {line}", err=True, nl=False)
-            self.last = line
+        from . import top
+
+        size = shutil.get_terminal_size()
+        head = f"orch: {running} running, {exited}/{total} ranks exited, {elapsed:.0f}s"
+        self.panel.show(top.panel(head, view, time.time(), size.lines, size.columns))
 
     def output(self, rank: int, data: bytes) -> None:
-        if not self.quiet:
-            if self.last:
-                click.echo("\r\x1b[2K", err=True, nl=False)
-                self.last = ""
+        if self.quiet:
+            return
+        if self.panel is not None:
+            self.panel.write(data)
+        else:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
 
     def warning(self, message: str) -> None:
-        click.secho(f"orch: warning: {message}", fg="yellow", err=True)
+        self._say(f"orch: warning: {message}", fg="yellow")
+
+    def close(self) -> None:
+        if self.panel is not None:
+            self.panel.close()
 
 
 @cli.command("up")
@@ -436,7 +468,8 @@ class _CliEvents(Events):
 @json_option(help="print the outcome as one JSON object on stdout (no rank output there; progress stays on stderr)")
 def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, force: bool, follow_rank: int,
                quiet: bool, as_json: bool) -> None:
-    """Check, render, distribute, launch, follow and gather a job.
+    """Check, render, distribute, launch, follow and gather a job. On a terminal, the followed
+    rank's output streams with the run's live view (what `orch top` prints) kept under it.
 
     Exit code: 0 every rank exited 0; 1 the job failed (or was lost, stalled, timed out);
     2 bad file/usage, or another run is live in the workdir; 3 preflight failed, or Slurm
@@ -456,10 +489,14 @@ def up_command(file: str, hosts: str | None, detach: bool, skip_checks: bool, fo
 
     old = _signal.signal(_signal.SIGTERM, on_term)
     try:
-        result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
-                        follow_rank=follow_rank, show_output=not (quiet or as_json), events=_CliEvents(quiet),
-                        # finish stopping and gathering whatever signals come
-                        on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
+        events = _CliEvents(quiet, streams_output=not (quiet or as_json))
+        try:
+            result = api.up(cluster, detach=detach, skip_checks=skip_checks, force=force,
+                            follow_rank=follow_rank, show_output=not (quiet or as_json), events=events,
+                            # finish stopping and gathering whatever signals come
+                            on_finishing=lambda: _signal.signal(_signal.SIGTERM, _signal.SIG_IGN))
+        finally:
+            events.close()   # the live view's last state stays on screen, above the verdict
     except PreflightFailed as exc:
         report = exc.report
         if as_json:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable
 
-from . import runstate, supervisor, top
+from . import runstate, supervisor
 from .errors import LocalWriteError, OrchError, RunConflict, UsageError
 from .fanout import fan_out
 from .hostlayout import run_dir
@@ -34,7 +34,10 @@ class Events:
     """What the lifecycle reports. The CLI subclasses this to print; the default is silent."""
 
     def step(self, message: str) -> None: ...
-    def progress(self, running: int, exited: int, total: int, elapsed: float, detail: str = "") -> None: ...
+    def progress(self, running: int, exited: int, total: int, elapsed: float, view: RunView | None = None) -> None:
+        """While following: how many ranks run and have exited, and the head's latest document
+        (`view`: ranks, their progress, the hosts' load) when the counts or the run's state
+        change, else once a second (the head's figures themselves move at most every 5 s)."""
     def output(self, rank: int, data: bytes) -> None: ...
     def warning(self, message: str) -> None: ...
 
@@ -229,14 +232,24 @@ class Lifecycle:
         copies = logs.Copies(self.run)
         state: dict = {}
 
+        shown: tuple | None = None   # the counts and state last reported
+
+        def counts() -> tuple:
+            ranks = state.get("ranks") or []
+            return (sum(1 for r in ranks if r.get("state") == "running"),
+                    sum(1 for r in ranks if r.get("end") is not None), state.get("state"), state.get("attempt"))
+
+        def report() -> None:   # on a change of the counts, and on the stream's heartbeat (each second)
+            nonlocal shown
+            shown = counts()
+            self.events.progress(shown[0], shown[1], self.plan.size, time.monotonic() - self.t0,
+                                 runstate.from_head(state) if state else None)
+
         def on_state(doc: dict) -> None:
             state.clear()
             state.update(doc)
-            ranks = doc.get("ranks") or []
-            running = sum(1 for r in ranks if r.get("state") == "running")
-            ended = sum(1 for r in ranks if r.get("end") is not None)
-            detail = top.summary(runstate.from_head(doc), time.time()) if doc.get("progress") else ""
-            self.events.progress(running, ended, self.plan.size, time.monotonic() - self.t0, detail)
+            if counts() != shown:   # else the next heartbeat shows it (within a second)
+                report()
 
         def on_output(r: int, attempt: int, data: bytes) -> None:
             try:
@@ -256,7 +269,7 @@ class Lifecycle:
                 # a spare may run it now: where the head says it runs (its rank records)
                 now_at = next((r.get("host") for r in state.get("ranks") or () if r.get("rank") == rank), None)
                 host = now_at if isinstance(now_at, str) and now_at in {h.name for h in self.plan.all_hosts} else host
-            stream = supervisor.EventStream(on_state, on_output)
+            stream = supervisor.EventStream(on_state, on_output, on_beat=report)
             err: OrchError | None = None
             try:
                 self.pool[host].run(supervisor.agent_argv(self.cluster, self.run.id, *args),

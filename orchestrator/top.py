@@ -145,22 +145,16 @@ def as_json(view: Any, now: float) -> dict:
             "ranks": rows(view, now), "load": view.load}
 
 
-def summary(view: Any, now: float) -> str:
-    """One short line of the run's progress for `orch up`'s status line (attached, on a terminal):
-    the steps reached, the loss, and the stragglers by rank; "" while no rank has printed any."""
-    rs = [r for r in rows(view, now) if r["state"] == "running"]
-    steps = [r["steps"] for r in rs if isinstance(r["steps"], (int, float))]
-    if not steps:
-        return ""
-    losses = [r["loss"] for r in rs if isinstance(r["loss"], (int, float))]
-    out = [f"step {_span(steps, '{:g}')}"]
-    if losses:
-        out.append(f"loss {statistics.median(losses):.4g}")
-    lag = [r for r in rs if r["straggler"]]
-    if lag:
-        from .agent.states import rank_ranges
-
-        out.append(f"{len(lag)} straggling ({rank_ranges(r['rank'] for r in lag)} on "
-                   f"{fold(sorted({r['host'] for r in lag}))})")
-    return ", ".join(out)
-
+def panel(head: str, view: Any | None, now: float, height: int, width: int) -> list[str]:
+    """The live view `orch up` keeps under the followed rank's output on a terminal of `height`
+    rows and `width` columns: `head` (the run's counts), then what `orch top` prints (lines()), at
+    most half the terminal's height (3 lines at least, yet a row fewer than the terminal has), each
+    line cut to fit one row. lines() puts the worst first: what is left out is the end, counted in
+    a last line."""
+    out = [head] + (lines(view, now) if view is not None and view.ranks else [])
+    limit = min(max(3, height // 2), height - 1)   # the rank's own row stays on screen
+    if len(out) > limit:
+        more = f"... {len(out) - limit + 1} more line(s): `orch top` shows them all"
+        out = out[:limit - 1] + [more] if limit > 1 else [head]
+    cut = max(10, width - 1)   # not the last column: a full row would wrap on some terminals
+    return [ln if len(ln) <= cut else ln[:cut - 3] + "..." for ln in out]

@@ -312,13 +312,15 @@ class EventStream:
         E <json>\\n                          the head's state -> on_state(doc)
         D <json>\\n                          what changed in it -> on_state(the state, changed)
         O <rank> <attempt> <n>\\n<n bytes>   a rank's new output -> on_output(rank, attempt, data)
-        H\\n                                 a heartbeat
+        H\\n                                 a heartbeat -> on_beat() (at least once a second)
         X <why>\\n                           the end of the stream -> self.end = why
     """
 
-    def __init__(self, on_state: Callable[[dict], None], on_output: Callable[[int, int, bytes], None]):
+    def __init__(self, on_state: Callable[[dict], None], on_output: Callable[[int, int, bytes], None],
+                 on_beat: Callable[[], None] | None = None):
         self.on_state = on_state
         self.on_output = on_output
+        self.on_beat = on_beat
         self.buf = bytearray()
         self.need: tuple[int, int, int] | None = None
         self.end: str | None = None
@@ -360,6 +362,8 @@ class EventStream:
                 parts = rest.split()
                 if len(parts) == 3 and all(p.isdigit() for p in parts):
                     self.need = (int(parts[0]), int(parts[1]), int(parts[2]))
+            elif kind == b"H" and self.on_beat is not None:
+                self.on_beat()
             elif kind == b"X":
                 self.end = rest.decode("ascii", "replace") or "end"
 

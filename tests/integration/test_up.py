@@ -48,11 +48,96 @@ def test_mpirun_2x2_succeeds_and_gathers_every_rank(lab, job, tmp_path):
         log = tmp_path / ".orch" / "runs" / rec["id"] / "logs" / f"rank.{r}" / "stdout"
         assert log.read_text() == f"rank {r} on {names[r]}\n"
     assert b"rank 0 on" in res.stdout  # rank 0 is followed live by default
+    assert b"\x1b" not in res.stdout + res.stderr   # a pipe: plain lines, no live view
     assert orch("logs", "--rank", "3", cwd=tmp_path, check_rc=0).stdout == f"rank 3 on {names[3]}\n".encode()
     every = orch("logs", cwd=tmp_path, check_rc=0).stdout.decode().splitlines()
     assert every == [f"[rank {r}] rank {r} on {names[r]}" for r in range(4)]
     assert (tmp_path / ".orch" / "runs" / rec["id"] / "hostfile").read_text().count("slots=2") == 2
     assert leftovers(rec["id"]) == []
+
+
+LIVE_PY = """\
+import os, time
+r = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID"))
+for s in range(1, 13):
+    print(f"epoch: 1, step: {s}, loss is {1 / s:.4f}", flush=True)
+    print(f"line {s:03d} of rank {r} " + "x" * 40, flush=True)
+    if s == 4 and r == 0:   # an unfinished line while the view is redrawn (each second)
+        print("part-a", end="", flush=True)
+        time.sleep(2.5)
+        print("-part-b", flush=True)
+    time.sleep(0.4)
+"""
+
+
+def _under_a_terminal(argv: list[str], cwd: Path, rows: int, columns: int, timeout: float) -> tuple[int, bytes]:
+    """Run argv with stdin, stdout and stderr on a new pseudo-terminal of rows x columns:
+    (its exit code, every byte it wrote there)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    proc = subprocess.Popen(argv, cwd=cwd, stdin=secondary, stdout=secondary, stderr=secondary,
+                            env={**os.environ, "TERM": "xterm"}, start_new_session=True)
+    os.close(secondary)
+    raw, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([primary], [], [], 1.0)[0]:
+                try:
+                    data = os.read(primary, 65536)
+                except OSError:   # EIO: every writer has closed the terminal
+                    break
+                if not data:
+                    break
+                raw += data
+        return proc.wait(10), raw
+    finally:
+        proc.kill()
+        os.close(primary)
+
+
+def test_attached_up_on_a_terminal_keeps_the_live_table_under_the_ranks_intact_output(lab, job, tmp_path):
+    import re
+
+    import pyte
+
+    from tests.support import ORCH
+
+    (tmp_path / "live.py").write_text(LIVE_PY)
+    job("/data/up-live", hosts=2, command="python3 live.py", sync=["live.py"])
+    rows, columns = 40, 150
+    rc, raw = _under_a_terminal([*ORCH, "up", "--skip-checks"], tmp_path, rows, columns, 180)
+    screen = pyte.HistoryScreen(columns, rows, history=2000)
+    pyte.ByteStream(screen).feed(raw)
+    seen = ["".join(line[x].data for x in range(columns)).rstrip() for line in screen.history.top]
+    seen += [ln.rstrip() for ln in screen.display]   # what a user scrolls back through, then sees
+    assert rc == 0, seen
+    mine = [ln for ln in seen if re.match(r"(epoch: |line \d|part-)", ln)]
+    want = []
+    for s in range(1, 13):
+        want += [f"epoch: 1, step: {s}, loss is {1 / s:.4f}", f"line {s:03d} of rank 0 " + "x" * 40]
+        want += ["part-a-part-b"] if s == 4 else []
+    assert mine == want, seen   # rank 0's lines whole, in order, nothing of the view among them
+    assert raw.count(b"\x1b7") >= 5, raw[-2000:]   # the view was drawn again and again meanwhile
+    midway = pyte.Screen(columns, rows)   # the screen while rank 0's line is unfinished: the view under it
+    pyte.ByteStream(midway).feed(raw[:raw.rindex(b"\x1b8", 0, raw.index(b"-part-b"))])
+    shown = [ln.rstrip() for ln in midway.display]
+    at = shown.index("part-a")
+    assert shown[at + 1].startswith("orch: ") and shown[at + 2].startswith("run "), shown
+    names = [lab.host(1).name, lab.host(1).name, lab.host(2).name, lab.host(2).name]
+    end = seen[seen.index(want[-1]) + 1:]    # its last state stays under the output, then the verdict
+    assert end[0] == "orch: 0 running, 4/4 ranks exited, " + end[0].rsplit(" ", 1)[-1], end
+    assert re.match(r"run \S+: succeeded, 4 ranks$", end[1]), end
+    for r in range(4):
+        assert re.match(rf"rank {r} {names[r]} +exited +step 12 +loss 0.0833 ", end[2 + r]), end
+    assert re.match(r"orch: run \S+ succeeded", end[6]), end
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])

@@ -73,6 +73,16 @@ def test_the_controllers_stream_applies_deltas_to_the_last_state():
                    {"state": "failed", "ranks": [{"state": "failed"}]}]
 
 
+def test_the_controllers_stream_passes_on_each_heartbeat():
+    from orchestrator import supervisor
+    got = []
+    stream = supervisor.EventStream(lambda d: got.append("E"), lambda r, a, d: got.append(d),
+                                    on_beat=lambda: got.append("H"))
+    stream.write(b'H\nO 0 1 2\nH\nE {"state":"running"}\nH')   # a frame's bytes are data, not a beat
+    stream.write(b'\n')
+    assert got == ["H", b"H\n", "E", "H"]
+
+
 def test_figures_that_move_every_second_go_out_at_most_every_few_seconds():
     doc = {"state": "running", "ranks": [{"state": "running"}], "progress": {"0": {"step": 1}}}
     pub = Publisher(doc)

@@ -77,26 +77,99 @@ def test_plain_lines_no_control_codes_and_json():
                                "straggler": None}
 
 
-def test_orch_up_status_line_summarises_steps_loss_and_stragglers():
+def test_orch_up_live_view_is_orch_tops_lines_under_the_counts_bounded_to_half_the_terminal():
     v = view(64, 8)
     v.progress["77"].update(total=200, step=200, rate=0.5)
-    v.progress["78"].update(total=210, step=210, rate=0.4)
-    assert top.summary(v, NOW) == "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)"
-    assert top.summary(view(2, 2, progress={}), NOW) == ""
+    head = "orch: 512 running, 0/512 ranks exited, 12s"
+    full = top.lines(v, NOW)
+    assert top.panel(head, v, NOW, 40, 500) == [head] + full   # fits: the same lines as `orch top`
+    for p in v.progress.values():   # 24 hosts straggling: a line each, far too many
+        if p["rank"] >= 40 * 8:
+            p.update(total=10, step=10, rate=0.1)
+    full = top.lines(v, NOW)
+    out = top.panel(head, v, NOW, 24, 80)
+    assert len(full) > 24 and len(out) == 12, out
+    assert out[:11] == [head] + [ln if len(ln) <= 79 else ln[:76] + "..." for ln in full[:10]]
+    assert out[11] == f"... {len(full) - 10} more line(s): `orch top` shows them all"
+    assert all(len(ln) <= 79 for ln in out)
+    assert len(top.panel(head, v, NOW, 6, 80)) == 3     # a small terminal still gets the counts and more
+    assert len(top.panel(head, v, NOW, 3, 80)) == 2     # but never all of its rows
+    assert top.panel(head, v, NOW, 1, 80) == [head]
+    assert top.panel(head, None, NOW, 24, 80) == [head]  # before the head's first word: the counts alone
 
 
-def test_orch_up_status_line_on_a_terminal_carries_the_summary_and_fits_one_line(monkeypatch, capsys):
+def _events(monkeypatch, tty: bool, quiet: bool = False, term: str = "xterm", stdout=None, streams_output=True):
+    import io
+    import os
     import shutil
     import sys
+    import time
 
     from orchestrator.cli import _CliEvents
 
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: __import__("os").terminal_size((60, 20)))
-    ev = _CliEvents(quiet=False)
-    ev.progress(16, 0, 16, 12.0, "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)")
-    err = capsys.readouterr().err
-    assert err.startswith("\r\x1b[2Korch: 16 running, 0/16 ranks exited, 12s; step 200-500")
-    assert len(err) - len("\r\x1b[2Korch: ") <= 52
-    ev.progress(16, 0, 16, 12.0, "step 200-500, loss 0.5, 2 straggling (ranks 77-78 on node010)")
-    assert capsys.readouterr().err == ""   # the same line is not printed again
+    err, out = io.StringIO(), io.BytesIO()
+    err.isatty = lambda: tty
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sys, "stdout", stdout or io.TextIOWrapper(out))
+    monkeypatch.setenv("TERM", term)
+    monkeypatch.setattr(time, "time", lambda: NOW)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((100, 30)))
+    return _CliEvents(quiet=quiet, streams_output=streams_output), err, out
+
+
+def _run_through(ev):
+    v = view(2, 2)
+    ev.step("started run R1")
+    ev.progress(4, 0, 4, 3.0, v)
+    ev.output(0, b"epoch: 1, step: 5, loss is 0.5\npartial")
+    ev.progress(4, 0, 4, 4.0, v)
+    ev.output(0, b" line\n")
+    ev.warning("something")
+    ev.close()
+
+
+def test_orch_up_on_a_terminal_keeps_the_table_under_the_rank_output(monkeypatch):
+    from orchestrator import live
+
+    ev, err, out = _events(monkeypatch, tty=True)
+    _run_through(ev)
+    assert out.getvalue() == b"epoch: 1, step: 5, loss is 0.5\npartial line\n"   # the rank's bytes, whole
+    text = err.getvalue()
+    panel = top.panel("orch: 4 running, 0/4 ranks exited, 4s", view(2, 2), NOW, 30, 100)
+    assert live.draw(panel) in text and "rank 3 node002" in text
+    # every draw is erased before anything else is written, and the last one stays
+    assert text.count(live.SAVE) == text.count(live.ERASE) + 1 and text.endswith("\r\n")
+    assert text.index("orch: warning: something") > text.rindex(live.ERASE)
+
+
+def test_orch_up_in_a_pipe_or_quiet_or_dumb_terminal_prints_plain_lines(monkeypatch):
+    for kw in ({"tty": False}, {"tty": True, "quiet": True}, {"tty": True, "term": "dumb"}):
+        ev, err, out = _events(monkeypatch, **kw)
+        _run_through(ev)
+        # the warning is yellow on a terminal, as before; nothing else has a control code
+        plain = err.getvalue().replace("\x1b[33morch: warning: something\x1b[0m", "orch: warning: something")
+        assert "\x1b" not in plain and b"\x1b" not in out.getvalue(), kw
+        if kw.get("quiet"):
+            assert plain == "orch: warning: something\n" and out.getvalue() == b""
+        else:   # no table, no counts: the lines as they were
+            assert plain == "orch: started run R1\norch: warning: something\n", kw
+            assert out.getvalue() == b"epoch: 1, step: 5, loss is 0.5\npartial line\n"
+
+
+def test_orch_up_with_the_rank_output_into_a_pipe_has_no_live_view_unless_no_output_goes_there(monkeypatch):
+    import os
+
+    r, w = os.pipe()   # `orch up | tee log`: tee writes to the terminal too, out of orch's hands
+    try:
+        writer = os.fdopen(w, "w")
+        ev, err, _ = _events(monkeypatch, tty=True, stdout=writer)
+        _run_through(ev)
+        writer.flush()
+        assert os.read(r, 65536) == b"epoch: 1, step: 5, loss is 0.5\npartial line\n"
+        assert "\x1b7" not in err.getvalue() and "rank 3 node002" not in err.getvalue()
+        ev, err, _ = _events(monkeypatch, tty=True, stdout=writer, streams_output=False)   # --json
+        ev.progress(4, 0, 4, 3.0, view(2, 2))
+        assert "rank 3 node002" in err.getvalue()
+    finally:
+        writer.close()
+        os.close(r)
