@@ -309,7 +309,6 @@ def progress(run_id: str | None = None, root: str | os.PathLike = "."):
     from . import runstate
     from .errors import OrchError
     from .hostlayout import run_dir
-    from .lifecycle import plan_from_run
     from .runs import load_run
     from .supervisor import lost_after
     from .transport import Pool
@@ -318,7 +317,7 @@ def progress(run_id: str | None = None, root: str | os.PathLike = "."):
     cluster = run.cluster()
     try:
         with Pool(cluster) as pool:
-            res = pool[plan_from_run(run).launch_host].run(
+            res = pool[run.plan().launch_host].run(
                 ["cat", f"{run_dir(cluster, run.id)}/state.json"]).check("reading the run's state")
         doc = json.loads(res.stdout)
         fresh = isinstance(doc, dict) and time.time() - float(doc.get("updated") or 0) < max(15.0, lost_after(cluster))

@@ -689,7 +689,6 @@ def collect_command(run_id: str | None, paths: tuple[str, ...]) -> None:
     default: job.collect) into .orch/runs/<id>/collect/<host>/. Only what changed moves; every
     file is checked against its SHA-256 before it is put in place."""
     from . import collect
-    from .lifecycle import plan_from_run
     from .runs import load_run
     from .transport import Pool
 
@@ -699,7 +698,7 @@ def collect_command(run_id: str | None, paths: tuple[str, ...]) -> None:
     if not wanted:
         raise UsageError("nothing to collect: name the paths (orch collect checkpoints/*.ckpt) or set job.collect")
     with Pool(cluster) as pool:
-        got = collect.collect(run, cluster, plan_from_run(run), pool, wanted)
+        got = collect.collect(run, cluster, run.plan(), pool, wanted)
     for line in collect.lines(got):
         click.echo(line)
     click.echo(f"into {run.dir / 'collect'}")

@@ -317,7 +317,7 @@ class Lifecycle:
         if job and self.cluster.slurm is not None:
             from . import slurm
 
-            info = slurm.job_view(self.pool.slurm(), job["job_id"])
+            info = slurm.job_view(slurm.Client(self.cluster, self.pool.__getitem__), job["job_id"])
             if info is not None:
                 slurm.apply(view, info)
         return view
@@ -360,7 +360,7 @@ class Lifecycle:
             self.write_error = exc.message
 
     def log_tail(self, rank: int, lines: int = 20) -> str:
-        return log_tail(self.run, rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)
+        return self.run.log_tail(rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)
 
 
 def record(run: Run, outcome: RunEnd) -> None:
@@ -381,35 +381,14 @@ def record(run: Run, outcome: RunEnd) -> None:
     run.save()
 
 
-def log_tail(run: Run, rank: int, attempt: int, lines: int = 20) -> str:
-    local = run.local_log(rank, attempt)
-    if not local.exists():
-        return ""
-    with open(local, "rb") as fh:
-        fh.seek(max(0, fh.seek(0, 2) - 65536))
-        data = fh.read()
-    return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")
-
-
 # --------------------------------------------------------------------------- a recorded run
-
-
-def plan_from_run(run: Run) -> RankPlan:
-    from .rankplan import Rank
-
-    hosts = {h.name: h for h in run.hosts()}
-    doc = run.data["plan"]
-    return RankPlan(ranks=tuple(Rank(**r) for r in doc["ranks"]),
-                    hosts=tuple(hosts[h["name"]] for h in doc["hosts"]),
-                    launcher=doc["launcher"], platform=doc["platform"],
-                    spares=tuple(hosts[h["name"]] for h in doc.get("spares", ()) if h["name"] in hosts))
 
 
 def run_status(run: Run) -> RunView:
     """The run as the cluster sees it now; a run that ended is recorded in run.json."""
     cluster = run.cluster()
     with Pool(cluster) as pool:
-        run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
+        run_lifecycle = Lifecycle(cluster, run.plan(), run, pool)
         view = run_lifecycle.status()
         if view.final and not run.finished:
             run.reload()
@@ -426,7 +405,7 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     Returns ({host: what was done}, {host: why it could not be stopped}, the run's final view)."""
     cluster = run.cluster()
     with Pool(cluster) as pool:
-        run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
+        run_lifecycle = Lifecycle(cluster, run.plan(), run, pool)
         stopped = run_lifecycle.stop("`orch down`")
         done, failed = dict(stopped.done), dict(stopped.failed)
         job = run.data.get("slurm")
@@ -434,7 +413,7 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
             from . import slurm
 
             try:
-                info = slurm.release(pool.slurm(), job["job_id"], supervisor.STOP_GRACE)
+                info = slurm.release(slurm.Client(cluster, pool.__getitem__), job["job_id"], supervisor.STOP_GRACE)
                 done["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
             except slurm.SlurmError as exc:
                 failed["slurm"] = str(exc)

@@ -66,14 +66,13 @@ def fetch_history(run) -> tuple[list[dict], str | None]:
     to the launch host), then read. ([line], why it could not be brought, or None)."""
     from .errors import OrchError
     from .hostlayout import run_dir
-    from .lifecycle import plan_from_run
     from .transport import Pool
 
     local = run.dir / "history.jsonl"
     why = None
     try:
         cluster = run.cluster()
-        host = plan_from_run(run).launch_host
+        host = run.plan().launch_host
         with Pool(cluster) as pool:
             pool[host].get(f"{run_dir(cluster, run.id)}/history.jsonl", local,
                            offset=local.stat().st_size if local.exists() else 0)
@@ -254,14 +253,13 @@ def plotly_js() -> str:
 
 def write(run, out: Path | None = None) -> tuple[Path, Path]:
     """The run's page (default .orch/runs/<id>/report.html) and logs/metrics.jsonl."""
-    from .lifecycle import log_tail
 
     js = plotly_js()
     user = (run.data.get("job") or {}).get("metrics") or None
     recs = series(run, user)
     mpath = write_metrics(run, recs)
     ff = run.data.get("first_failure") or {}
-    tail = log_tail(run, int(ff["rank"]), int(ff.get("attempt") or run.attempt), 30) \
+    tail = run.log_tail(int(ff["rank"]), int(ff.get("attempt") or run.attempt), 30) \
         if isinstance(ff.get("rank"), int) else ""
     hist, why = fetch_history(run)
     page = build(run.id, run.data, recs, tail, js, time.time(), hist, why)

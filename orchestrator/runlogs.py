@@ -345,11 +345,10 @@ def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
 
     ranks = run.data["plan"]["ranks"]
     if host is not None:
-        from .lifecycle import plan_from_run
 
         wanted = {h.name for h in run.cluster().select(host).hosts}
         # a spare that took a lost host's place ran that host's ranks (the replacements the run recorded)
-        ran = ranks_by_host(plan_from_run(run), run.data.get("replaced") or ())
+        ran = ranks_by_host(run.plan(), run.data.get("replaced") or ())
         mine = {r for h in wanted for r in ran.get(h, ())}
         ranks = [r for r in ranks if r["rank"] in mine]
         if not ranks:
@@ -499,7 +498,6 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
     """Yield log bytes, a block at a time (memory stays bounded whatever the log size). A finished
     run is served from the gathered copies without touching the hosts; a running one is gathered
     first (only new bytes move), and with `follow`, streamed until every selected rank has ended."""
-    from .lifecycle import plan_from_run
     from .transport import Pool
 
     pending: dict[int, bytes] = {}
@@ -529,12 +527,12 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
             follower.final = {"ranks": run.data.get("ranks") or []}
         yield from first_pass(attempt or run.attempt)
         yield from flush_pending()
-        ran = ranks_by_host(plan_from_run(run), run.data.get("replaced") or ())
+        ran = ranks_by_host(run.plan(), run.data.get("replaced") or ())
         hosts = {h for h, rs in ran.items() if set(rs) & set(ranks)}
         _raise_incomplete({h: why for h, why in still.items() if h in hosts})
         return
     cluster = run.cluster()
-    plan = plan_from_run(run)
+    plan = run.plan()
     with Pool(cluster) as pool:  # only the selected ranks' hosts are asked
         if plan.spares:   # the run may have put spares in lost hosts' places: the head's word on it
             _read_replaced(run, cluster, plan, pool)
@@ -579,11 +577,10 @@ def _raise_incomplete(short: Mapping[str, str]) -> None:
 def _complete(run: Run) -> dict[str, str]:
     """A finished run whose logs some hosts could not give: try those hosts again.
     {host: why} of those that still cannot."""
-    from .lifecycle import plan_from_run
     from .transport import Pool
 
     cluster = run.cluster()
-    plan = plan_from_run(run)
+    plan = run.plan()
     hosts = [h for h in plan.all_hosts if h.name in set(run.data["logs_incomplete"])]
     with Pool(cluster) as pool:
         res = gather(run, cluster, plan, pool, hosts)

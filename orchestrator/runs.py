@@ -21,6 +21,7 @@ from typing import Any
 from .errors import LocalWriteError, UsageError
 from .sh import MASK, mask_values, secrets_in, shown_tree
 from .model import Cluster, Host, Job
+from .rankplan import Rank, RankPlan
 
 RUNS_DIR = Path(".orch") / "runs"
 CONTROLLER_LOCK = "controller.lock"
@@ -191,6 +192,25 @@ class Run:
     # ---- rebuilding what status/down/logs need
     def hosts(self) -> tuple[Host, ...]:
         return tuple(Host.from_dict(h) for h in self.data["hosts"])
+
+    def plan(self) -> RankPlan:
+        """The run's rank plan, as recorded when it started."""
+        hosts = {h.name: h for h in self.hosts()}
+        doc = self.data["plan"]
+        return RankPlan(ranks=tuple(Rank(**r) for r in doc["ranks"]),
+                        hosts=tuple(hosts[h["name"]] for h in doc["hosts"]),
+                        launcher=doc["launcher"], platform=doc["platform"],
+                        spares=tuple(hosts[h["name"]] for h in doc.get("spares", ()) if h["name"] in hosts))
+
+    def log_tail(self, rank: int, attempt: int, lines: int = 20) -> str:
+        """The last `lines` lines of a rank's gathered log here ("" when there is none)."""
+        local = self.local_log(rank, attempt)
+        if not local.exists():
+            return ""
+        with open(local, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 65536))
+            data = fh.read()
+        return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")
 
     def cluster(self) -> Cluster:
         """The cluster the run was started with, as it was (secret values masked)."""

@@ -36,6 +36,7 @@ from .errors import OrchError, UsageError
 from .hostsets import expand
 from .hostlayout import PY, orch_dir
 from .model import Cluster, Host, Slurm
+from .transport import Transport, make_transport
 from .agent.cli import step_argv
 
 JOB_PREFIX = "orch-"
@@ -233,17 +234,18 @@ def plan_commands(cluster: Cluster) -> dict:
 class Client:
     """Runs Slurm's commands where the inventory says: here, or on `slurm.login` over ssh."""
 
-    def __init__(self, cluster: Cluster, gateways=None):
-        """gateways: the Pool's jump-host connections, shared with the nodes (transport.ssh.Gateways)."""
-        from .transport import make_transport
-
+    def __init__(self, cluster: Cluster, connect: Callable[[Host], Transport] | None = None):
+        """connect: the transport factory (a Pool's, `pool.__getitem__`: one connection to the login
+        host per invocation, its jump hosts shared with the nodes', closed with the pool); without
+        one, the client makes its own transport and closes it."""
         s = cluster.slurm
         assert s is not None
         self.slurm = s
         host = s.login_host or replace(s.template, name=s.login or "localhost", address=s.login or "localhost",
                                        connection="ssh" if s.login else "local",
                                        port=22 if s.login else s.template.port)
-        self.transport = make_transport(host, cluster.ssh, gateways)
+        self._owned = connect is None
+        self.transport = make_transport(host, cluster.ssh) if connect is None else connect(host)
         self.env = {"SLURM_CONF": s.conf} if s.conf else None
         self.where = f"on {s.login}" if s.login else "here"
 
@@ -254,7 +256,8 @@ class Client:
             raise SlurmError(f"cannot run {argv[0]} {self.where}: {exc}") from None
 
     def close(self) -> None:
-        self.transport.close()
+        if self._owned:
+            self.transport.close()
 
     def submit(self, cluster: Cluster) -> str:
         s = self.slurm

@@ -10,7 +10,7 @@ from .. import probes
 from ..errors import PlanError
 from ..launchers import launcher
 from ..rankplan import RankPlan, order_hosts
-from ..probes import MeshTarget, ReachTarget, SyncFile
+from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
 
@@ -70,7 +70,8 @@ def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
 
 @dataclass(frozen=True)
 class CheckPlan:
-    """Everything decided before any host is touched."""
+    """Everything decided before any host is touched (plain data: run.probe_script makes a host's
+    script from it, run.judge_host judges with it)."""
 
     cluster: Cluster
     checks: tuple[str, ...]
@@ -86,29 +87,6 @@ class CheckPlan:
     prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (checks.prepare)
     reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
     reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
-
-    def script(self, host: Host) -> str:
-        """The one probe script for this host (pure)."""
-        from .run import probe_script
-
-        return probe_script(self, host)
-
-    def applies(self, check: str, host: Host) -> bool:
-        """Does this per-host check have a result for this host?"""
-        from .base import check as registered_check
-
-        c = registered_check(check)
-        return check in self.checks and c.judge is not None and c.applies(self, host)
-
-    def mesh_targets(self, source: Host) -> list[MeshTarget]:
-        """Every other host, as mpirun will ssh to it from `source`: the address and ssh options
-        mpirun gets (connection: local hosts are this machine)."""
-        from ..logins import ssh_args
-
-        return [MeshTarget(h.name, h.cluster_address, tuple(ssh_args(source, h))) for h in self.hosts
-                if h.name != source.name and h.connection == "ssh"]
-
-
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                     deep: bool = False, prepare: bool = False) -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError

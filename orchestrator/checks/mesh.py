@@ -10,6 +10,7 @@ from typing import Sequence
 from .. import probes
 from ..probes import NOT_INSTALLED, MeshTarget, Section
 from ..hostsets import fold
+from ..logins import ssh_args
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section
 
@@ -42,8 +43,15 @@ def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_tim
             + "\n".join(jobs) + "\nwait")
 
 
+def mesh_targets(plan, source: Host) -> list[MeshTarget]:
+    """Every other host, as mpirun will ssh to it from `source`: the address and ssh options
+    mpirun gets (connection: local hosts are this machine)."""
+    return [MeshTarget(h.name, h.cluster_address, tuple(ssh_args(source, h))) for h in plan.hosts
+            if h.name != source.name and h.connection == "ssh"]
+
+
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
-    targets = plan.mesh_targets(host) if _applies(plan, host) else []
+    targets = mesh_targets(plan, host) if _applies(plan, host) else []
     if not targets:
         return []
     ssh = plan.cluster.ssh
@@ -98,7 +106,7 @@ def _mesh_hint(errors: str) -> str:
 
 def _judge(plan, run) -> list[CheckResult]:
     ssh = plan.cluster.ssh
-    return [judge_mesh(run.host, section(run.sections, "mesh"), plan.mesh_targets(run.host), ssh.connect_timeout,
+    return [judge_mesh(run.host, section(run.sections, "mesh"), mesh_targets(plan, run.host), ssh.connect_timeout,
                        ssh.command_timeout)]
 
 

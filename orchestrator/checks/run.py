@@ -20,6 +20,7 @@ from ..rankplan import RankPlan
 from ..probes import ProbeError
 from ..model import Cluster, Host
 from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result
+from .base import check as registered_check
 from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
 from . import reach
@@ -74,7 +75,7 @@ def check_script(plan: CheckPlan, host: Host, check: Check) -> str:
 def probe_for(cluster: Cluster, host_name: str, *, full_mesh: bool = False, deep: bool = False) -> str:
     """The probe script `orch check` would run on one host (`orch check --print-probe HOST`)."""
     plan = make_check_plan(cluster, full_mesh=full_mesh, deep=deep)
-    return plan.script(cluster.host(host_name))
+    return probe_script(plan, cluster.host(host_name))
 
 
 # --------------------------------------------------------------------------- running
@@ -116,7 +117,7 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
         if on_connected is not None:
             on_connected()
     connect_time = time.monotonic() - c0
-    script = (plan_for(host) if plan_for is not None else plan).script(host)
+    script = probe_script(plan_for(host) if plan_for is not None else plan, host)
     t_send = time.time()
     sink = _Watch(watch) if watch is not None else None
     try:
@@ -269,11 +270,17 @@ def _host_message(err: OrchError, host: Host) -> str:
     return msg + (f"; {err.hint}" if err.hint else "")
 
 
+def applies(plan: CheckPlan, check: str, host: Host) -> bool:
+    """Does this per-host check have a result for this host?"""
+    c = registered_check(check)
+    return check in plan.checks and c.judge is not None and c.applies(plan, host)
+
+
 def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
     """Every per-host result of one host, from its ProbeRun (pure). A host that gave no sections
     fails `ssh`, and each other check that applies to it is an error ("not checked")."""
     host = run.host
-    applicable = [c for c in registered() if plan.applies(c.name, host)]
+    applicable = [c for c in registered() if applies(plan, c.name, host)]
     if run.sections is None:
         err = run.error or HostError(host.name, "no answer")
         if run.stage == "connect":
@@ -288,7 +295,7 @@ def judge_host(plan: CheckPlan, run: ProbeRun) -> list[CheckResult]:
                 for c in applicable]
     out: list[CheckResult] = []
     for c in applicable:
-        assert c.judge is not None  # plan.applies() takes only checks with a judge
+        assert c.judge is not None  # `applicable` takes only checks with a judge
         try:
             out += c.judge(plan, run)
         except (Missing, ProbeError) as exc:

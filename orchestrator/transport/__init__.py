@@ -9,7 +9,6 @@ from ..model import Cluster, Host, SshSettings
 from .base import Result, Transport, build_script, quote_argv
 
 if TYPE_CHECKING:
-    from ..slurm import Client
     from .ssh import Gateways
 
 __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quote_argv"]
@@ -27,7 +26,9 @@ def make_transport(host: Host, ssh: SshSettings, gateways=None) -> Transport:
 
 
 class Pool:
-    """One transport (so one SSH connection) per host, shared by every step of a command.
+    """One transport (so one SSH connection) per host, shared by every step of a command: the
+    inventory's hosts by name or Host, and any other Host it is given (a Slurm login host: the
+    Slurm client takes `pool.__getitem__` as its transport factory).
 
     Use as a context manager; everything is closed on exit."""
 
@@ -35,7 +36,6 @@ class Pool:
         self.cluster = cluster
         self._transports: dict[str, Transport] = {}
         self._gateways: Gateways | None = None  # made for the first host behind a jump host
-        self._slurm: Client | None = None
         self._lock = threading.Lock()
 
     def __getitem__(self, host: Host | str) -> Transport:
@@ -55,25 +55,10 @@ class Pool:
             self._gateways = Gateways(self.cluster.ssh)
         return self._gateways
 
-    def slurm(self):
-        """The Slurm commands' client of a Slurm inventory (here, or its login host over ssh): one
-        per invocation too, so following a run does not connect to the login host again and again."""
-        from ..slurm import Client
-
-        with self._lock:
-            if self._slurm is None:
-                s = self.cluster.slurm
-                login = s.login_host if s is not None else None
-                self._slurm = Client(self.cluster, self._gateways_for(login) if login is not None else None)
-            return self._slurm
-
     def close(self) -> None:
         with self._lock:
             transports: list[Transport | Gateways]
             transports, self._transports = list(self._transports.values()), {}
-            if self._slurm is not None:
-                transports.append(self._slurm.transport)
-                self._slurm = None
             if self._gateways is not None:
                 transports.append(self._gateways)  # after the hosts behind them
                 self._gateways = None

@@ -119,9 +119,9 @@ def test_up_probe_prepare_sections_are_pinned():
     for label, c in fixed_clusters().items():
         for skip in ((), ("path", "workdir", "nic")):
             cl = replace(c, checks=replace(c.checks, skip=skip))
-            assert "_b prepare" not in checks.make_check_plan(cl).script(cl.hosts[0])
+            assert "_b prepare" not in checks.probe_script(checks.make_check_plan(cl), cl.hosts[0])
             plan = checks.make_check_plan(cl, full_mesh=True, prepare=True)
-            script = plan.script(plan.launch)
+            script = checks.probe_script(plan, plan.launch)
             path = checks.check_script(plan, plan.launch, base.check("path")) if "path" in plan.checks else ""
             own = "".join(probes.section_script(n, b) + "\n" for n, b in PREPARE.shell(plan, plan.launch))
             assert path.rstrip("\n") in script and own.rstrip("\n") in script
@@ -138,7 +138,7 @@ def test_pinned_sections_are_the_probes():
     """The probe script is made of exactly the checks' pinned sections (plus its frame)."""
     for c in fixed_clusters().values():
         plan = checks.make_check_plan(c, full_mesh=True, deep=True)
-        script = plan.script(plan.launch)
+        script = checks.probe_script(plan, plan.launch)
         for check in base.registered():
             for part in checks.check_script(plan, plan.launch, check).split("\n_b ")[1:]:
                 name = part.split("\n", 1)[0]

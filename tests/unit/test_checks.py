@@ -234,7 +234,7 @@ def test_probe_script_is_pure_valid_sh_and_runs(tmp_path):
     c = cluster(tmp_path, workdir=str(tmp_path / "wd"), sync=("net.py",))
     (tmp_path / "net.py").write_text("print(1)\n")
     plan = checks.make_check_plan(c)
-    a, b = plan.script(c.hosts[0]), plan.script(c.hosts[0])
+    a, b = checks.probe_script(plan, c.hosts[0]), checks.probe_script(plan, c.hosts[0])
     assert a == b
     assert subprocess.run(["sh", "-n"], input=a, text=True).returncode == 0
     # run as the transport runs it (BOOTSTRAP reads the whole script first): fed to `sh` itself, the
@@ -248,13 +248,13 @@ def test_probe_script_is_pure_valid_sh_and_runs(tmp_path):
 def test_probe_script_sections_follow_checks_and_roles(tmp_path):
     c = cluster(tmp_path, launcher="msrun", platform="ascend")
     plan = checks.make_check_plan(c)
-    first, other = plan.script(c.hosts[0]), plan.script(c.hosts[1])
+    first, other = checks.probe_script(plan, c.hosts[0]), checks.probe_script(plan, c.hosts[1])
     assert "_b ports" in first and "_b ports" not in other  # master_port: launch host only
     assert "_b hccn" in first and "_b gpus" not in first
     assert "_b mesh" not in first  # msrun: no ssh between hosts, unless --full-mesh
-    assert "_b mesh" in checks.make_check_plan(c, full_mesh=True).script(c.hosts[1])
+    assert "_b mesh" in checks.probe_script(checks.make_check_plan(c, full_mesh=True), c.hosts[1])
     skipped = replace(c, checks=Checks(skip=("disk", "stale", "versions")))
-    s = checks.make_check_plan(skipped).script(c.hosts[0])
+    s = checks.probe_script(checks.make_check_plan(skipped), c.hosts[0])
     assert "_b df" not in s and "_b stale" not in s and "ver:" not in s
 
 
@@ -267,18 +267,18 @@ def test_mesh_runs_from_the_launch_host_in_plan_order(tmp_path):
     c = cluster(tmp_path, hosts=hs)
     plan = checks.make_check_plan(c)
     assert plan.launch.name == "a" and plan.mesh_from == {"a"}
-    s = plan.script(c.host("a"))
+    s = checks.probe_script(plan, c.host("a"))
     assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 10.0.0.10 true" in s
     assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 -l v 10.0.0.11 true" in s
     assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 192.168.0.12 true" in s
-    assert "_b mesh" not in plan.script(c.host("b"))
+    assert "_b mesh" not in checks.probe_script(plan, c.host("b"))
     assert checks.make_check_plan(c, full_mesh=True).mesh_from == {"a", "b", "c", "d"}
 
 
 def test_probe_quotes_hostile_values(tmp_path):
     c = cluster(tmp_path, workdir="/data/it's; rm -rf /", env={"PATH": "/opt/$(reboot)/bin"},
                 command=("python3", "x.py"))
-    s = checks.make_check_plan(c).script(c.hosts[0])
+    s = checks.probe_script(checks.make_check_plan(c), c.hosts[0])
     assert "W='/data/it'\"'\"'s; rm -rf /'" in s
     assert "export PATH='/opt/$(reboot)/bin'" in s
     assert subprocess.run(["sh", "-n"], input=s, text=True).returncode == 0
@@ -287,7 +287,7 @@ def test_probe_quotes_hostile_values(tmp_path):
 def test_path_applies_job_env_path_and_mpirun_prefix(tmp_path):
     c = cluster(tmp_path, env={"PATH": "/opt/mpi/bin:/usr/bin"}, mpirun_args=("--prefix", "/opt/mpi"))
     assert checks.launch_tools(c) == [("mpirun", "job"), ("orted", "/opt/mpi/bin/orted"), ("python3", "job")]
-    s = checks.make_check_plan(c).script(c.hosts[0])
+    s = checks.probe_script(checks.make_check_plan(c), c.hosts[0])
     assert "export PATH=/opt/mpi/bin:/usr/bin" in s and "[ -x /opt/mpi/bin/orted ]" in s
 
 

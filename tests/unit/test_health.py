@@ -417,20 +417,22 @@ def test_health_only_with_deep_and_only_on_ascend_or_gpu():
     c = ascend_cluster()
     plain, deep = checks.make_check_plan(c), checks.make_check_plan(c, deep=True)
     assert "health" not in plain.checks and "health" in deep.checks
-    assert "_b health:hccn" not in plain.script(c.hosts[0]) and "_b health:hccn" in deep.script(c.hosts[0])
-    assert deep.applies("health", c.hosts[0]) and not plain.applies("health", c.hosts[0])
+    assert "_b health:hccn" not in checks.probe_script(plain, c.hosts[0])
+    assert "_b health:hccn" in checks.probe_script(deep, c.hosts[0])
+    assert checks.applies(deep, "health", c.hosts[0]) and not checks.applies(plain, "health", c.hosts[0])
     # devices skipped: --deep still reads npu-smi (health needs it)
     nodev = replace(c, checks=Checks(skip=("devices",)))
-    s = checks.make_check_plan(nodev, deep=True).script(c.hosts[0])
+    s = checks.probe_script(checks.make_check_plan(nodev, deep=True), c.hosts[0])
     assert "_b npu" in s and "_b health:hccn" in s
     assert "health" not in checks.make_check_plan(replace(c, checks=Checks(skip=("health",))), deep=True).checks
     g = gpu_cluster()
-    s = checks.make_check_plan(g, deep=True).script(g.hosts[0])
+    s = checks.probe_script(checks.make_check_plan(g, deep=True), g.hosts[0])
     assert "_b health:gpu" in s and "_b health:xid" in s
     assert subprocess.run(["sh", "-n"], input=s, text=True).returncode == 0
     cpu = replace(g, job=replace(g.job, platform="cpu"))
-    assert checks.make_check_plan(cpu, deep=True).script(g.hosts[0]) == checks.make_check_plan(cpu).script(g.hosts[0])
-    assert not checks.make_check_plan(cpu, deep=True).applies("health", g.hosts[0])
+    assert checks.probe_script(checks.make_check_plan(cpu, deep=True), g.hosts[0]) == \
+        checks.probe_script(checks.make_check_plan(cpu), g.hosts[0])
+    assert not checks.applies(checks.make_check_plan(cpu, deep=True), "health", g.hosts[0])
 
 
 def test_judge_host_gives_one_health_result_per_host():

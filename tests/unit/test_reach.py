@@ -151,7 +151,7 @@ def test_applies_with_two_hosts_or_more_and_can_be_skipped():
     assert reach.Relay.of(checks.make_check_plan(cluster(n=1))) is None
     assert reach.Relay.of(checks.make_check_plan(cluster(skip=("reach",)))) is None
     assert reach.Relay.of(checks.make_check_plan(cluster())) is not None
-    assert "_b reach" not in checks.make_check_plan(cluster(n=1)).script(host(1))
+    assert "_b reach" not in checks.probe_script(checks.make_check_plan(cluster(n=1)), host(1))
 
 
 # --------------------------------------------------------------------------- the relay
@@ -168,7 +168,7 @@ def test_relay_from_the_listen_section_to_the_others_plans():
     assert (got.port, got.addresses) == (43179, (LAUNCH, "198.18.149.200"))  # the run's address first
     relay.done("too late")  # resolved once
     assert relay.plan_for(c.hosts[2]).reach.port == 43179
-    script = relay.plan_for(c.hosts[1]).script(c.hosts[1])
+    script = checks.probe_script(relay.plan_for(c.hosts[1]), c.hosts[1])
     assert f"' 1 43179 2 {LAUNCH} 198.18.149.200 2>&1" in script and p.reach_token[:32] in script
     assert p.reach_token not in script.replace(p.reach_token[:32], "", 1)  # each half alone, never on a command line
     clone = reach.Relay(p, 5)
@@ -197,7 +197,7 @@ def test_relay_without_a_listener_late_or_never():
     relay.resolve(ReachTarget(4000, (LAUNCH,), until=time.monotonic() - 1))
     got = relay.plan_for(c.hosts[1]).reach
     assert got.status == "warn" and "after the launch host's listener had closed" in got.untested
-    script = relay.plan_for(c.hosts[1]).script(c.hosts[1])
+    script = checks.probe_script(relay.plan_for(c.hosts[1]), c.hosts[1])
     assert "echo 'untested warn not tested: this host" in script
     relay = reach.Relay(p, 5)
     relay.feed("@@orch:begin reach\nnolisten python3: not found\n\n@@orch:end reach 1\n")
