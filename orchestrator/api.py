@@ -14,6 +14,9 @@
 Errors are `orchestrator.errors.OrchError`s (each with `.exit_code` and a message saying what to
 do); progress goes to an `Events` object (`lifecycle.Events`: step, progress, output, warning)
 when one is given. The CLI (`cli.py`) is a layer over these functions that prints.
+
+Each function imports what it needs when it is called (start-up time: `orch status` does not load
+what `up` needs), so the imports here sit inside the functions.
 """
 
 from __future__ import annotations

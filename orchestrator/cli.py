@@ -1,4 +1,8 @@
-"""The command line. The ONLY place that prints tables or exits."""
+"""The command line. The ONLY place that prints tables or exits. It maps each command's flags to
+the library's calls (api.py) and prints what they return.
+
+Each command imports the modules it needs when it runs (start-up time: `orch --version` and
+`orch status` load nothing they do not use), so the imports here sit inside the commands."""
 
 from __future__ import annotations
 

@@ -21,6 +21,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from .errors import UsageError
+from .fanout import fan_out
+from .hostlayout import PY
+from .runs import write_atomic
+from .hostsets import fold
 
 COLLECT_PY = r'''
 import glob, hashlib, json, os, stat, sys
@@ -219,8 +223,6 @@ class _Sink:
 def collect(run, cluster, plan, pool, paths, hosts=None) -> dict[str, Collected | str]:
     """Fetch `paths` (workdir-relative globs) from every host (default: the plan's): {host:
     Collected, or why the host could not be asked}. Never raises for a host."""
-    from .fanout import fan_out
-    from .hostlayout import PY
 
     bad = [why for why in (path_problem(p) for p in paths) if why]
     if bad:
@@ -246,7 +248,6 @@ def collect(run, cluster, plan, pool, paths, hosts=None) -> dict[str, Collected 
             sink.drop()
 
     res = fan_out(plan.hosts if hosts is None else hosts, one, limit=cluster.ssh.fanout)
-    from .runs import write_atomic
 
     write_atomic(book_path, json.dumps(book, indent=1) + "\n", 0o600 if run.secret else 0o644)
     return {n: (sinks[n].got if o.ok and n in sinks else str(o.error)) for n, o in res.items()}
@@ -254,7 +255,6 @@ def collect(run, cluster, plan, pool, paths, hosts=None) -> dict[str, Collected 
 
 def lines(got: dict[str, Collected | str]) -> list[str]:
     """One line per host: what came, what was there already, what was missing or refused."""
-    from .hostsets import fold
 
     out, empty = [], []
     for host, g in sorted(got.items()):

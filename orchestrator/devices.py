@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from .errors import PlanError
 from .hostsets import fold
 from .model import Host
+from .fanout import fan_out
 
 if TYPE_CHECKING:  # rankplan.py imports this module
     from .rankplan import RankPlan
@@ -106,7 +107,6 @@ def read_hccn(pool: Pool, hosts: Sequence[Host], what: str = "", timeout: float 
     """Each host's /etc/hccn.conf, over the pool's connections (at once, up to ssh.fanout):
     {host name: parse_hccn}. A host it cannot read from -> PlanError naming them all (`what`
     goes before the message: `--probe: `)."""
-    from .fanout import fan_out
 
     def read(h: Host) -> dict[int, HccnDevice]:
         return parse_hccn(pool[h].run(["cat", HCCN_CONF]).check(f"reading {HCCN_CONF}").out)

@@ -42,6 +42,7 @@ from typing import Mapping, Sequence
 from .devices import HCCN_CONF
 from .probes import NOT_INSTALLED, ProbeError, Section, parse_npu_smi, quote_output
 from .model import Cluster, Host
+from .rankplan import order_hosts
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"  # where the driver installs it (often not on PATH)
 PING_TIMEOUT = 10  # seconds, one hccn_tool ping (3 packets)
@@ -71,7 +72,6 @@ MARK_PING = "orch:ping"
 
 def ping_targets(cluster: Cluster, host: Host) -> tuple[Host | None, dict[int, str]]:
     """(the next host in plan order, {planned device: its same-index device IP from the inventory})."""
-    from .rankplan import order_hosts
 
     hosts = order_hosts(cluster.hosts)
     names = [h.name for h in hosts]

@@ -119,7 +119,7 @@ class Lifecycle:
     # ---- steps
     def distribute(self, launch: Launch) -> None:
         job = self.cluster.job
-        from .sync import manifest, sync_host
+        from .sync import manifest, sync_host  # lazy: only `orch up` syncs; status and down of a recorded run do not
 
         entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
@@ -185,7 +185,7 @@ class Lifecycle:
         if res.failed:
             self._unstage(cfgs)
         res.raise_if_failed(LaunchError, "could not stage the run on every node; nothing was started")
-        from . import slurm
+        from . import slurm  # lazy: only a Slurm inventory's runs
 
         job = self.run.data["slurm"]
         go = slurm.go_path(self.cluster.job.workdir, job["job_id"])
@@ -227,7 +227,7 @@ class Lifecycle:
         host = self.plan.ranks[rank].host if rank is not None else self.plan.launch_host.name
         window = supervisor.lost_after(self.cluster)
         last_ok = time.monotonic()
-        from . import runlogs as logs  # here: `orch status` and `down` of a recorded run need none of it
+        from . import runlogs as logs  # lazy: `orch status` and `down` of a recorded run gather no logs unless the run ended
 
         copies = logs.Copies(self.run)
         state: dict = {}
@@ -315,7 +315,7 @@ class Lifecycle:
         ended when it ended the run itself (time limit, node failure)."""
         job = self.run.data.get("slurm")
         if job and self.cluster.slurm is not None:
-            from . import slurm
+            from . import slurm  # lazy: only a Slurm inventory's runs
 
             info = slurm.job_view(slurm.Client(self.cluster, self.pool.__getitem__), job["job_id"])
             if info is not None:
@@ -331,7 +331,7 @@ class Lifecycle:
         lost = set(self.view.unreachable) | set(self.view.lost) if self.view else set()
         hosts = [h for h in self.plan.all_hosts if h.name not in lost]
         attempt = self.view.attempt if self.view and self.view.attempt else 1
-        from . import runlogs as logs
+        from . import runlogs as logs  # lazy: `orch status` and `down` of a recorded run gather no logs unless the run ended
 
         if self.view and self.view.replaced:   # which host ran which rank (logs.gather reads it here)
             self.run.data["replaced"] = self.view.replaced
@@ -344,7 +344,7 @@ class Lifecycle:
                                 f"`orch logs` fetches them once {when}")
         self.run.data["logs_incomplete"] = sorted(missing)
         if self.cluster.job.collect:   # job.collect: the run's outputs, from the hosts that gave their logs
-            from . import collect
+            from . import collect  # lazy: only a job with job.collect
 
             for line in collect.lines(collect.collect(self.run, self.cluster, self.plan, self.pool,
                                                       self.cluster.job.collect, hosts)):
@@ -410,7 +410,7 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
         done, failed = dict(stopped.done), dict(stopped.failed)
         job = run.data.get("slurm")
         if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
-            from . import slurm
+            from . import slurm  # lazy: only a Slurm inventory's runs
 
             try:
                 info = slurm.release(slurm.Client(cluster, pool.__getitem__), job["job_id"], supervisor.STOP_GRACE)

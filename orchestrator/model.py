@@ -14,6 +14,7 @@ from typing import Any, Literal, Mapping, TypeVar
 
 from . import sh
 from .errors import UsageError
+from .hostsets import NodeSetParseError, expand, fold
 
 SECRET_NAME = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.IGNORECASE)
 
@@ -282,7 +283,6 @@ class Cluster:
             raise UsageError(f"--hosts {pattern!r}: a Slurm inventory lists no hosts; Slurm picks the nodes",
                              hint="narrow them with inventory.slurm (nodes, partition, constraint, extra: "
                                   "[--nodelist=...])")
-        from .hostsets import NodeSetParseError, expand, fold
 
         if any(pattern == h.name for h in self.hosts):  # an exact name, whatever it holds
             return replace(self, hosts=tuple(h for h in self.hosts if h.name == pattern))

@@ -37,6 +37,7 @@ from . import devices
 from .devices import HccnDevice
 from .model import Cluster, Host
 from .interpreters import is_python
+from .supervisor import parse_python
 
 MARK = "@@orch:"
 NOT_INSTALLED = "orch:not-installed"
@@ -635,7 +636,6 @@ def parse_path(text: str) -> PathInfo:
     'supervisor': python3's major.minor there, "" if none, None if the section did not say}."""
     path = re.search(r"^PATH=(.*)$", text, re.M)
     jobpath = re.search(r"^JOBPATH=(.*)$", text, re.M)
-    from .supervisor import parse_python
 
     tools: dict[str, str | None] = {}
     for line in text.splitlines():

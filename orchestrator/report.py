@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Sequence
 
 from .agent import metrics
-from .errors import UsageError
+from .errors import OrchError, UsageError
+from .runs import write_atomic
+from .hostlayout import run_dir
+from .transport import Pool
+from . import top
+from .runstate import RunView
 
 MAX_TRACES = 64    # per-rank lines drawn one by one; more ranks: min / median / max per step
 
@@ -53,7 +58,6 @@ def series(run, user: dict | None = None) -> list[dict]:
 
 def write_metrics(run, recs: list[dict]) -> Path:
     """logs/metrics.jsonl: one progress record a line."""
-    from .runs import write_atomic
 
     path = run.logs_dir / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,9 +68,6 @@ def write_metrics(run, recs: list[dict]) -> Path:
 def fetch_history(run) -> tuple[list[dict], str | None]:
     """The head's history.jsonl (agent/history.py): what is new of it brought here (one round trip
     to the launch host), then read. ([line], why it could not be brought, or None)."""
-    from .errors import OrchError
-    from .hostlayout import run_dir
-    from .transport import Pool
 
     local = run.dir / "history.jsonl"
     why = None
@@ -136,8 +137,6 @@ def _lines(recs: list[dict], key) -> list[dict]:
 
 def figures(run_doc: dict, recs: list[dict], now: float, hist: Sequence[dict] = ()) -> list[tuple[str, str, dict]]:
     """(id, title, plotly figure) of each chart of the page."""
-    from . import top
-    from .runstate import RunView
 
     figs: list[tuple[str, str, dict]] = []
     # the timeline: each attempt from its start to its end
@@ -264,7 +263,6 @@ def write(run, out: Path | None = None) -> tuple[Path, Path]:
     hist, why = fetch_history(run)
     page = build(run.id, run.data, recs, tail, js, time.time(), hist, why)
     dest = Path(out) if out else run.dir / "report.html"
-    from .runs import write_atomic
 
     write_atomic(dest, page, 0o600 if run.secret else 0o644)
     return dest, mpath

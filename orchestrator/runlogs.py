@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Mapping
 
-from .errors import LocalWriteError, LogsIncomplete, OrchError
+from .errors import LocalWriteError, LogsIncomplete, OrchError, UsageError
 from .fanout import fan_out
 from .launchers import launcher
 from .hostlayout import PY, run_dir
 from .rankplan import current_hosts, ranks_by_host
 from .runs import Run
+from . import supervisor
+from .transport import Pool
 
 _LOG = re.compile(r"/a([0-9]+)/(?:1/rank\.0*([0-9]+)/stdout|worker_0*([0-9]+)\.log)$")  # (attempt, rank)
 
@@ -341,7 +343,6 @@ def launcher_log(run: Run, cluster, plan, h, attempt: int) -> tuple[str, Path]:
 def select_ranks(run: Run, rank: int | None, host: str | None) -> list[int]:
     """The run's ranks, narrowed to `rank` and to the hosts `host` names (as --hosts does
     everywhere: names, addresses, ranges or groups, comma-separated; model.Cluster.select)."""
-    from .errors import UsageError
 
     ranks = run.data["plan"]["ranks"]
     if host is not None:
@@ -442,7 +443,6 @@ class Follow:
         import queue
         import threading
 
-        from . import supervisor
 
         q: queue.Queue = queue.Queue(maxsize=64)
         by_host: dict[str, list[int]] = {}
@@ -498,7 +498,6 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
     """Yield log bytes, a block at a time (memory stays bounded whatever the log size). A finished
     run is served from the gathered copies without touching the hosts; a running one is gathered
     first (only new bytes move), and with `follow`, streamed until every selected rank has ended."""
-    from .transport import Pool
 
     pending: dict[int, bytes] = {}
 
@@ -555,7 +554,6 @@ def iter_logs(run: Run, ranks: list[int], *, follow: bool = False, tail: int | N
 def _read_replaced(run: Run, cluster, plan, pool) -> None:
     """A running run's replacements so far, as its head records them, into run.data (not saved:
     the run's end records them): one round trip to the launch host; nothing when it cannot say."""
-    from . import supervisor
 
     try:
         res = pool[plan.launch_host].run(supervisor.status_script(cluster, run.id))
@@ -577,7 +575,6 @@ def _raise_incomplete(short: Mapping[str, str]) -> None:
 def _complete(run: Run) -> dict[str, str]:
     """A finished run whose logs some hosts could not give: try those hosts again.
     {host: why} of those that still cannot."""
-    from .transport import Pool
 
     cluster = run.cluster()
     plan = run.plan()

@@ -22,6 +22,7 @@ from .errors import LocalWriteError, UsageError
 from .sh import MASK, mask_values, secrets_in, shown_tree
 from .model import Cluster, Host, Job
 from .rankplan import Rank, RankPlan
+from . import __version__
 
 RUNS_DIR = Path(".orch") / "runs"
 CONTROLLER_LOCK = "controller.lock"
@@ -249,7 +250,6 @@ def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> 
         cluster_text = mask_values(mask_yaml(cluster.path.read_text(), job), secrets)
     except (OSError, UnicodeDecodeError):
         cluster_text = None
-    from . import __version__
 
     data = {
         "v": RUN_VERSION, "orch": __version__,
@@ -287,7 +287,6 @@ def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
         raise UsageError(f"cannot read run record {root / chosen / 'run.json'}: {exc}") from None
     v = data.get("v") if isinstance(data, dict) else None
     if isinstance(v, int) and v > RUN_VERSION:
-        from . import __version__
 
         by = data.get("orch") or "a newer orch"
         raise UsageError(f"run {chosen} was recorded by orch {by} (record format {v}); this orch {__version__} "

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .agent.protocol import STATE_VERSION
-from .agent.states import TERMINAL, RankState, RunState, describe, run_state
+from .agent.states import RankState, RunState, TERMINAL, describe, rank_ranges, run_state
+from . import __version__
+from .hostsets import fold
 
 __all__ = ["EXIT", "FINAL", "RunView", "describe", "from_head", "merge", "skew"]
 
@@ -31,7 +33,6 @@ def skew(doc: Mapping) -> str | None:
     v = doc.get("v")
     if v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= STATE_VERSION):
         return None
-    from . import __version__
 
     by = doc.get("orch") or "a newer orch"
     return (f"run {doc.get('run') or '?'} was started by orch {by} (state format {v}); this orch {__version__} "
@@ -145,7 +146,6 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
         elif view.final and r["state"] in (RankState.RUNNING, RankState.PENDING):
             r["state"] = (RankState.LOST if r["host"] in view.lost else RankState.STOPPED).value
     if orphans:
-        from .agent.states import rank_ranges
 
         hosts = ", ".join(sorted({r["host"] for r in orphans}))
         rid = run_id or "<run-id>"
@@ -162,7 +162,6 @@ def history(view: RunView) -> list[str]:
     and state, then each replacement and why (nothing when every attempt ran on the planned hosts)."""
     if not view.replaced:
         return []
-    from .hostsets import fold
 
     lines = [f"attempt {a['attempt']} on {fold(a.get('hosts') or ())}: {a.get('state')}" for a in view.attempts]
     lines += [f"attempt {r['attempt']}: spare {r['by']} took the place of {r['host']} ({r['why']})"

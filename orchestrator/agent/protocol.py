@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, Literal, overload
 
 from .load import parse_load
 from .metrics import parse_progress
+from .states import RankState
 
 VERSION = 2           # of this protocol: in hello and challenge (2: `delta` to watchers)
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
@@ -357,7 +358,6 @@ def delta(seq: int, d: Msg) -> Msg:
 def _parse_rank(r: object) -> Msg:
     if not isinstance(r, dict):
         raise ProtocolError("a rank record must be an object")
-    from .states import RankState
     st = _str(r, "state", 16)
     try:
         RankState(st)

@@ -24,7 +24,7 @@ from . import delta as deltas
 from .history import History
 from . import head as heads
 from . import protocol as proto
-from .layout import INFO, STATE, attempt_dir, write_atomic
+from .layout import INFO, STATE, attempt_dir, read_json, write_atomic
 from .procs import Local
 from .words import launcher_words
 from .states import RankState, RunState
@@ -714,7 +714,6 @@ def write_info(rundir, cfg, **more):
 
 
 def read_info(rundir):
-    from .layout import read_json
     doc = read_json(os.path.join(rundir, INFO), 1 << 16)
     return doc if isinstance(doc, dict) else None
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from .. import probes
-from ..errors import PlanError
+from ..errors import PlanError, SpecError
 from ..launchers import launcher
-from ..rankplan import RankPlan, order_hosts
+from ..rankplan import RankPlan, make_plan, order_hosts
 from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
+from ..sync import manifest
 
 
 def active_checks(cluster: Cluster) -> list[str]:
@@ -52,8 +53,6 @@ def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
     local files.
 
     Uses sync.manifest, entry by entry, so the paths in workdir are exactly the ones `orch up` writes."""
-    from ..errors import SpecError
-    from ..sync import manifest
 
     files: list[SyncFile] = []
     missing: list[str] = []
@@ -105,7 +104,6 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:
     """rankplan.make_plan, its PlanError as a value (orch check reports it as device-rules)."""
-    from ..rankplan import make_plan
 
     try:
         return make_plan(cluster)

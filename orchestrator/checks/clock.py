@@ -10,6 +10,7 @@ from .. import probes
 from ..probes import ProbeError, Section
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
+from ..hccl import hccl_connect_timeout
 
 CLOCK = Probe("clock", lambda plan, host: [("clock0", "date +%s.%N"), ("clock1", "date +%s.%N")], place="frame")
 
@@ -41,7 +42,6 @@ def judge_hccl_timeout(cluster: Cluster, skews: Sequence[float], sent: Sequence[
     ("Getting socket times out")."""
     if cluster.job.platform != "ascend" or max(len(skews), len(sent)) < 2:
         return []
-    from ..hccl import hccl_connect_timeout
 
     limit = hccl_connect_timeout(cluster, len(cluster.hosts))
     skew = max(skews) - min(skews) if skews else 0.0

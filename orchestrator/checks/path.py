@@ -13,6 +13,8 @@ from ..launchers import launcher
 from ..launchers.mpirun import mpirun_prefix
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
+from ..prepare import reads_lock
+from ..supervisor import lock_path, python_problem, python_sh
 
 PLAYBOOK_VENVS = "/opt/orch-venvs/"   # where scripts/install-e2e-deps.sh puts the playbooks' venv
 
@@ -35,8 +37,6 @@ def launch_tools(cluster: Cluster) -> list[tuple[str, str]]:
 
 
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
-    from ..supervisor import lock_path, python_sh
-    from ..prepare import reads_lock
 
     env = probes.tool_env(plan.cluster, host)
     plain: list[tuple[str, str]] = []
@@ -104,7 +104,6 @@ def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
         why = f" (from mpirun --prefix {prefix})" if label == "orted" and prefix else ""
         problems.append(f"{path} is not an executable on this host{why}")
     if info["supervisor"] is not None:
-        from ..supervisor import python_problem
 
         sup = python_problem(info["supervisor"])
         if sup:

@@ -25,6 +25,8 @@ from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
 from . import reach
 from .prepare import PREPARE
+from .devices import hccn_confs
+from ..prepare import facts
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
@@ -145,8 +147,6 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     whose pool is still empty and serves only the checks (`orch check`: the connections the
     other processes make are theirs, closed as they exit); the judging stays here.
     `prepare` (`orch up`): the probes read prepare's facts too (Report.prepared)."""
-    from .devices import hccn_confs
-    from ..prepare import facts
 
     t0 = time.monotonic()
     plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare)

@@ -9,7 +9,7 @@ from ..model import Cluster, Host, SshSettings
 from .base import Result, Transport, build_script, quote_argv
 
 if TYPE_CHECKING:
-    from .ssh import Gateways
+    from .ssh import Gateways  # lazy: paramiko, only behind a jump host
 
 __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quote_argv"]
 
@@ -17,10 +17,10 @@ __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quo
 def make_transport(host: Host, ssh: SshSettings, gateways=None) -> Transport:
     """The host's transport; `gateways` (ssh.Gateways) shares jump-host connections between hosts."""
     if host.connection == "local":
-        from .local import LocalTransport
+        from .local import LocalTransport  # lazy: only for connection: local hosts
 
         return LocalTransport(host, ssh.command_timeout)
-    from .ssh import SshTransport
+    from .ssh import SshTransport  # lazy: paramiko, only for ssh hosts
 
     return SshTransport.for_settings(host, ssh, gateways)
 
@@ -50,7 +50,7 @@ class Pool:
     def _gateways_for(self, host: Host):
         """The invocation's jump-host connections (made for the first host behind one). Lock held."""
         if host.jump and self._gateways is None:
-            from .ssh import Gateways
+            from .ssh import Gateways  # lazy: paramiko, only behind a jump host
 
             self._gateways = Gateways(self.cluster.ssh)
         return self._gateways
