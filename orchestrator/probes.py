@@ -1,7 +1,7 @@
 """The probe of `orch check`: ONE POSIX sh script per host, and pure parsers of what it prints.
 
 `assemble(host, ...)` builds the script from the sections' commands (each check
-in checks/ says which it needs, checks/run.py which go to a host), each wrapped
+in checks/ says which it needs, checks/runner.py which go to a host), each wrapped
 in a section::
 
     @@orch:begin NAME
@@ -216,7 +216,7 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
              body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]]) -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `body` in order, `background` printed, `last`.
-    Pure: same inputs, same script (checks/run.py says which sections)."""
+    Pure: same inputs, same script (checks/runner.py says which sections)."""
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
         "exec 2>&1 </dev/null",

@@ -34,7 +34,7 @@ _PUBLIC = {
              "registered"),
     "checkplan": ("CheckPlan", "active_checks", "make_check_plan", "needed_tools", "sync_manifest", "try_plan",
                   "version_tools"),
-    "run": ("HEAD_START", "applies", "check_script", "judge_across", "judge_cluster_local", "judge_host", "probe_for",
+    "runner": ("HEAD_START", "applies", "check_script", "judge_across", "judge_cluster_local", "judge_host", "probe_for",
             "probe_host", "probe_script", "resolve_address", "run_checks"),
     "clock": ("clock_skew", "judge_clock", "judge_hccl_timeout"),
     "device_rules": ("judge_device_rules",),

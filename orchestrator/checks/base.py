@@ -61,7 +61,7 @@ class Report:
     duration: float = 0.0
     # what the probes read that `orch up` needs again: {host: its /etc/hccn.conf} (present ones)
     hccn: dict[str, dict[int, HccnDevice]] = field(default_factory=dict, compare=False)
-    # ... and, when asked for (run_checks(prepare=True)), {host: its prepare facts} (checks.prepare)
+    # ... and, when asked for (run_checks(prepare=True)), {host: its prepare facts} (prepare.py)
     prepared: dict[str, dict] = field(default_factory=dict, compare=False)
 
     @property
@@ -170,7 +170,7 @@ class Check:
 
 
 REGISTRY: dict[str, Check] = {}
-_INFRASTRUCTURE = {"base", "names", "checkplan", "prepare", "run"}  # the modules of this package that hold no check
+_INFRASTRUCTURE = {"base", "names", "checkplan", "runner"}  # the modules of this package that hold no check
 
 
 def register(check: Check) -> Check:

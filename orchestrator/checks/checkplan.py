@@ -83,7 +83,7 @@ class CheckPlan:
     mesh_from: frozenset[str]
     full_mesh: bool
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
-    prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (checks.prepare)
+    prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (prepare.py)
     reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
     reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,

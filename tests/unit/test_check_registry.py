@@ -23,7 +23,7 @@ import pytest
 
 from orchestrator import checks, probes
 from orchestrator.checks import base, names
-from orchestrator.checks.prepare import PREPARE
+from orchestrator.checks.runner import PREPARE
 from orchestrator.errors import PlanError
 from orchestrator.probes import SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings

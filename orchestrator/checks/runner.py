@@ -19,14 +19,18 @@ from ..shards import decode_error, encode_error, fan_out_procs
 from ..rankplan import RankPlan
 from ..probes import ProbeError
 from ..model import Cluster, Host
-from .base import REGISTRY, Check, CheckResult, Missing, ProbeRun, Report, registered, result
+from .base import REGISTRY, Check, CheckResult, Missing, Probe, ProbeRun, Report, registered, result
 from .base import check as registered_check
 from .checkplan import CheckPlan, make_check_plan
 from .names import KNOWN_CHECKS
 from . import reach
-from .prepare import PREPARE
 from .devices import hccn_confs
-from ..prepare import facts
+from ..prepare import facts, probe_section
+
+# `orch up`'s prepare facts that no check's section reads: a section of the probe of their own
+# (prepare.py owns the facts; not a check: no result, no row in the report; they reach `up`
+# through Report.prepared)
+PREPARE = Probe("prepare", lambda plan, host: probe_section(plan))
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
