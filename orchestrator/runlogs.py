@@ -449,7 +449,6 @@ class Follow:
         now = current_hosts(plan, self.run.data.get("replaced") or ())
         for r in self.ranks:
             by_host.setdefault(now[r], []).append(r)
-        window = supervisor.lost_after(cluster)
 
         def one(host: str, ranks: list[int]) -> None:
             copies = Copies(self.run)
@@ -461,13 +460,9 @@ class Follow:
             def on_state(doc: dict) -> None:
                 self.final = doc
 
-            args = ["watch", "--attempt", str(self.attempt)]
-            for r in ranks:
-                args += ["--rank", str(r), "--offset", f"{r}={self.run.local_size(r, self.attempt)}"]
             try:
-                pool[host].run(supervisor.agent_argv(cluster, self.run.id, *args),
-                               env={"ORCH_LOST_AFTER": str(int(window))},
-                               sink=supervisor.EventStream(on_state, on_output), timeout=window + 5)
+                supervisor.watch(pool[host], cluster, self.run.id, supervisor.EventStream(on_state, on_output),
+                                 attempt=self.attempt, offsets={r: self.run.local_size(r, self.attempt) for r in ranks})
             except OrchError as exc:
                 q.put(("error", host, exc))
             finally:

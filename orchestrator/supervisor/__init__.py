@@ -15,7 +15,7 @@ import shlex
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import __version__, sh
 from ..agent import delta, layout
@@ -24,6 +24,7 @@ from ..hostlayout import PY, orch_dir, run_dir
 from ..launchers import HeadReach, Launch, head_reach
 from ..rankplan import RankPlan
 from ..model import Cluster
+from ..transport import Transport
 
 STOP_GRACE = 5.0
 LOST_AFTER_MIN = 10.0   # seconds a supervisor may stay silent before its host counts as lost
@@ -369,3 +370,18 @@ class EventStream:
 
     def flush(self) -> None:
         pass
+
+
+def watch(transport: Transport, cluster: Cluster, run_id: str, stream: EventStream, *, attempt: int | None = None,
+          offsets: Mapping[int, int] | None = None, to_end: bool = False, **run_kw: Any) -> None:
+    """The one client of `agent.py watch` on a host (`orch up` following, `orch logs -f`): the
+    run's state into `stream` as the head pushes it, and the output of the ranks in `offsets`
+    ({rank: bytes already here}) of `attempt`, until those ranks have ended (`to_end`: until the
+    run has). A stream silent for lost_after + 5 s is given up (RemoteTimeout); `run_kw` goes to
+    the transport's run."""
+    window = lost_after(cluster)
+    args = ["watch", *(["--to-end"] if to_end else []), *(["--attempt", str(attempt)] if attempt is not None else [])]
+    for r, offset in (offsets or {}).items():
+        args += ["--rank", str(r), "--offset", f"{r}={offset}"]
+    transport.run(agent_argv(cluster, run_id, *args), env={"ORCH_LOST_AFTER": str(int(window))}, sink=stream,
+                  timeout=window + 5, **run_kw)
