@@ -92,3 +92,77 @@ def test_slots_above_1024_are_refused_with_their_line(tmp_path):
     assert "more than 1024 ranks on one host" in out, out
     ok = "inventory:\n  hosts:\n    - {address: n1, connection: local, slots: 1024}\n" + JOB
     assert load_cluster(cluster_file(tmp_path, ok)).hosts[0].slots == 1024
+
+
+# --------------------------------------------------------------------------- No hangs
+# An `n[1-99999999]` typo is an error, not an hour of expansion. (The limit is 100000 names; a
+# pattern one over it is refused before anything is built, wherever a pattern is read.)
+
+OVER = "m[1-100001]"
+EXPANSION_PLACES = {
+    "address": f"inventory:\n  hosts:\n    - {{address: '{OVER}', connection: local}}\n" + JOB,
+    "name": f"inventory:\n  hosts:\n    - {{address: '10.0.0.[1-2]', name: '{OVER}', connection: local}}\n" + JOB,
+    "group": f"{LOCAL}  groups: {{g: ['{OVER}']}}\n" + JOB,
+}
+
+
+@pytest.mark.parametrize("where", sorted(EXPANSION_PLACES))
+def test_a_host_range_over_100000_names_is_an_error_with_its_line(tmp_path, where):
+    out = refused(tmp_path, EXPANSION_PLACES[where], 3)
+    assert f"it expands to 100001 names; at most 100000 are allowed: \"{OVER}\"" in out, out
+
+
+def test_a_host_range_over_100000_names_in_hosts_option_is_an_error(tmp_path):
+    rc, out = orch("plan", str(cluster_file(tmp_path, LOCAL + JOB)), "--hosts", "n1,n[1-400]-[1-300]")
+    assert rc == 2 and "it expands to 120001 names; at most 100000 are allowed" in out, out
+
+
+def test_a_host_range_is_counted_without_being_expanded():
+    """What makes the README's `n[1-99999999]` an error at once: its size is counted, never built."""
+    from orchestrator import hostsets
+    assert hostsets.range_size("n[1-99999999]") == 99999999
+    assert hostsets.range_size("n[1-10/2],m[1-3]-[1-4]") == 5 + 12
+
+
+# --------------------------------------------------------------------------- What failed is said
+# ... exit codes above 128 are called signals only when they are.
+
+def test_an_exit_code_above_128_is_an_exit_code_and_a_signal_is_a_signal():
+    from orchestrator.agent.states import describe
+    assert describe(137) == "exit code 137" and describe(255, None) == "exit code 255"
+    assert describe(None, 9) == "killed by signal 9 (SIGKILL)"
+    assert describe(None, 15) == "killed by signal 15 (SIGTERM)"
+
+
+@pytest.mark.parametrize("script, code, sig", [("exit 137", 137, None), ("exit 143", 143, None),
+                                               ("kill -KILL $$", None, 9)])
+def test_the_supervisor_records_what_waitpid_says(tmp_path, script, code, sig):
+    """A rank's end as the host's supervisor records it: a shell's `exit 137` stays exit code 137;
+    only a process a signal killed has a signal."""
+    import subprocess
+    import time
+
+    from orchestrator.agent.procs import Local
+    local = Local({"run_id": "r", "rundir": str(tmp_path), "host": "h", "launcher": "ranktable"}, lambda t: None)
+    proc = subprocess.Popen(["sh", "-c", script])
+    proc.returncode = 0   # reaped by Local, as the supervisor's children are
+    rec = {"key": "rank.0", "rank": 0, "pid": proc.pid, "exit_code": None, "signal": None, "start": 0, "end": None}
+    local.children[proc.pid] = rec
+    for _ in range(3000):   # until waitpid has it (the loop, not a timed assert: 30 s at most)
+        local.reap()
+        if rec["end"] is not None:
+            break
+        time.sleep(0.01)
+    assert (rec["exit_code"], rec["signal"]) == (code, sig)
+
+
+@pytest.mark.parametrize("code, sig, how", [(137, None, "exit code 137"), (None, 9, "killed by signal 9 (SIGKILL)")])
+def test_the_runs_message_calls_a_signal_a_signal_only_when_it_is_one(code, sig, how):
+    """What `orch up` and `orch status` print for a failed rank: the head's first failure."""
+    from orchestrator.agent import head as H
+    from tests.unit.test_head import T0, rep, running
+    head = running()
+    H.decide(head, [rep(head, "b", {3: ("failed", code, sig, T0 + 5)})], T0 + 6)
+    assert head.doc["first_failure"]["how"] == how
+    assert f"rank 3 on b (device 1) failed: {how}" in head.doc["message"]
+    assert ("signal" in head.doc["message"]) == (sig is not None)
