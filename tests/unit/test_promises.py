@@ -166,3 +166,54 @@ def test_the_runs_message_calls_a_signal_a_signal_only_when_it_is_one(code, sig,
     assert head.doc["first_failure"]["how"] == how
     assert f"rank 3 on b (device 1) failed: {how}" in head.doc["message"]
     assert ("signal" in head.doc["message"]) == (sig is not None)
+
+
+# --------------------------------------------------------------------------- Secrets kept
+# Secret env values (`job.secret_env`, `*_TOKEN`, `*_KEY`, `*_SECRET`, `*PASSWORD*`) reach ... nothing
+# else: not run records, printed output, plan files, errors. (The ranks' environment and the
+# hosts' command lines need hosts: tests/faults/test_secrets.py.)
+
+SECRETS = {"HF_TOKEN": "S3cr3t-token-1", "AWS_KEY": "S3cr3t-key-22", "APP_SECRET": "S3cr3t-secret-333",
+           "DB_PASSWORD_FILE": "S3cr3t-pw-4444", "my_passwd": "S3cr3t-pw-55555", "PLAIN_NAME": "S3cr3t-chosen-6"}
+
+
+def _secret_cluster(launcher: str) -> str:
+    env = ", ".join(f"{k}: {v}" for k, v in SECRETS.items())
+    return (f"inventory:\n  hosts:\n    - {{address: 'n[1-2]', connection: local, slots: 2, "
+            f"env: {{HOST_TOKEN: S3cr3t-host-77}}}}\n"
+            f"job:\n  workdir: /data/j\n  launcher: {launcher}\n  secret_env: [PLAIN_NAME]\n"
+            f"  command: python x.py --token S3cr3t-token-1 --pw=S3cr3t-pw-4444\n"
+            f"  env: {{{env}, SEEN: visible-value}}\n")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
+def test_secret_values_reach_no_plan_file_and_no_output(tmp_path, launcher):
+    f = cluster_file(tmp_path, _secret_cluster(launcher))
+    out_dir = tmp_path / "out"
+    rc1, printed = orch("plan", str(f), "--out", str(out_dir))
+    rc2, as_json = orch("plan", str(f), "--json")
+    assert (rc1, rc2) == (0, 0), printed + as_json
+    written = {p.name: p.read_text() for p in out_dir.iterdir()}
+    assert {"plan.json", "commands.json"} <= set(written), sorted(written)
+    everything = printed + as_json + "".join(written.values())
+    assert "S3cr3t" not in everything
+    assert "visible-value" in "".join(written.values())   # plain values are shown: the search looked in the right place
+    for name in [*SECRETS, "HOST_TOKEN"]:
+        assert name in everything, name
+
+
+def test_a_run_record_holds_no_secret_value(tmp_path):
+    """What `orch up` records here (runs.create_run: the cluster file's text, the model, the
+    plan) has every secret value masked, and is readable by this user alone."""
+    from orchestrator import runs
+    f = cluster_file(tmp_path, _secret_cluster("mpirun"))
+    run = runs.create_run(load_cluster(f), {}, cwd=tmp_path)
+    record = (run.dir / "run.json").read_text()
+    assert "S3cr3t" not in record
+    assert "visible-value" in record and runs.MASK in json.loads(record)["cluster_text"]
+    assert (run.dir / "run.json").stat().st_mode & 0o077 == 0
+
+
+def test_a_bad_secret_value_is_an_error_that_does_not_quote_it(tmp_path):
+    out = refused(tmp_path, LOCAL + "job: {workdir: /data/j, command: x, env: {HF_TOKEN: [S3cr3t-token-1]}}\n", 3)
+    assert "HF_TOKEN" in out and "S3cr3t" not in out, out
