@@ -217,3 +217,27 @@ def test_a_run_record_holds_no_secret_value(tmp_path):
 def test_a_bad_secret_value_is_an_error_that_does_not_quote_it(tmp_path):
     out = refused(tmp_path, LOCAL + "job: {workdir: /data/j, command: x, env: {HF_TOKEN: [S3cr3t-token-1]}}\n", 3)
     assert "HF_TOKEN" in out and "S3cr3t" not in out, out
+
+
+# --------------------------------------------------------------------------- A full disk here is said
+# ... a run.json that cannot be written is a located error, never a crash. (Logs that could not
+# be brought back need a run: tests/faults/test_logs.py.)
+
+def test_a_run_record_that_cannot_be_written_is_a_located_error(tmp_path):
+    from orchestrator import runs
+    from orchestrator.errors import LocalWriteError
+    run = runs.create_run(load_cluster(cluster_file(tmp_path, LOCAL + JOB)), {}, cwd=tmp_path)
+    (run.dir / "run.json").unlink()
+    (run.dir / "run.json").mkdir()      # what a full or read-only disk does to a write, as root too
+    with pytest.raises(LocalWriteError) as exc:
+        run.save()
+    assert f"cannot write {run.dir / 'run.json'}: Is a directory" in str(exc.value) and exc.value.exit_code == 5
+
+
+def test_a_run_directory_that_cannot_be_made_is_a_located_error(tmp_path):
+    from orchestrator import runs
+    from orchestrator.errors import LocalWriteError
+    (tmp_path / ".orch").write_text("")  # in the way of .orch/runs
+    with pytest.raises(LocalWriteError) as exc:
+        runs.create_run(load_cluster(cluster_file(tmp_path, LOCAL + JOB)), {}, cwd=tmp_path)
+    assert str(tmp_path / ".orch" / "runs") in str(exc.value) and "Not a directory" in str(exc.value)
