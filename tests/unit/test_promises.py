@@ -241,3 +241,47 @@ def test_a_run_directory_that_cannot_be_made_is_a_located_error(tmp_path):
     with pytest.raises(LocalWriteError) as exc:
         runs.create_run(load_cluster(cluster_file(tmp_path, LOCAL + JOB)), {}, cwd=tmp_path)
     assert str(tmp_path / ".orch" / "runs") in str(exc.value) and "Not a directory" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- No neighbour can slip code in
+# `orch check` fails a workdir, or any parent, writable by group or others (root's sticky dirs such as
+# /tmp excepted) or owned by another user, with the fix; system directories are refused as workdir
+# (tests/unit/test_spec.py::test_a_system_directory_is_never_a_workdir).
+
+def _workdir_check(tmp_path: Path, workdir: Path) -> dict:
+    """`orch check --json` of a cluster of this machine (connection: local): the workdir result."""
+    f = cluster_file(tmp_path, "inventory:\n  hosts: [{address: n1, connection: local}]\n"
+                               f"job: {{workdir: '{workdir}', command: 'true'}}\n")
+    rc, out = orch("check", str(f), "--json")
+    (res,) = [r for r in json.loads(out)["results"] if r["check"] == "workdir"]
+    assert rc in (0, 1) and (rc == 1 or res["status"] != "fail"), out
+    return res
+
+
+@pytest.mark.parametrize("mode, who", [(0o777, "group and others"), (0o775, "its group"), (0o757, "others"),
+                                       (0o1777, None), (0o755, None)])
+def test_a_workdir_under_a_directory_others_can_write_fails_the_check_with_the_fix(tmp_path, mode, who):
+    """A parent (here, the directory above the workdir) others could write to: a neighbour could
+    swap what the ranks run. A sticky directory of root's (as /tmp) is fine."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(mode)
+    if mode & 0o1000 and __import__("os").getuid() != 0:
+        who = "group and others"   # sticky, but not root's
+    res = _workdir_check(tmp_path, parent / "job")
+    if who is None:
+        assert res["status"] == "pass", res
+        return
+    assert res["status"] == "fail", res
+    assert f"{parent} is writable by {who} (mode {mode & 0o777:o}); fix: chmod go-w {parent}" in res["message"], res
+
+
+@pytest.mark.skipif(__import__("os").getuid() != 0, reason="giving a directory to another user needs root")
+@pytest.mark.parametrize("sticky", [False, True])
+def test_a_workdir_owned_by_another_user_fails_the_check(tmp_path, sticky):
+    import os
+    wd = tmp_path / "job"
+    wd.mkdir(mode=0o1755 if sticky else 0o755)
+    os.chown(wd, 54321, 54321)
+    res = _workdir_check(tmp_path, wd)
+    assert res["status"] == "fail" and f"{wd} is owned by uid 54321" in res["message"], res
