@@ -285,3 +285,22 @@ def test_a_workdir_owned_by_another_user_fails_the_check(tmp_path, sticky):
     os.chown(wd, 54321, 54321)
     res = _workdir_check(tmp_path, wd)
     assert res["status"] == "fail" and f"{wd} is owned by uid 54321" in res["message"], res
+
+
+# --------------------------------------------------------------------------- No injection
+# ... for mpirun a workdir or log_dir holding `$`, a backtick, `"`, `\` or `!` is refused up front
+# (exit 2, with the line). (That every value reaches the rank byte-for-byte needs hosts:
+# tests/faults/test_hostile.py; the quoting itself: tests/unit/test_sh.py.)
+
+@pytest.mark.parametrize("char", ["$", "`", '"', "\\", "!"])
+@pytest.mark.parametrize("key", ["workdir", "log_dir"])
+def test_mpirun_refuses_a_workdir_or_log_dir_its_remote_shell_would_expand(tmp_path, key, char):
+    value = f"/data/a{char}b" if key == "workdir" else f"logs/a{char}b"
+    quoted = json.dumps(value)   # a YAML double-quoted scalar
+    job = {"workdir": '"/data/j"', "log_dir": '"logs"', key: quoted}
+    text = LOCAL + "job:\n  command: x\n" + "".join(f"  {k}: {v}\n" for k, v in job.items())
+    line = 5 + list(job).index(key)   # after LOCAL (2 lines), `job:` and `command:`
+    out = refused(tmp_path, text, line)
+    assert f"job.{key}: {key} {value!r} contains {char}" in out, out
+    ranktable = text.replace("job:\n", "job:\n  launcher: ranktable\n")
+    assert getattr(load_cluster(cluster_file(tmp_path, ranktable)).job, key) == value
