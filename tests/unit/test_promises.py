@@ -304,3 +304,202 @@ def test_mpirun_refuses_a_workdir_or_log_dir_its_remote_shell_would_expand(tmp_p
     assert f"job.{key}: {key} {value!r} contains {char}" in out, out
     ranktable = text.replace("job:\n", "job:\n  launcher: ranktable\n")
     assert getattr(load_cluster(cluster_file(tmp_path, ranktable)).job, key) == value
+
+
+# --------------------------------------------------------------------------- SSH: no hangs, own words, host keys
+# An unreachable host costs at most `connect_timeout x retries`; a malformed known_hosts line is
+# skipped with one warning naming file and line; a missing key is "no usable key", never retried
+# or blamed on the server; a refused key is one message (user@host, the key) and one attempt; a
+# changed host key is refused under every policy; an unknown one is refused under `strict` with
+# its fingerprint, recorded under `accept-new`. Against an SSH server in this process, on loopback.
+# (An encrypted key used from ssh-agent: tests/faults/test_ssh_security.py.)
+
+class SshServer:
+    """A paramiko SSH server on 127.0.0.1 that takes `allowed` (a key) for any user, or, `silent`,
+    accepts TCP connections and never says a word. Counts connections and key offers."""
+
+    def __init__(self, allowed=None, silent: bool = False):
+        import socket
+        import threading
+
+        import paramiko
+        self.host_key = paramiko.ECDSAKey.generate()
+        self.allowed, self.silent = allowed, silent
+        self.connections, self.offers = 0, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.held: list = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import paramiko
+        server = self
+
+        class Iface(paramiko.ServerInterface):
+            def get_allowed_auths(self, username):
+                return "publickey"
+
+            def check_auth_publickey(self, username, key):
+                server.offers += 1
+                ok = server.allowed is not None and key.get_base64() == server.allowed.get_base64()
+                return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.silent:
+                self.held.append(conn)
+                continue
+            t = paramiko.Transport(conn)
+            t.add_server_key(self.host_key)
+            self.held.append(t)
+            try:
+                t.start_server(server=Iface())
+            except (paramiko.SSHException, EOFError, OSError):
+                pass
+
+    def close(self):
+        self.sock.close()
+        for x in self.held:
+            x.close()
+
+
+@pytest.fixture
+def ssh_server():
+    made = []
+
+    def make(**kw):
+        made.append(SshServer(**kw))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+def _key_file(tmp_path: Path, name: str):
+    import paramiko
+    key = paramiko.ECDSAKey.generate()
+    key.write_private_key_file(str(tmp_path / name))
+    return key, tmp_path / name
+
+
+def _transport(tmp_path: Path, server: SshServer, identity: Path | None, *, policy: str = "strict",
+               connect_timeout: float = 5, retries: int = 3, known: str | None = None):
+    from orchestrator.transport import make_transport
+    kh = tmp_path / "known_hosts"
+    if known is not None:
+        kh.write_text(known)
+    ident = f", identity_file: '{identity}'" if identity else ""
+    f = cluster_file(tmp_path, f"inventory:\n  hosts: [{{address: 127.0.0.1, port: {server.port}, user: trainer, "
+                               f"known_hosts: '{kh}'{ident}}}]\n"
+                               f"ssh: {{connect_timeout: {connect_timeout}, retries: {retries}, "
+                               f"host_key_policy: {policy}, config_file: none}}\n" + JOB)
+    c = load_cluster(f)
+    return make_transport(c.hosts[0], c.ssh)
+
+
+def _known_line(server: SshServer, key=None) -> str:
+    key = key or server.host_key
+    return f"[127.0.0.1]:{server.port} {key.get_name()} {key.get_base64()}\n"
+
+
+@pytest.mark.parametrize("retries, said", [(1, "SSH handshake with 127.0.0.1:{port} failed"),
+                                           (3, "could not connect to trainer@127.0.0.1:{port} within 0.9s")])
+def test_a_host_that_never_answers_costs_connect_timeout_times_retries(tmp_path, ssh_server, retries, said):
+    """Each attempt waits at most connect_timeout, at most `retries` attempts are made, and all of
+    them end within connect_timeout x retries (the pauses between attempts included): counted
+    as the connections a server that never answers saw, and read from what orch says."""
+    from orchestrator.errors import TransientNetworkError
+    srv = ssh_server(silent=True)
+    t = _transport(tmp_path, srv, None, connect_timeout=0.3, retries=retries, known="")
+    with pytest.raises(TransientNetworkError) as exc:
+        t.connect()
+    assert 1 <= srv.connections <= retries, srv.connections
+    assert said.format(port=srv.port) in str(exc.value), str(exc.value)
+
+
+def test_a_missing_identity_file_is_no_usable_key_without_a_connection(tmp_path, ssh_server):
+    from orchestrator.errors import AuthError
+    srv = ssh_server()
+    t = _transport(tmp_path, srv, tmp_path / "no-such-key", known=_known_line(srv))
+    with pytest.raises(AuthError) as exc:
+        t.connect()
+    assert f"no usable key: identity_file {tmp_path / 'no-such-key'} does not exist" in str(exc.value)
+    assert srv.connections == 0
+
+
+def test_no_key_at_all_is_no_usable_key_tried_once_and_not_the_servers_fault(tmp_path, ssh_server, monkeypatch):
+    from orchestrator.errors import AuthError
+    monkeypatch.setenv("HOME", str(tmp_path))         # no ~/.ssh/id_*
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # no agent
+    srv = ssh_server()
+    t = _transport(tmp_path, srv, None, known=_known_line(srv))
+    with pytest.raises(AuthError) as exc:
+        t.connect()
+    assert "no usable key for trainer@127.0.0.1" in str(exc.value), str(exc.value)
+    assert "refused" not in str(exc.value) and srv.connections == 1 and srv.offers == 0
+
+
+def test_a_refused_key_is_one_message_and_one_attempt(tmp_path, ssh_server):
+    from orchestrator.errors import AuthError
+    _, ident = _key_file(tmp_path, "id_ecdsa")
+    srv = ssh_server(allowed=_key_file(tmp_path, "other")[0])
+    t = _transport(tmp_path, srv, ident, known=_known_line(srv))
+    with pytest.raises(AuthError) as exc:
+        t.connect()
+    assert f"password-free SSH to trainer@127.0.0.1 failed: key {ident} was refused" in str(exc.value)
+    assert (srv.connections, srv.offers) == (1, 1)
+    with pytest.raises(AuthError):   # and not tried again by the next step of the same command
+        t.connect()
+    assert srv.connections == 1
+
+
+@pytest.mark.parametrize("policy", ["strict", "accept-new"])
+def test_a_changed_host_key_is_refused_under_every_policy(tmp_path, ssh_server, policy):
+    import paramiko
+
+    from orchestrator.errors import HostKeyError
+    key, ident = _key_file(tmp_path, "id_ecdsa")
+    srv = ssh_server(allowed=key)
+    t = _transport(tmp_path, srv, ident, policy=policy, known=_known_line(srv, paramiko.ECDSAKey.generate()))
+    with pytest.raises(HostKeyError) as exc:
+        t.connect()
+    assert f"HOST KEY CHANGED for [127.0.0.1]:{srv.port}" in str(exc.value) and srv.offers == 0
+
+
+def test_an_unknown_host_key_is_refused_under_strict_with_its_fingerprint(tmp_path, ssh_server):
+    from orchestrator.errors import HostKeyError
+    key, ident = _key_file(tmp_path, "id_ecdsa")
+    srv = ssh_server(allowed=key)
+    t = _transport(tmp_path, srv, ident, known="")
+    with pytest.raises(HostKeyError) as exc:
+        t.connect()
+    assert srv.host_key.fingerprint in str(exc.value) and srv.offers == 0
+    assert (tmp_path / "known_hosts").read_text() == ""
+
+
+def test_an_unknown_host_key_is_recorded_under_accept_new(tmp_path, ssh_server):
+    key, ident = _key_file(tmp_path, "id_ecdsa")
+    srv = ssh_server(allowed=key)
+    t = _transport(tmp_path, srv, ident, policy="accept-new", known="")
+    t.connect()
+    t.close()
+    assert (tmp_path / "known_hosts").read_text() == _known_line(srv)
+
+
+def test_a_malformed_known_hosts_line_is_skipped_with_one_warning_naming_file_and_line(tmp_path, ssh_server, capsys):
+    key, ident = _key_file(tmp_path, "id_ecdsa")
+    srv = ssh_server(allowed=key)
+    known = "# a comment\n[127.0.0.1]:1 ssh-ed25519 not-base64!!\n" + _known_line(srv)
+    for _ in range(2):   # two connections, one warning
+        t = _transport(tmp_path, srv, ident, known=known)
+        t.connect()
+        t.close()
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and f"{tmp_path / 'known_hosts'}:2: skipped a known_hosts line" in err, err
