@@ -503,3 +503,53 @@ def test_a_malformed_known_hosts_line_is_skipped_with_one_warning_naming_file_an
         t.close()
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and f"{tmp_path / 'known_hosts'}:2: skipped a known_hosts line" in err, err
+
+
+# --------------------------------------------------------------------------- No one else drives a run
+# The supervisors authenticate each other by HMAC challenge-response (the token never crosses the
+# network; the head proves itself first) and seal every message after it; `[]`, 100k `[`, bytes that
+# are not UTF-8, forged frames close only their own connection. Here the protocol's part, byte by
+# byte; the running head (idle and 1 MB connections, memory, another user, the wildcard address):
+# tests/integration/test_head_server.py, tests/faults/test_supervisor_attacks.py.
+
+@pytest.mark.parametrize("line", [b"[]", b"[" * 100_000, b"\xff\xfe{}", b'{"t": 1}', b"", b"x" * 70])
+def test_a_line_that_is_not_a_message_is_a_protocol_error(line):
+    from orchestrator.agent import protocol as P
+    with pytest.raises(P.ProtocolError):
+        P.decode(line, P.LINE)
+
+
+def test_no_peer_makes_a_supervisor_hold_more_than_a_line():
+    from orchestrator.agent import protocol as P
+    lines = P.Lines(1000)
+    assert lines.feed(b"a" * 600 + b"\nb") == [b"a" * 600]
+    with pytest.raises(P.ProtocolError):
+        lines.feed(b"b" * 1000)          # no newline yet, and already over
+    with pytest.raises(P.ProtocolError):
+        P.decode(b'{"t": "x", "pad": "' + b"x" * P.LINE + b'"}', P.LINE)
+
+
+def test_the_proofs_and_keys_need_the_token_and_differ_by_side():
+    """What crosses the network is nonces and HMACs of them; the head's proof is not the
+    member's, and each direction seals with its own key."""
+    from orchestrator.agent import protocol as P
+    tok, nc, ns = "ab" * 16, P.new_nonce(), P.new_nonce()
+    server, client = P.server_proof(tok, "r1", nc, ns), P.client_proof(tok, "r1", "member", "h2", nc, ns)
+    assert tok not in server + client and server != client
+    assert server != P.server_proof("cd" * 16, "r1", nc, ns) and server != P.server_proof(tok, "r1", nc, P.new_nonce())
+    c2s, s2c = P.session_keys(tok, nc, ns)
+    assert c2s != s2c and tok.encode() not in c2s + s2c
+
+
+def test_a_forged_tampered_replayed_or_reordered_frame_is_refused():
+    from orchestrator.agent import protocol as P
+    c2s, s2c = P.session_keys("ab" * 16, P.new_nonce(), P.new_nonce())
+    tx = P.Sealer(c2s)
+    first, second = tx.seal(P.stop("a")), tx.seal(P.stop("b"))
+    for bad in (second, first.replace(b'"a"', b'"z"'), P.Sealer(s2c).seal(P.stop("a")), b"0" * 64 + first[64:]):
+        with pytest.raises(P.ProtocolError):
+            P.Sealer(c2s).open(bad.rstrip(b"\n"), P.LINE)
+    rx = P.Sealer(c2s)
+    assert rx.open(first.rstrip(b"\n"), P.LINE)["reason"] == "a"
+    with pytest.raises(P.ProtocolError):
+        rx.open(first.rstrip(b"\n"), P.LINE)    # the same frame again
