@@ -553,3 +553,16 @@ def test_a_forged_tampered_replayed_or_reordered_frame_is_refused():
     assert rx.open(first.rstrip(b"\n"), P.LINE)["reason"] == "a"
     with pytest.raises(P.ProtocolError):
         rx.open(first.rstrip(b"\n"), P.LINE)    # the same frame again
+
+
+# --------------------------------------------------------------------------- No hangs: a lost host
+# A host lost mid-job is detected by the run's supervisor within max(10 s, 2 x connect_timeout).
+# The window the supervisors are given, from the cluster file; what the head does with it:
+# tests/unit/test_head.py::test_a_silent_member_is_lost_after_lost_after_seconds_not_before; the
+# link cut on real hosts: tests/faults/test_network.py.
+
+@pytest.mark.parametrize("connect_timeout, window", [(1, 10), (5, 10), (6, 12), (30, 60)])
+def test_a_lost_host_is_noticed_within_max_10_s_and_twice_connect_timeout(tmp_path, connect_timeout, window):
+    from orchestrator import supervisor
+    c = load_cluster(cluster_file(tmp_path, LOCAL + f"ssh: {{connect_timeout: {connect_timeout}}}\n" + JOB))
+    assert supervisor.lost_after(c) == window
