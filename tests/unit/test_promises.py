@@ -566,3 +566,25 @@ def test_a_lost_host_is_noticed_within_max_10_s_and_twice_connect_timeout(tmp_pa
     from orchestrator import supervisor
     c = load_cluster(cluster_file(tmp_path, LOCAL + f"ssh: {{connect_timeout: {connect_timeout}}}\n" + JOB))
     assert supervisor.lost_after(c) == window
+
+
+# --------------------------------------------------------------------------- What failed is said in its own words
+# A failed mpirun's report quotes its last words (ssh's `Connection refused`, OpenMPI's summary,
+# `Argument list too long`). What OpenMPI 4.1.4 really printed: tests/unit/test_words.py; the
+# report beside its log path, from a real mpirun: tests/faults/test_lifecycle.py.
+
+def test_a_launchers_last_words_are_its_own_error_not_its_preamble_or_advice():
+    from orchestrator.agent.words import launcher_words
+    rule = "-" * 74
+    text = "\n".join([
+        "sh: 1: exec: /usr/bin/ssh: Argument list too long",
+        rule,
+        "The launcher was started with 4096 hosts on its command line.",   # says nothing went wrong
+        "",
+        "ORTE was unable to reliably start one or more daemons.",
+        "",
+        "Please check that the ssh command works from this machine.",       # advice
+        rule])
+    got = [ln.strip() for ln in launcher_words(text).splitlines()]
+    assert got == ["sh: 1: exec: /usr/bin/ssh: Argument list too long",
+                   "ORTE was unable to reliably start one or more daemons."], got
