@@ -588,3 +588,32 @@ def test_a_launchers_last_words_are_its_own_error_not_its_preamble_or_advice():
     got = [ln.strip() for ln in launcher_words(text).splitlines()]
     assert got == ["sh: 1: exec: /usr/bin/ssh: Argument list too long",
                    "ORTE was unable to reliably start one or more daemons."], got
+
+
+# --------------------------------------------------------------------------- No orphans: one run per workdir
+# A second `orch up` into a live run's workdir is refused (`--force` stops the first): on each host,
+# the run's supervisor holds the workdir's lock for the run's life. The refusal as the user sees it,
+# and --force: tests/faults/test_supervision.py::test_second_run_in_a_live_workdir_is_refused_force_stops_the_first_logs_intact.
+
+def test_a_live_runs_workdir_lock_refuses_a_second_run_and_names_the_first(tmp_path):
+    """Run A's supervisor (another process, as on the host) holds the lock; run B is refused,
+    told A's id; once A is over, B takes it."""
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.agent.cli import lock_workdir
+    holder_a = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from orchestrator.agent.cli import lock_workdir; "
+         "print(lock_workdir(sys.argv[1], 'RUN-A')[1], flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert holder_a.stdout.readline().strip() == "None"     # A holds it
+        assert lock_workdir(str(tmp_path), "RUN-B") == (None, "RUN-A")
+        assert (tmp_path / ".orch" / "lock").stat().st_mode & 0o777 == 0o600
+    finally:
+        holder_a.stdin.close()
+        holder_a.wait(30)
+    fd, holder = lock_workdir(str(tmp_path), "RUN-B")
+    os.close(fd)
+    assert holder is None
