@@ -9,7 +9,6 @@ need real hosts are held by tests/faults (README names them)."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
