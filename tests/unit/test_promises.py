@@ -616,3 +616,33 @@ def test_a_live_runs_workdir_lock_refuses_a_second_run_and_names_the_first(tmp_p
     fd, holder = lock_workdir(str(tmp_path), "RUN-B")
     os.close(fd)
     assert holder is None
+
+
+# --------------------------------------------------------------------------- No orphans / own words, as the user sees it
+# A rank killed by SIGKILL (the OOM killer) is reported as `killed by signal 9` and everything else
+# is stopped; exit codes above 128 are called signals only when they are. One `orch up` on this
+# machine (connection: local, the ranktable launcher: every piece but ssh and mpirun); with mpirun
+# on lab hosts: tests/faults/test_lifecycle.py::test_rank_killed_by_sigkill_is_reported_as_signal_9.
+
+@pytest.mark.parametrize("rank0, how", [("kill -KILL $$", "killed by signal 9 (SIGKILL)"),
+                                        ("exit 137", "exit code 137")])
+def test_a_failed_rank_is_named_in_its_own_words_and_the_others_are_stopped(tmp_path, rank0, how):
+    import subprocess
+    import sys
+    script = f'if [ "$RANK_ID" = 0 ]; then {rank0}; fi; sleep 60'
+    (tmp_path / "cluster.yaml").write_text(
+        "inventory:\n  hosts: [{name: here, address: 127.0.0.1, connection: local, slots: 2}]\n"
+        f"job:\n  workdir: {tmp_path / 'wd'}\n  launcher: ranktable\n  command: [sh, -c, {json.dumps(script)}]\n")
+
+    def orch_here(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+    up = orch_here("up", "--json", "--skip-checks")
+    assert up.returncode == 1, (up.stdout, up.stderr)
+    doc = json.loads(up.stdout)
+    assert doc["first_failure"]["rank"] == 0 and doc["first_failure"]["how"] == how, doc
+    assert f"rank 0 on here (device 0) failed: {how}" in doc["message"], doc
+    assert ("signal" in doc["message"]) == ("signal" in how), doc
+    status = json.loads(orch_here("status", "--json").stdout)
+    (rank1,) = [r for r in status["ranks"] if r["rank"] == 1]
+    assert rank1["state"] == "stopped", status     # the other rank did not run on
