@@ -168,8 +168,8 @@ def test_an_existing_orch_dir_is_made_private(tmp_path, mode):
 
 def test_a_member_whose_head_falls_silent_stops_its_own_ranks(tmp_path):
     """A link cut leaves the TCP connection open and silent, no FIN: the cut-off host's supervisor
-    stops its own ranks once it has heard nothing from the head for lost_after, and records them
-    lost (README: "the cut-off host's supervisor stops its own ranks"). The head runs in this
+    stops its own ranks once it has heard nothing from the head for lost_after (4 s here: the head
+    says something every second, a loaded machine included), and records them lost (README: "the cut-off host's supervisor stops its own ranks"). The head runs in this
     process and is frozen, as a cut link would leave it; the member is agent.py, as on a host."""
     import threading
 
@@ -198,7 +198,7 @@ def test_a_member_whose_head_falls_silent_stops_its_own_ranks(tmp_path):
     thread.start()
     (tmp_path / "m").mkdir()
     cfg = config(tmp_path / "m", [rank_proc(0, ["sleep", "300"])], [0])
-    cfg.update(host="h2", role="member", head_port=port, head_addresses=["127.0.0.1"], lost_after=2,
+    cfg.update(host="h2", role="member", head_port=port, head_addresses=["127.0.0.1"], lost_after=4,
                hosts=["h1", "h2"], all_ranks=all_ranks)
     p = start(tmp_path / "m", cfg)
     try:

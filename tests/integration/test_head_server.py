@@ -157,10 +157,12 @@ def test_a_client_with_a_wrong_proof_is_never_welcomed_and_hears_nothing_of_the_
     proof, and guesses): no welcome, no state, the connection closed."""
     s = raw(head.port)
     s.sendall(proto.encode(proto.hello("watcher", None, "r1", proto.new_nonce())) + b"\n")
-    s.settimeout(5)
+    s.settimeout(30)
     got = b""
     while b"\n" not in got:
-        got += s.recv(65536)
+        data = s.recv(65536)
+        assert data, got        # the head answers a hello with its challenge
+        got += data
     assert proto.decode(got.split(b"\n")[0], proto.LINE)["t"] == "challenge"
     s.sendall(proto.encode(proto.auth("0" * 64)) + b"\n")
     rest = got.split(b"\n", 1)[1]
