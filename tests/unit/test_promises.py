@@ -305,6 +305,26 @@ def test_mpirun_refuses_a_workdir_or_log_dir_its_remote_shell_would_expand(tmp_p
     assert getattr(load_cluster(cluster_file(tmp_path, ranktable)).job, key) == value
 
 
+HOSTILE = ["it's", 'a "b"', "$(touch pwned)", "`touch pwned`", "a;b&c|d",
+           "back\\slash", "new\nline", "ünï\u2028code", "$HOME", "!x", "", " lead and trail "]
+
+
+def test_a_command_argv_env_and_workdir_reach_the_shell_byte_for_byte_and_run_nothing(tmp_path):
+    """What every transport runs on a host (transport.build_script: env exports, cd, the argv),
+    run here by sh: each hostile word arrives as itself."""
+    import subprocess
+
+    from orchestrator.transport import build_script
+    wd = tmp_path / "it's $(x) `y`"
+    wd.mkdir()
+    script = build_script(["sh", "-c", 'printf "%s\\0" "$PWD" "$V" "$@"', "sh", *HOSTILE],
+                          env={"V": HOSTILE[2] + HOSTILE[6]}, cwd=str(wd))
+    out = subprocess.run(["sh"], input=script.encode(), capture_output=True, timeout=30, cwd=tmp_path).stdout
+    assert out.split(b"\0")[:-1] == [str(wd).encode(), (HOSTILE[2] + HOSTILE[6]).encode(),
+                                     *[w.encode() for w in HOSTILE]]
+    assert not (tmp_path / "pwned").exists() and not (wd / "pwned").exists()   # ran nothing
+
+
 # --------------------------------------------------------------------------- SSH: no hangs, own words, host keys
 # An unreachable host costs at most `connect_timeout x retries`; a malformed known_hosts line is
 # skipped with one warning naming file and line; a missing key is "no usable key", never retried
