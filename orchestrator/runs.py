@@ -235,14 +235,19 @@ RUN_VERSION = 1   # of run.json's layout (records before it have no "v" and read
 
 def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> Run:
     root = (cwd or Path.cwd()) / RUNS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    while True:  # the id is the directory; mkdir is the lock that keeps two runs apart
-        run_id = new_run_id()
-        try:
-            (root / run_id).mkdir()
-            break
-        except FileExistsError:
-            continue
+    run_id = ""
+    try:  # a full disk, a read-only directory, a file in the way: said, never a crash
+        root.mkdir(parents=True, exist_ok=True)
+        while not run_id:  # the id is the directory; mkdir is the lock that keeps two runs apart
+            run_id = new_run_id()
+            try:
+                (root / run_id).mkdir()
+            except FileExistsError:
+                run_id = ""
+    except OSError as exc:
+        raise LocalWriteError(f"cannot create the run's record in {root}: {exc.strerror or exc}",
+                              hint="free some space (or make the directory writable) here, then run "
+                                   "`orch up` again; nothing was started") from None
     job = cluster.job
     secrets = secret_values(cluster)
     model = shown_tree(cluster.to_dict())  # model.Cluster made every secret value a Secret

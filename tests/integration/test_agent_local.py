@@ -164,3 +164,59 @@ def test_an_existing_orch_dir_is_made_private(tmp_path, mode):
     d.chmod(mode)
     cli.private_dir(str(d))
     assert d.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_member_whose_head_falls_silent_stops_its_own_ranks(tmp_path):
+    """A link cut leaves the TCP connection open and silent, no FIN: the cut-off host's supervisor
+    stops its own ranks once it has heard nothing from the head for lost_after (4 s here: the head
+    says something every second, a loaded machine included), and records them lost (README: "the cut-off host's supervisor stops its own ranks"). The head runs in this
+    process and is frozen, as a cut link would leave it; the member is agent.py, as on a host."""
+    import threading
+
+    from orchestrator.agent import server as S
+
+    all_ranks = [{"rank": 0, "host": "h2", "device": 0, "pid": None, "state": "pending", "exit_code": None,
+                  "signal": None, "start": None, "end": None, "attempt": 0}]
+    (tmp_path / "head").mkdir(mode=0o700)
+    head_cfg = {"run_id": "R1", "host": "h1", "role": "head", "token": "ab" * 16, "rundir": str(tmp_path / "head"),
+                "workdir": str(tmp_path), "log_link": str(tmp_path / "log_output"), "launcher": "ranktable",
+                "on_failure": "stop", "restarts": 0, "grace": 1, "lost_after": 60, "join_timeout": 60, "ranks": [],
+                "procs": [], "hosts": ["h1", "h2"], "all_ranks": all_ranks}
+    listeners, port, advertised = S.listen(["127.0.0.1"], True)
+    head = S.Supervisor(head_cfg, listeners, None, advertised)
+    frozen, errors = threading.Event(), []
+
+    def serve():
+        try:
+            while not frozen.is_set():
+                head.io(0.02)
+                head.head_tick(False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    (tmp_path / "m").mkdir()
+    cfg = config(tmp_path / "m", [rank_proc(0, ["sleep", "300"])], [0])
+    cfg.update(host="h2", role="member", head_port=port, head_addresses=["127.0.0.1"], lost_after=4,
+               hosts=["h1", "h2"], all_ranks=all_ranks)
+    p = start(tmp_path / "m", cfg)
+    try:
+        wait(lambda: bool(state(cfg).get("ranks")) and all(r.get("pid") for r in state(cfg)["ranks"]), 30)
+        pid = state(cfg)["ranks"][0]["pid"]
+        assert alive(pid) and head.head.doc["state"] == "running" and not errors
+        frozen.set()                    # the head says nothing more; its connection stays open
+        thread.join(5)
+        assert p.wait(60) == 0
+        doc = state(cfg)
+        assert not alive(pid)
+        assert doc["state"] == "lost" and doc["ranks"][0]["state"] == "lost", doc
+        assert doc["stopping"] == "lost contact with the launch host", doc
+    finally:
+        frozen.set()
+        p.kill()
+        p.wait()
+        for c in list(head.conns):
+            c.close()
+        for s in head.listeners:
+            s.close()

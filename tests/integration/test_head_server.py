@@ -152,6 +152,33 @@ def test_a_wrong_token_learns_nothing_and_a_fake_head_is_detected(head):
     head.healthy()
 
 
+def test_a_client_with_a_wrong_proof_is_never_welcomed_and_hears_nothing_of_the_run(head):
+    """The head checks the client's proof itself (a client that skips checking the head's
+    proof, and guesses): no welcome, no state, the connection closed."""
+    s = raw(head.port)
+    s.sendall(proto.encode(proto.hello("watcher", None, "r1", proto.new_nonce())) + b"\n")
+    s.settimeout(30)
+    got = b""
+    while b"\n" not in got:
+        data = s.recv(65536)
+        assert data, got        # the head answers a hello with its challenge
+        got += data
+    assert proto.decode(got.split(b"\n")[0], proto.LINE)["t"] == "challenge"
+    s.sendall(proto.encode(proto.auth("0" * 64)) + b"\n")
+    rest = got.split(b"\n", 1)[1]
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            rest += data
+    except (ConnectionResetError, TimeoutError):
+        pass
+    s.close()
+    assert b"welcome" not in rest and b"running" not in rest and b"ranks" not in rest, rest[:200]
+    head.healthy()
+
+
 def test_a_replayed_or_forged_frame_closes_that_connection(head):
     c, _ = S.open_client(["127.0.0.1"], head.port, TOKEN, "r1", "control", None, proto.WATCH_LINE)
     c.sock.setblocking(True)
