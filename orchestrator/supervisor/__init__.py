@@ -13,6 +13,7 @@ import posixpath
 import secrets
 import shlex
 import zlib
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
@@ -325,8 +326,10 @@ class EventStream:
         self.need: tuple[int, int, int] | None = None
         self.end: str | None = None
         self.last_state: dict | None = None
+        self.heard: float | None = None   # time.monotonic() of the last bytes received
 
     def write(self, data: bytes) -> int:
+        self.heard = time.monotonic()
         self.buf += data
         while True:
             if self.need is not None:

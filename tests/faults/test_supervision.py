@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, spawn_orch, timed,
+from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch, timed,
                            up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
@@ -163,6 +163,45 @@ def test_lost_hosts_are_described_by_what_was_seen(sup, tmp_path):
     assert st["state"] == "lost", st
     assert f"the launch host {sup.host(1).name} heard nothing from any of the 2 other hosts" in st["message"], st
     assert "lost contact with host" not in st["message"]
+    assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
+
+
+
+def test_attached_up_with_the_launch_host_cut_off_ends_soon_saying_what_was_seen(sup, tmp_path):
+    """The launch host cut off while `orch up` follows the run: once its stream has been silent
+    as long as the supervisors wait for each other, the controller tries the launch host once
+    (one connect, not ssh.retries of them), then says what it saw (the launch host did not
+    answer) and what the other hosts recorded, and exits 1 (the run is lost). Its time: the
+    silence waited for by design, one connect_timeout, and what a healthy status costs."""
+    ssh = {"connect_timeout": 2, "retries": 4}   # retries would cost 4 x 2 s more each time
+    _cluster(sup, tmp_path, "/data/sv-upcut", ["sh", "-c", RANK + "echo up $R; exec sleep 120"],
+             launcher="ranktable", hosts=3, ssh=ssh)
+    proc = spawn_orch("up", "-q", "--skip-checks", cwd=tmp_path)
+    try:
+        assert wait_until(lambda: running(tmp_path), 30), "the run did not start"
+        run_id = run_record(tmp_path)["id"]
+        assert wait_until(lambda: len(leftovers(run_id)) >= 3, 20), leftovers(run_id)
+        _, healthy = timed(orch, "status", cwd=tmp_path, check_rc=0)
+        sup.link(1, False)
+        try:
+            (_, err_b), took = timed(proc.communicate, timeout=180)
+            assert wait_until(lambda: host_procs(sup, 2, run_id) == [] and host_procs(sup, 3, run_id) == [], 30)
+        finally:
+            sup.link(1, True)
+    finally:
+        proc.kill()
+    err = err_b.decode()
+    print(f"launch host cut during `orch up`: the controller exited {took:.1f}s after the cut "
+          f"(a healthy status: {healthy:.1f}s)\n{err}")
+    assert proc.returncode == 1, err
+    head = sup.host(1).name
+    assert f"run {run_id} lost: nothing heard from the launch host {head} for " in err, err
+    assert "and it did not answer one more try" in err and "The other hosts recorded: ranks 1-2 lost" in err, err
+    assert "stopping every process" not in err, err   # the hosts that answered had stopped their ranks
+    rec = run_record(tmp_path, run_id)
+    assert rec["state"] == "lost" and {r["rank"]: r["state"] for r in rec["ranks"]}[1] == "lost", rec
+    window = max(10, 2 * ssh["connect_timeout"])   # supervisor.lost_after
+    assert took < budget(healthy, window + 5 + ssh["connect_timeout"]), took
     assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
 
 
