@@ -318,22 +318,40 @@ class Lifecycle:
         return RunEnd.of(view)
 
     # ---- the cluster's word
-    def status(self, stopped: Stopped | None = None, connect_attempts: int | None = None) -> RunView:
+    def status(self, stopped: Stopped | None = None, connect_attempts: int | None = None,
+               ended: bool = False) -> RunView:
         """Every host's supervisor state, merged (one round trip per host). After stop(), pass
         what it returned: the swept hosts' states are taken from it, only the others (lost ones)
-        are asked now. `connect_attempts`: per host (Transport.run), for a caller that retries."""
+        are asked now. `connect_attempts`: per host (Transport.run), for a caller that retries.
+        `ended` (the run is recorded ended here): the launch host first; an ended run's head names
+        the hosts whose supervisor said, as it ended, that nothing of the run was left there
+        (`left_nothing`): only the others are asked (their orphans), often none."""
         docs = stopped.docs if stopped else {}
         unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
         hosts = [h for h in self.plan.all_hosts if h.name not in docs and h.name not in unreachable]
-        res = self._fan(lambda h: supervisor.parse_json_line(
-            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id),
-                             connect_attempts=connect_attempts).check("reading status").out),
-            hosts) if hosts else {}
+
+        def ask(hosts):
+            return self._fan(lambda h: supervisor.parse_json_line(
+                self.pool[h].run(supervisor.status_script(self.cluster, self.run.id),
+                                 connect_attempts=connect_attempts).check("reading status").out), hosts)
+
+        res = {}
+        head = self.plan.launch_host
+        if ended and head in hosts:
+            res = dict(ask([head]))
+            doc = res[head.name].value if res[head.name].ok else None
+            if doc and doc.get("role") != "member" and doc.get("state") in runstate.FINAL:
+                said = set(doc.get("left_nothing") or ())
+                hosts = [h for h in hosts if h.name not in said]
+            hosts = [h for h in hosts if h.name != head.name]
+        if hosts:
+            res.update(ask(hosts))
         docs = {**docs, **{n: o.value for n, o in res.items() if o.ok}}
         docs = {h.name: docs[h.name] for h in self.plan.all_hosts if h.name in docs}
         unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
-                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id)
+                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id,
+                                   [h.name for h in self.plan.all_hosts])
         return self._slurm_word(self.view)
 
     def _slurm_word(self, view: RunView) -> RunView:
@@ -436,7 +454,7 @@ def run_status(run: Run) -> RunView:
     cluster = run.cluster()
     with Pool(cluster) as pool:
         run_lifecycle = Lifecycle(cluster, plan_from_run(run), run, pool)
-        view = run_lifecycle.status()
+        view = run_lifecycle.status(ended=run.finished)
         if view.final and not run.finished:
             run.reload()
             if not run.finished:

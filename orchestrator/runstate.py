@@ -9,7 +9,7 @@ its ranks `unknown`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .agent.protocol import STATE_VERSION
 from .agent.states import TERMINAL, RankState, RunState, describe, run_state
@@ -101,10 +101,12 @@ def _figures(m) -> dict[str, dict]:
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
-          plan_ranks: list[dict], run_id: str | None = None) -> RunView:
+          plan_ranks: list[dict], run_id: str | None = None, hosts: Sequence[str] = ()) -> RunView:
     """Every host's `agent.py status` document (or why it could not be read) -> RunView.
     A rank whose process a host says is alive (`alive_ranks`) is never shown ended: `running`
-    while the run goes on, `orphaned` after it ended (the message says how to stop it)."""
+    while the run goes on, `orphaned` after it ended (the message says how to stop it). An
+    ended run whose `hosts` all left nothing of it running (each host's document says so now:
+    `live_pids`, or, not asked, its supervisor told the head as it ended: `left_nothing`) says that."""
     head = docs.get(head_name) or {}
     if head.get("role") == "member":
         head = {}
@@ -144,6 +146,11 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
                 r["state"] = RankState.RUNNING.value
         elif view.final and r["state"] in (RankState.RUNNING, RankState.PENDING):
             r["state"] = (RankState.LOST if r["host"] in view.lost else RankState.STOPPED).value
+    said = set(head.get("left_nothing") or ()) if view.final else set()
+    if view.final and not orphans and hosts and all(
+            n not in unreachable and (n in said if n not in docs else docs[n].get("live_pids") == []) for n in hosts):
+        view.message = (view.message + "\n" if view.message else "") + \
+            f"nothing of the run is left running on its {len(hosts)} host(s)"
     if orphans:
         from .agent.states import rank_ranges
 
