@@ -323,9 +323,10 @@ class Lifecycle:
         """Every host's supervisor state, merged (one round trip per host). After stop(), pass
         what it returned: the swept hosts' states are taken from it, only the others (lost ones)
         are asked now. `connect_attempts`: per host (Transport.run), for a caller that retries.
-        `ended` (the run is recorded ended here): the launch host first; an ended run's head names
-        the hosts whose supervisor said, as it ended, that nothing of the run was left there
-        (`left_nothing`): only the others are asked (their orphans), often none."""
+        `ended` (the run is recorded ended here: `orch status`): the launch host first; an ended
+        run's head names the hosts whose supervisor said, as it ended, that nothing of the run was
+        left there (`left_nothing`): only the others are asked (their orphans), often none; the
+        view says when nothing is left anywhere."""
         docs = stopped.docs if stopped else {}
         unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
         hosts = [h for h in self.plan.all_hosts if h.name not in docs and h.name not in unreachable]
@@ -351,7 +352,7 @@ class Lifecycle:
         unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
                                    [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id,
-                                   [h.name for h in self.plan.all_hosts])
+                                   [h.name for h in self.plan.all_hosts] if ended else ())
         return self._slurm_word(self.view)
 
     def _slurm_word(self, view: RunView) -> RunView:
