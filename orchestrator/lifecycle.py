@@ -326,7 +326,7 @@ class Lifecycle:
         `ended` (the run is recorded ended here: `orch status`): the launch host first; an ended
         run's head names the hosts whose supervisor said, as it ended, that nothing of the run was
         left there (`left_nothing`): only the others are asked (their orphans), often none; the
-        view says when nothing is left anywhere."""
+        view says when nothing is left anywhere (`nothing_left`)."""
         docs = stopped.docs if stopped else {}
         unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
         hosts = [h for h in self.plan.all_hosts if h.name not in docs and h.name not in unreachable]

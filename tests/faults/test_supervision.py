@@ -211,8 +211,9 @@ def test_status_of_an_ended_run_asks_the_launch_host_alone_when_every_host_left_
     host; the head records it. Plain `orch status` of that ended run then connects to the launch
     host only (one round trip, not one per host: 5-6 s at 128 hosts), says nothing is left
     running, and still answers, as fast, with the other hosts cut off."""
+    ssh = {"connect_timeout": 2, "retries": 3}   # asking a cut-off host: 3 x 2 s
     _cluster(sup, tmp_path, "/data/sv-ended", ["sh", "-c", RANK + "echo hi $R"], launcher="ranktable", hosts=3,
-             ssh={"connect_timeout": 2, "retries": 2})
+             ssh=ssh)
     orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
     run_id = run_ids(tmp_path)[-1]
     assert wait_until(lambda: leftovers(run_id) == [], 20), leftovers(run_id)
@@ -224,7 +225,7 @@ def test_status_of_an_ended_run_asks_the_launch_host_alone_when_every_host_left_
     st, healthy = timed(_status, tmp_path, rc=0)
     assert [accepted(i) - b for i, b in zip((1, 2, 3), before)] == [1, 0, 0]
     assert st["state"] == "succeeded" and [r["state"] for r in st["ranks"]] == ["exited"] * 3, st
-    assert st["message"] == "all 3 ranks exited 0\nnothing of the run is left running on its 3 host(s)", st
+    assert st["message"] == "all 3 ranks exited 0" and st["nothing_left"] is True, st
     sup.link(2, False)
     sup.link(3, False)
     try:
@@ -234,8 +235,8 @@ def test_status_of_an_ended_run_asks_the_launch_host_alone_when_every_host_left_
         sup.link(3, True)
     out = res.stdout.decode() + res.stderr.decode()
     print(f"status of an ended run, two of its three hosts cut off: {took:.1f}s (all reachable: {healthy:.1f}s)")
-    assert "nothing of the run is left running on its 3 host(s)" in out and "unreachable" not in out, out
-    assert took < budget(healthy, 0), took
+    assert "nothing of the run is left running on any of its hosts" in out and "unreachable" not in out, out
+    assert took < budget(healthy, ssh["connect_timeout"]), took   # less than one host's connect attempts
 
 
 WRITER = ["python3", "-c", "import os, sys, time\n"

@@ -96,7 +96,7 @@ def test_an_ended_run_says_nothing_is_left_only_when_every_host_says_so():
     doc = head_doc("succeeded", agent_alive=False, ranks=ended, alive_ranks=[], live_pids=[], left_nothing=["h2"],
                    message="all 4 ranks exited 0")
     view = runstate.merge("h1", {"h1": doc}, {}, [], "R1", ["h1", "h2"])
-    assert view.message == "all 4 ranks exited 0\nnothing of the run is left running on its 2 host(s)"
+    assert view.nothing_left and view.message == "all 4 ranks exited 0" and view.to_dict()["nothing_left"]
     member = {"role": "member", "attempt": 1, "ranks": [], "alive_ranks": [], "live_pids": []}
     for docs, unreachable, hosts in (({"h1": doc}, {}, ["h1", "h2", "h3"]),                  # h3 said nothing
                                      ({"h1": dict(doc, left_nothing=[])}, {}, ["h1", "h2"]),
@@ -104,6 +104,6 @@ def test_an_ended_run_says_nothing_is_left_only_when_every_host_says_so():
                                      ({"h1": dict(doc, live_pids=[7])}, {}, ["h1", "h2"]),   # a daemon it left
                                      ({"h1": doc, "h3": dict(member, live_pids=[9])}, {}, ["h1", "h2", "h3"]),
                                      ({"h1": head_doc(left_nothing=["h2"], live_pids=[])}, {}, ["h1", "h2"])):
-        assert "nothing of the run is left" not in runstate.merge("h1", docs, unreachable, [], "R1", hosts).message
-    assert "nothing of the run is left running on its 3 host(s)" in runstate.merge(
-        "h1", {"h1": doc, "h3": member}, {}, [], "R1", ["h1", "h2", "h3"]).message
+        assert not runstate.merge("h1", docs, unreachable, [], "R1", hosts).nothing_left
+    assert runstate.merge("h1", {"h1": doc, "h3": member}, {}, [], "R1", ["h1", "h2", "h3"]).nothing_left
+    assert not runstate.merge("h1", {"h1": doc}, {}, [], "R1").nothing_left   # not asked to tell
