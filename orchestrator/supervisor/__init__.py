@@ -12,8 +12,8 @@ import json
 import posixpath
 import secrets
 import shlex
-import zlib
 import time
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
