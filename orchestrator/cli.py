@@ -628,6 +628,8 @@ def status_command(file: str | None, run_id: str | None, as_json: bool) -> None:
             console.print(line, soft_wrap=True, markup=False, highlight=False)
         if view.message:
             console.print(view.message, soft_wrap=True)
+        if view.nothing_left:
+            console.print("nothing of the run is left running on any of its hosts", soft_wrap=True)
         for host, err in view.unreachable.items():
             console.print(f"{host}: unreachable: {err}", style="yellow", soft_wrap=True)
     click.get_current_context().exit(runstate.EXIT.get(view.state, 1))

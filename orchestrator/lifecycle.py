@@ -273,41 +273,86 @@ class Lifecycle:
             err: OrchError | None = None
             try:
                 self.pool[host].run(supervisor.agent_argv(self.cluster, self.run.id, *args),
-                                    env={"ORCH_LOST_AFTER": str(int(window))}, sink=stream, timeout=window + 5)
-                last_ok = time.monotonic()
+                                    env={"ORCH_LOST_AFTER": str(int(window))}, sink=stream, timeout=window + 5,
+                                    connect_attempts=1)   # this loop is the retry
+                if host == self.plan.launch_host.name:   # a member's watch answers without the head
+                    last_ok = time.monotonic()
             except OrchError as exc:
                 err = exc
+                if host == self.plan.launch_host.name and stream.heard is not None:
+                    last_ok = max(last_ok, stream.heard)
             if stream.last_state and stream.last_state.get("state") in runstate.FINAL:
                 self.view = self._slurm_word(runstate.from_head(stream.last_state))  # gather reads it
                 return RunEnd.of(self.view)
-            view = self.status()
+            view = self.status(connect_attempts=1)
             if view.final:
                 return RunEnd.of(view)
             if self.plan.launch_host.name not in view.unreachable and view.state != "unknown":
                 last_ok = time.monotonic()
             if time.monotonic() - last_ok > window:
-                why = view.unreachable.get(self.plan.launch_host.name) or (str(err) if err else view.message)
-                return RunEnd("lost", f"lost contact with the launch host {self.plan.launch_host.name}: {why}. "
-                              "The supervisors on the other hosts stop their ranks when the launch host's is gone; "
-                              f"once it is reachable, run `orch down --run {self.run.id}`")
+                return self._unanswered(view, err, time.monotonic() - last_ok)
             time.sleep(1.0)
 
+    def _unanswered(self, view: RunView, err: OrchError | None, silent: float) -> RunEnd:
+        """The launch host silent past the supervisors' own wait: the run is lost (its head, if it
+        lives, has lost the others; they have stopped their ranks). Said as seen, with what the
+        hosts that did answer recorded of their ranks."""
+        from .agent.states import rank_ranges
+
+        head = self.plan.launch_host.name
+        why = view.unreachable.get(head) or (str(err) if err else view.message)
+        by_state: dict[str, list[int]] = {}
+        for r in view.ranks:
+            if r["host"] != head:
+                by_state.setdefault(r["state"], []).append(r["rank"])
+        seen = "; ".join(f"{rank_ranges(rs)} {st}" for st, rs in by_state.items())
+        alive = by_state.get("running")
+        view.state = "lost"
+        view.message = (f"nothing heard from the launch host {head} for {silent:.0f}s, and it did not answer "
+                        f"one more try ({why}). "
+                        + (f"The other hosts recorded: {seen}. " if seen else "")
+                        + (f"Still running: {rank_ranges(alive)}; run `orch down --run {self.run.id}`"
+                           if alive else f"Once {head} is reachable, `orch down --run {self.run.id}` stops "
+                           "what may be left on it"))
+        self.view = view
+        return RunEnd.of(view)
+
     # ---- the cluster's word
-    def status(self, stopped: Stopped | None = None) -> RunView:
+    def status(self, stopped: Stopped | None = None, connect_attempts: int | None = None,
+               ended: bool = False) -> RunView:
         """Every host's supervisor state, merged (one round trip per host). After stop(), pass
         what it returned: the swept hosts' states are taken from it, only the others (lost ones)
-        are asked now."""
+        are asked now. `connect_attempts`: per host (Transport.run), for a caller that retries.
+        `ended` (the run is recorded ended here: `orch status`): the launch host first; an ended
+        run's head names the hosts whose supervisor said, as it ended, that nothing of the run was
+        left there (`left_nothing`): only the others are asked (their orphans), often none; the
+        view says when nothing is left anywhere (`nothing_left`)."""
         docs = stopped.docs if stopped else {}
         unreachable = {n: why.splitlines()[0] for n, why in stopped.failed.items()} if stopped else {}
         hosts = [h for h in self.plan.all_hosts if h.name not in docs and h.name not in unreachable]
-        res = self._fan(lambda h: supervisor.parse_json_line(
-            self.pool[h].run(supervisor.status_script(self.cluster, self.run.id)).check("reading status").out),
-            hosts) if hosts else {}
+
+        def ask(hosts):
+            return self._fan(lambda h: supervisor.parse_json_line(
+                self.pool[h].run(supervisor.status_script(self.cluster, self.run.id),
+                                 connect_attempts=connect_attempts).check("reading status").out), hosts)
+
+        res = {}
+        head = self.plan.launch_host
+        if ended and head in hosts:
+            res = dict(ask([head]))
+            doc = res[head.name].value if res[head.name].ok else None
+            if doc and doc.get("role") != "member" and doc.get("state") in runstate.FINAL:
+                said = set(doc.get("left_nothing") or ())
+                hosts = [h for h in hosts if h.name not in said]
+            hosts = [h for h in hosts if h.name != head.name]
+        if hosts:
+            res.update(ask(hosts))
         docs = {**docs, **{n: o.value for n, o in res.items() if o.ok}}
         docs = {h.name: docs[h.name] for h in self.plan.all_hosts if h.name in docs}
         unreachable = {**unreachable, **{n: str(o.error).splitlines()[0] for n, o in res.items() if not o.ok}}
         self.view = runstate.merge(self.plan.launch_host.name, docs, unreachable,
-                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id)
+                                   [r.to_dict() | {"device": r.device_id} for r in self.plan.ranks], self.run.id,
+                                   [h.name for h in self.plan.all_hosts] if ended else ())
         return self._slurm_word(self.view)
 
     def _slurm_word(self, view: RunView) -> RunView:
@@ -389,7 +434,7 @@ def run_status(run: Run) -> RunView:
     cluster = run.cluster()
     with Pool(cluster) as pool:
         run_lifecycle = Lifecycle(cluster, run.plan(), run, pool)
-        view = run_lifecycle.status()
+        view = run_lifecycle.status(ended=run.finished)
         if view.final and not run.finished:
             run.reload()
             if not run.finished:

@@ -9,7 +9,7 @@ its ranks `unknown`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .agent.protocol import STATE_VERSION
 from .agent.states import RankState, RunState, TERMINAL, describe, rank_ranges, run_state
@@ -56,6 +56,7 @@ class RunView:
     replaced: list[dict] = field(default_factory=list)   # spares in lost hosts' places: attempt, host, by, why
     progress: dict[str, dict] = field(default_factory=dict)   # rank -> what its output says (agent/metrics.py)
     load: dict[str, dict] = field(default_factory=dict)       # host -> its sampled load (agent/load.py)
+    nothing_left: bool = False  # the run ended and each of its hosts says nothing of it is left running (merge)
 
     @property
     def final(self) -> bool:
@@ -69,7 +70,7 @@ class RunView:
         return {"state": self.state, "message": self.message, "attempt": self.attempt, "attempts": self.attempts,
                 "first_failure": self.first_failure, "lost": self.lost, "ranks": self.ranks,
                 "unreachable": self.unreachable, "started": self.started, "ended": self.ended,
-                "progress": self.progress, "load": self.load,
+                "progress": self.progress, "load": self.load, "nothing_left": self.nothing_left,
                 **({"slurm": self.slurm} if self.slurm is not None else {}),
                 **({"replaced": self.replaced} if self.replaced else {})}
 
@@ -102,10 +103,13 @@ def _figures(m) -> dict[str, dict]:
 
 
 def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str, str],
-          plan_ranks: list[dict], run_id: str | None = None) -> RunView:
+          plan_ranks: list[dict], run_id: str | None = None, hosts: Sequence[str] = ()) -> RunView:
     """Every host's `agent.py status` document (or why it could not be read) -> RunView.
     A rank whose process a host says is alive (`alive_ranks`) is never shown ended: `running`
-    while the run goes on, `orphaned` after it ended (the message says how to stop it)."""
+    while the run goes on, `orphaned` after it ended (the message says how to stop it). An
+    ended run whose `hosts` all left nothing of it running (each host's document says so now:
+    `live_pids`, or, not asked, its supervisor told the head as it ended: `left_nothing`) says
+    that (`nothing_left`)."""
     head = docs.get(head_name) or {}
     if head.get("role") == "member":
         head = {}
@@ -145,6 +149,9 @@ def merge(head_name: str, docs: Mapping[str, Mapping], unreachable: Mapping[str,
                 r["state"] = RankState.RUNNING.value
         elif view.final and r["state"] in (RankState.RUNNING, RankState.PENDING):
             r["state"] = (RankState.LOST if r["host"] in view.lost else RankState.STOPPED).value
+    said = set(head.get("left_nothing") or ()) if view.final else set()
+    view.nothing_left = view.final and not orphans and bool(hosts) and all(
+        n not in unreachable and (n in said if n not in docs else docs[n].get("live_pids") == []) for n in hosts)
     if orphans:
 
         hosts = ", ".join(sorted({r["host"] for r in orphans}))

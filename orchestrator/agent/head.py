@@ -104,7 +104,8 @@ class Head:
                     "ranks": [dict(r) for r in cfg["all_ranks"]], "lost": [], "message": "",
                     "first_failure": None, "started": now, "ended": None, "launcher": cfg.get("launcher"),
                     "restarts": self.restarts, "head_address": None, "reached": {},
-                    "hosts": list(self.active), "spares": list(self.spares), "replaced": [], "spares_lost": []}
+                    "hosts": list(self.active), "spares": list(self.spares), "replaced": [], "spares_lost": [],
+                    "left_nothing": []}   # members whose supervisor said, as it ended, nothing of the run lives there
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
         self.stop_request: str | None = None
@@ -179,12 +180,17 @@ def _apply(head: Head, ev: tuple[Any, ...], now: float) -> bool:
         if h is None:
             return False
         h.last = now
+        # a member's last report, once nothing of the run is left there (every attempt's): `orch status`
+        # of the ended run need not ask that host again
+        said = rep.get("left_nothing") is True and host not in head.doc["left_nothing"]
+        if said:
+            head.doc["left_nothing"].append(host)
         if rep.get("attempt") != head.doc["attempt"]:
-            return False
+            return said
         h.report = rep
         metrics.merge(head.doc, head.rank_host, host, rep.get("progress"))   # published with the next beat
         load.merge(head.doc, host, rep.get("load"))
-        return _merge(head, host, rep)
+        return _merge(head, host, rep) or said
     raise ValueError("unknown event %r" % (kind,))
 
 

@@ -17,7 +17,8 @@ connection or reflected back.
 
 After the handshake:
 
-    member -> head   report {report}        this host's ranks and processes (every second, on change)
+    member -> head   report {report}        this host's ranks and processes (every second, on change;
+                                            the last one says `left_nothing`: no process of the run is left)
                      stop   {reason}        this host was asked to stop the run
     watcher/control -> head
                      stop   {reason}
@@ -53,7 +54,7 @@ from .load import parse_load
 from .metrics import parse_progress
 from .states import RankState
 
-VERSION = 2           # of this protocol: in hello and challenge (2: `delta` to watchers)
+VERSION = 3           # of this protocol: in hello and challenge (2: `delta` to watchers; 3: `left_nothing`)
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
 PREAUTH_LINE = 1024
 LINE = 1 << 20
@@ -387,12 +388,13 @@ def parse_report(rep: object) -> Msg:
     ranks, procs = rep.get("ranks"), rep.get("procs")
     if not isinstance(ranks, list) or not isinstance(procs, list) or len(ranks) > 4096 or len(procs) > 4096:
         raise ProtocolError("a report's ranks and procs must be lists")
-    live = rep.get("live")
-    if not isinstance(live, bool):
-        raise ProtocolError("field 'live': true or false expected")
+    live, left = rep.get("live"), rep.get("left_nothing", False)
+    if not isinstance(live, bool) or not isinstance(left, bool):
+        raise ProtocolError("fields 'live' and 'left_nothing': true or false expected")
     return {"host": _str(rep, "host", 255), "attempt": _int(rep, "attempt", lo=0),
             "ranks": [_parse_rank(r) for r in ranks], "procs": [_parse_proc(p) for p in procs],
             "out": _num(rep, "out"), "stopping": _str(rep, "stopping", 4000, optional=True), "live": live,
+            "left_nothing": left,
             "progress": parse_progress(rep.get("progress"), ProtocolError),
             "load": parse_load(rep.get("load"), ProtocolError)}
 

@@ -665,7 +665,9 @@ class Supervisor:
             self.local.finish_pending(self.local.stop_state)
             if self.member_state == RunState.RUNNING:
                 self.member_state = RunState.STOPPED
-            hc.send(proto.report(self.local.report()))
+            last = self.local.report()
+            last["left_nothing"] = not self.local.live()   # the head records it: status asks this host no more
+            hc.send(proto.report(last))
             hc.flush()
             self.save()
             self.done = True

@@ -12,6 +12,7 @@ import json
 import posixpath
 import secrets
 import shlex
+import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -326,8 +327,10 @@ class EventStream:
         self.need: tuple[int, int, int] | None = None
         self.end: str | None = None
         self.last_state: dict | None = None
+        self.heard: float | None = None   # time.monotonic() of the last bytes received
 
     def write(self, data: bytes) -> int:
+        self.heard = time.monotonic()
         self.buf += data
         while True:
             if self.need is not None:

@@ -93,8 +93,8 @@ class Transport(ABC):
         """Run `script` with sh; return (exit code, stdout, stderr). If `sink` is given,
         stdout is streamed into it (and the returned stdout is b"")."""
 
-    def connect(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
-        """Open the connection now (SSH); a no-op locally."""
+    def connect(self, attempts: int | None = None) -> None:  # noqa: B027 - a no-op unless the transport has a connection
+        """Open the connection now (SSH: up to `attempts` tries, default ssh.retries); a no-op locally."""
 
     def close(self) -> None:  # noqa: B027 - a no-op unless the transport has a connection
         """Release the connection."""
@@ -102,11 +102,15 @@ class Transport(ABC):
     # ---- shared operations
     def run(self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, timeout: float | None = None, stdin: bytes | Reader | None = None,
-            sink: Writer | None = None) -> Result:
+            sink: Writer | None = None, connect_attempts: int | None = None) -> Result:
         """Run a command. A sequence is an argv (every item quoted); a string is a sh snippet.
-        Without `stdin`, the script itself goes on stdin (see BOOTSTRAP): never on a command line."""
+        Without `stdin`, the script itself goes on stdin (see BOOTSTRAP): never on a command line.
+        `connect_attempts`: if a connection must be opened first, at most this many tries (a
+        caller with its own loop, e.g. following a run, wants one bounded try, not ssh.retries)."""
         script = build_script(command, env=env, cwd=cwd)
         start = time.monotonic()
+        if connect_attempts is not None:
+            self.connect(connect_attempts)
         timeout = timeout if timeout is not None else self.command_timeout
         if stdin is None:
             rc, out, err = self._exec(BOOTSTRAP, stdin=script.encode(), sink=sink, timeout=timeout)

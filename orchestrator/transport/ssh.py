@@ -276,7 +276,7 @@ class SshTransport(Transport):
                    retries=ssh.retries, host_key_policy=ssh.host_key_policy, gateways=gateways)
 
     # ---- connection
-    def connect(self) -> None:
+    def connect(self, attempts: int | None = None) -> None:
         with self._lock:
             if self._transport is not None and self._transport.is_active():
                 return
@@ -285,7 +285,7 @@ class SshTransport(Transport):
             if self._failed is not None and time.monotonic() - self._failed[0] < self.failure_memory:
                 raise self._failed[1]
             try:
-                self._connect()
+                self._connect(attempts or self.retries)
             except (AuthError, HostKeyError) as exc:
                 self._refused = exc
                 raise
@@ -293,11 +293,12 @@ class SshTransport(Transport):
                 self._failed = (time.monotonic(), exc)
                 raise
 
-    def _connect(self) -> None:
-        """Up to `retries` attempts, on transient network errors only (tenacity), within
-        connect_timeout x retries in all; the last error is raised."""
-        deadline = time.monotonic() + self.connect_timeout * self.retries
-        for attempt in Retrying(stop=stop_after_attempt(max(1, self.retries)), reraise=True,
+    def _connect(self, attempts: int) -> None:
+        """Up to `attempts` tries (ssh.retries unless a caller asks for fewer), on transient network
+        errors only (tenacity), within connect_timeout x attempts in all; the last error is raised."""
+        attempts = max(1, attempts)
+        deadline = time.monotonic() + self.connect_timeout * attempts
+        for attempt in Retrying(stop=stop_after_attempt(attempts), reraise=True,
                                 wait=wait_exponential(multiplier=0.2, max=2),
                                 retry=retry_if_exception_type(TransientNetworkError)):
             with attempt:
@@ -305,7 +306,7 @@ class SshTransport(Transport):
                 if budget <= 0.05:
                     raise TransientNetworkError(
                         self.host.name, f"could not connect to {self.host.route} within "
-                        f"{self.connect_timeout * self.retries:g}s", hint=_UNREACHABLE_HINT)
+                        f"{self.connect_timeout * attempts:g}s", hint=_UNREACHABLE_HINT)
                 self._client = self._open(budget)
                 self._transport = self._client.get_transport()
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, spawn_orch, timed,
-                           up_then_kill_controller, wait_until, write_fault_cluster)
+from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch,
+                           sshd_lines, timed, up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
 
@@ -164,6 +164,79 @@ def test_lost_hosts_are_described_by_what_was_seen(sup, tmp_path):
     assert f"the launch host {sup.host(1).name} heard nothing from any of the 2 other hosts" in st["message"], st
     assert "lost contact with host" not in st["message"]
     assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
+
+
+
+def test_attached_up_with_the_launch_host_cut_off_ends_soon_saying_what_was_seen(sup, tmp_path):
+    """The launch host cut off while `orch up` follows the run: once its stream has been silent
+    as long as the supervisors wait for each other, the controller tries the launch host once
+    (one connect, not ssh.retries of them), then says what it saw (the launch host did not
+    answer) and what the other hosts recorded, and exits 1 (the run is lost). Its time: the
+    silence waited for by design, one connect_timeout, and what a healthy status costs."""
+    ssh = {"connect_timeout": 2, "retries": 4}   # retries would cost 4 x 2 s more each time
+    _cluster(sup, tmp_path, "/data/sv-upcut", ["sh", "-c", RANK + "echo up $R; exec sleep 120"],
+             launcher="ranktable", hosts=3, ssh=ssh)
+    proc = spawn_orch("up", "-q", "--skip-checks", cwd=tmp_path)
+    try:
+        assert wait_until(lambda: running(tmp_path), 30), "the run did not start"
+        run_id = run_record(tmp_path)["id"]
+        assert wait_until(lambda: len(leftovers(run_id)) >= 3, 20), leftovers(run_id)
+        _, healthy = timed(orch, "status", cwd=tmp_path, check_rc=0)
+        sup.link(1, False)
+        try:
+            (_, err_b), took = timed(proc.communicate, timeout=180)
+            assert wait_until(lambda: host_procs(sup, 2, run_id) == [] and host_procs(sup, 3, run_id) == [], 30)
+        finally:
+            sup.link(1, True)
+    finally:
+        proc.kill()
+    err = err_b.decode()
+    print(f"launch host cut during `orch up`: the controller exited {took:.1f}s after the cut "
+          f"(a healthy status: {healthy:.1f}s)\n{err}")
+    assert proc.returncode == 1, err
+    head = sup.host(1).name
+    assert f"run {run_id} lost: nothing heard from the launch host {head} for " in err, err
+    assert "and it did not answer one more try" in err and "The other hosts recorded: ranks 1-2 lost" in err, err
+    assert "stopping every process" not in err, err   # the hosts that answered had stopped their ranks
+    rec = run_record(tmp_path, run_id)
+    assert rec["state"] == "lost" and {r["rank"]: r["state"] for r in rec["ranks"]}[1] == "lost", rec
+    window = max(10, 2 * ssh["connect_timeout"])   # supervisor.lost_after
+    assert took < budget(healthy, window + 5 + ssh["connect_timeout"]), took
+    assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
+
+
+
+def test_status_of_an_ended_run_asks_the_launch_host_alone_when_every_host_left_nothing(sup, tmp_path):
+    """Each member's supervisor tells the head, as it ends, that nothing of the run is left on its
+    host; the head records it. Plain `orch status` of that ended run then connects to the launch
+    host only (one round trip, not one per host: 5-6 s at 128 hosts), says nothing is left
+    running, and still answers, as fast, with the other hosts cut off."""
+    ssh = {"connect_timeout": 2, "retries": 3}   # asking a cut-off host: 3 x 2 s
+    _cluster(sup, tmp_path, "/data/sv-ended", ["sh", "-c", RANK + "echo hi $R"], launcher="ranktable", hosts=3,
+             ssh=ssh)
+    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
+    run_id = run_ids(tmp_path)[-1]
+    assert wait_until(lambda: leftovers(run_id) == [], 20), leftovers(run_id)
+
+    def accepted(i: int) -> int:
+        return sum("Accepted publickey" in line for line in sshd_lines(sup, i))
+
+    before = [accepted(i) for i in (1, 2, 3)]
+    st, healthy = timed(_status, tmp_path, rc=0)
+    assert [accepted(i) - b for i, b in zip((1, 2, 3), before)] == [1, 0, 0]
+    assert st["state"] == "succeeded" and [r["state"] for r in st["ranks"]] == ["exited"] * 3, st
+    assert st["message"] == "all 3 ranks exited 0" and st["nothing_left"] is True, st
+    sup.link(2, False)
+    sup.link(3, False)
+    try:
+        res, took = timed(orch, "status", cwd=tmp_path, check_rc=0)
+    finally:
+        sup.link(2, True)
+        sup.link(3, True)
+    out = res.stdout.decode() + res.stderr.decode()
+    print(f"status of an ended run, two of its three hosts cut off: {took:.1f}s (all reachable: {healthy:.1f}s)")
+    assert "nothing of the run is left running on any of its hosts" in out and "unreachable" not in out, out
+    assert took < budget(healthy, ssh["connect_timeout"]), took   # less than one host's connect attempts
 
 
 WRITER = ["python3", "-c", "import os, sys, time\n"

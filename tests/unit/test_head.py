@@ -187,6 +187,39 @@ def test_every_rank_exited_zero_is_success():
     assert head.state == RunState.SUCCEEDED and head.doc["message"] == "all 4 ranks exited 0"
 
 
+def _last_report(head, host, left_nothing, attempt=None):
+    """A member's last report (server.member_tick): its ranks ended, and whether nothing of the run lives there."""
+    ev = rep(head, host, {r["rank"]: (r["state"], r["exit_code"], r["signal"], r["end"] or T0 + 5)
+                          for r in head.doc["ranks"] if r["host"] == host}, attempt=attempt, live=False)
+    return H.reported(host, dict(ev[2], left_nothing=left_nothing))
+
+
+def test_the_head_records_which_members_left_nothing_of_the_run_running():
+    """A member's last report says nothing of the run is left on its host: the head records that
+    host (after the end too, and whatever attempt the report is of), once; a member that did not
+    say so (a crash, a process that outlived its KILL, a lost host) is not recorded, so `orch
+    status` still asks it."""
+    head = running(hosts=("a", "b", "c"))
+    H.decide(head, [rep(head, h, {r: ("exited", 0, None, T0 + 3) for r in range(6)}, live=False)
+                    for h in ("a", "b", "c")], T0 + 3.5)
+    finish_stopping(head, T0 + 4, hosts=("a", "b", "c"))
+    assert head.state == RunState.SUCCEEDED and head.doc["left_nothing"] == []
+    _, actions = H.decide(head, [_last_report(head, "b", True), _last_report(head, "c", False)], T0 + 5)
+    assert head.doc["left_nothing"] == ["b"] and "publish" in kinds(actions)
+    _, actions = H.decide(head, [_last_report(head, "b", True, attempt=0)], T0 + 5.5)
+    assert head.doc["left_nothing"] == ["b"] and "publish" not in kinds(actions)
+    H.decide(head, [rep(head, "c", {}, live=False)], T0 + 6)   # an ordinary report says nothing of it
+    assert head.doc["left_nothing"] == ["b"]
+
+
+def test_a_report_saying_left_nothing_is_checked_and_an_older_one_without_it_reads_false():
+    ev = rep(make(), "b", {})
+    assert protocol.parse_report(dict(ev[2], left_nothing=True))["left_nothing"] is True
+    assert protocol.parse_report(ev[2])["left_nothing"] is False
+    with pytest.raises(protocol.ProtocolError, match="left_nothing"):
+        protocol.parse_report(dict(ev[2], left_nothing="yes"))
+
+
 def test_a_failed_launcher_is_named_after_its_ranks_had_their_grace():
     head = running(launcher="mpirun")
     mpirun = {"key": "mpirun", "rank": None, "pid": 50, "exit_code": 1, "signal": None, "start": T0, "end": T0 + 4}

@@ -55,7 +55,7 @@ def test_a_jump_hosts_failure_answers_for_a_while_a_refusal_for_good(monkeypatch
     assert g.hop(chain)[0] is hop and hop.failure_memory == 1
     calls = []
 
-    def down():
+    def down(attempts):
         calls.append(1)
         raise TransientNetworkError("b", "connection refused")  # (no network: _connect is replaced)
     monkeypatch.setattr(hop, "_connect", down)
@@ -68,7 +68,7 @@ def test_a_jump_hosts_failure_answers_for_a_while_a_refusal_for_good(monkeypatch
         hop.connect()
     assert len(calls) == 2
 
-    def refused():
+    def refused(attempts):
         calls.append(1)
         raise AuthError("b", "key refused")
     monkeypatch.setattr(hop, "_connect", refused)
@@ -123,3 +123,22 @@ def test_tunnel_send_and_close_never_run_at_once():
     sender.join(10)
     closer.join(10)
     assert events == ["send-start", "send-end", "close"]
+
+
+def test_a_caller_that_retries_itself_gets_one_bounded_connect(monkeypatch):
+    """Following a run, the controller's own loop is the retry: `run(..., connect_attempts=1)`
+    makes one connect try (one connect_timeout), not ssh.retries of them; other calls keep them."""
+    t = SshTransport(Host(name="h", address="192.0.2.1", user="u"), connect_timeout=1, retries=3)
+    tries = []
+
+    def unreachable(timeout):
+        tries.append(timeout)
+        raise TransientNetworkError("h", "cannot connect to 192.0.2.1:22: No route to host")
+    monkeypatch.setattr(t, "_open", unreachable)
+    monkeypatch.setattr("tenacity.nap.time.sleep", lambda s: None)
+    with pytest.raises(TransientNetworkError, match="No route to host"):
+        t.run(["true"], connect_attempts=1)
+    assert len(tries) == 1
+    with pytest.raises(TransientNetworkError):
+        t.run(["true"])
+    assert len(tries) == 1 + 3

@@ -86,3 +86,24 @@ def test_every_view_names_its_run():
     """api.up's outcome.view and api.status's view alike: RunView.run_id is the run's id."""
     assert runstate.from_head(head_doc()).run_id == "R1"
     assert runstate.merge("h1", {}, {"h1": "unreachable"}, [], "R2").run_id == "R2"
+
+
+def test_an_ended_run_says_nothing_is_left_only_when_every_host_says_so():
+    """Each host of an ended run: asked now, its `live_pids`; not asked, its supervisor's word to
+    the head as it ended (`left_nothing`). Every host's word: the view says nothing is left; a
+    host unreachable, not covered, or with a live process: it does not."""
+    ended = [dict(r, state="exited", exit_code=0) for r in head_doc()["ranks"]]
+    doc = head_doc("succeeded", agent_alive=False, ranks=ended, alive_ranks=[], live_pids=[], left_nothing=["h2"],
+                   message="all 4 ranks exited 0")
+    view = runstate.merge("h1", {"h1": doc}, {}, [], "R1", ["h1", "h2"])
+    assert view.nothing_left and view.message == "all 4 ranks exited 0" and view.to_dict()["nothing_left"]
+    member = {"role": "member", "attempt": 1, "ranks": [], "alive_ranks": [], "live_pids": []}
+    for docs, unreachable, hosts in (({"h1": doc}, {}, ["h1", "h2", "h3"]),                  # h3 said nothing
+                                     ({"h1": dict(doc, left_nothing=[])}, {}, ["h1", "h2"]),
+                                     ({"h1": doc}, {"h2": "timed out"}, ["h1", "h2"]),
+                                     ({"h1": dict(doc, live_pids=[7])}, {}, ["h1", "h2"]),   # a daemon it left
+                                     ({"h1": doc, "h3": dict(member, live_pids=[9])}, {}, ["h1", "h2", "h3"]),
+                                     ({"h1": head_doc(left_nothing=["h2"], live_pids=[])}, {}, ["h1", "h2"])):
+        assert not runstate.merge("h1", docs, unreachable, [], "R1", hosts).nothing_left
+    assert runstate.merge("h1", {"h1": doc, "h3": member}, {}, [], "R1", ["h1", "h2", "h3"]).nothing_left
+    assert not runstate.merge("h1", {"h1": doc}, {}, [], "R1").nothing_left   # not asked to tell
