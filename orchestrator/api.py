@@ -283,7 +283,7 @@ def status(run_id: str | None = None, root: str | os.PathLike = ".", *, cluster:
     `cluster`, the latest run in its workdir (or run `run_id`, when it is not recorded in `root`),
     asked of its launch host: works on a machine that never ran `orch up` (a Slurm inventory:
     its latest `orch-<name>` job)."""
-    from .lifecycle import cluster_status, run_status
+    from .recorded import cluster_status, run_status
     from .runs import load_run, recorded
 
     if cluster is not None and (run_id is None or not recorded(run_id, cwd=Path(root).absolute())):
@@ -338,7 +338,7 @@ def progress(run_id: str | None = None, root: str | os.PathLike = "."):
 def down(run_id: str | None = None, root: str | os.PathLike = "."):
     """Stop every process of the run on every host, gather its logs, record it (idempotent):
     ({host: what was done}, {host: why it could not be stopped}, the final RunView)."""
-    from .lifecycle import run_down
+    from .recorded import run_down
     from .runs import load_run
 
     return run_down(load_run(run_id, cwd=Path(root).absolute()))

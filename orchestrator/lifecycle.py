@@ -1,4 +1,5 @@
-"""The controller's part of a run: prepare -> distribute -> start -> follow -> stop -> gather -> record.
+"""The controller's part of a live run: distribute -> start -> follow -> stop -> gather -> record
+(prepare before it is prepare.py's; status and down of a recorded run are recorded.py's).
 
 Once started, a run supervises itself on the cluster (orchestrator/agent):
 fail-fast, restarts, stalls, time-out and lost hosts are decided there, with or without a
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable
 
 from . import runstate, supervisor
-from .errors import LocalWriteError, OrchError, RunConflict, UsageError
+from .errors import LocalWriteError, OrchError, RunConflict
 from .fanout import fan_out
 from .hostlayout import run_dir
 from .launchers import Launch
@@ -28,6 +29,7 @@ from .runs import Run
 from .runstate import RunView
 from .model import Cluster
 from .transport import Pool
+from .agent.states import rank_ranges
 
 
 class Events:
@@ -262,19 +264,18 @@ class Lifecycle:
 
         while True:
             attempt = int(state.get("attempt") or 1)
-            args = ["watch", "--to-end"]  # not only until the followed rank has ended: the run's end is pushed too
             if rank is not None:
-                args += ["--attempt", str(attempt), "--rank", str(rank), "--offset",
-                         f"{rank}={copies.offset(rank, attempt)}"]
                 # a spare may run it now: where the head says it runs (its rank records)
                 now_at = next((r.get("host") for r in state.get("ranks") or () if r.get("rank") == rank), None)
                 host = now_at if isinstance(now_at, str) and now_at in {h.name for h in self.plan.all_hosts} else host
             stream = supervisor.EventStream(on_state, on_output, on_beat=report)
             err: OrchError | None = None
             try:
-                self.pool[host].run(supervisor.agent_argv(self.cluster, self.run.id, *args),
-                                    env={"ORCH_LOST_AFTER": str(int(window))}, sink=stream, timeout=window + 5,
-                                    connect_attempts=1)   # this loop is the retry
+                # to the run's end (not only the followed rank's: it is pushed too); this loop is the retry
+                supervisor.watch(self.pool[host], self.cluster, self.run.id, stream, to_end=True,
+                                 attempt=attempt if rank is not None else None,
+                                 offsets={rank: copies.offset(rank, attempt)} if rank is not None else None,
+                                 connect_attempts=1)
                 if host == self.plan.launch_host.name:   # a member's watch answers without the head
                     last_ok = time.monotonic()
             except OrchError as exc:
@@ -297,7 +298,6 @@ class Lifecycle:
         """The launch host silent past the supervisors' own wait: the run is lost (its head, if it
         lives, has lost the others; they have stopped their ranks). Said as seen, with what the
         hosts that did answer recorded of their ranks."""
-        from .agent.states import rank_ranges
 
         head = self.plan.launch_host.name
         why = view.unreachable.get(head) or (str(err) if err else view.message)
@@ -426,74 +426,4 @@ def record(run: Run, outcome: RunEnd) -> None:
     run.save()
 
 
-# --------------------------------------------------------------------------- a recorded run
-
-
-def run_status(run: Run) -> RunView:
-    """The run as the cluster sees it now; a run that ended is recorded in run.json."""
-    cluster = run.cluster()
-    with Pool(cluster) as pool:
-        run_lifecycle = Lifecycle(cluster, run.plan(), run, pool)
-        view = run_lifecycle.status(ended=run.finished)
-        if view.final and not run.finished:
-            run.reload()
-            if not run.finished:
-                run_lifecycle.gather()
-                record(run, RunEnd.of(view))
-    if not view.final and view.state == "unknown" and run.finished:
-        view.state = run.data.get("state") or "unknown"
-    return view
-
-
-def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
-    """Stop every process of the run on every host, gather its logs, record it. Idempotent.
-    Returns ({host: what was done}, {host: why it could not be stopped}, the run's final view)."""
-    cluster = run.cluster()
-    with Pool(cluster) as pool:
-        run_lifecycle = Lifecycle(cluster, run.plan(), run, pool)
-        stopped = run_lifecycle.stop("`orch down`")
-        done, failed = dict(stopped.done), dict(stopped.failed)
-        job = run.data.get("slurm")
-        if job and cluster.slurm is not None:  # the supervisors are gone: the job ends; cancel what is left
-            from . import slurm  # lazy: only a Slurm inventory's runs
-
-            try:
-                info = slurm.release(slurm.Client(cluster, pool.__getitem__), job["job_id"], supervisor.STOP_GRACE)
-                done["slurm"] = f"job {job['job_id']} {info.state or 'gone'}"
-            except slurm.SlurmError as exc:
-                failed["slurm"] = str(exc)
-        view = run_lifecycle.status(stopped)
-        run_lifecycle.gather()
-        run.reload()
-        # the launch host unreached: how the run ended is its head's to say (it may have ended
-        # `lost` or `failed` before this stop); nothing is recorded until it can be read
-        if not run.finished and run_lifecycle.plan.launch_host.name not in failed:
-            if not view.final:
-                view.state, view.message = "stopped", "stopped by `orch down`"
-            if failed:  # its ranks may run on: say so, never "stopped"
-                view.message += (f"; not reached: {', '.join(sorted(failed))} (its ranks' state is unknown: "
-                                 f"run `orch down --run {run.id}` again once it is reachable)")
-            record(run, RunEnd.of(view))
-    return done, failed, view
-
-
-def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) -> tuple[str | None, RunView]:
-    """The latest run in the cluster's workdir (or run `run_id`), as its launch host's supervisor
-    left it: for `orch status FILE` on a machine that never ran `orch up` (no local record)."""
-    with Pool(cluster) as pool:
-        head = plan.launch_host
-        try:
-            doc = supervisor.parse_json_line(
-                pool[head].run(supervisor.status_script(cluster, run_id)).check("reading status").out)
-        except OrchError as exc:  # the run's state is on that host: unknown, not a usage error
-            raise OrchError(f"cannot read the run state on the launch host: {exc}",
-                            hint="no run of this cluster file is recorded here to fall back on") from None
-    if not doc.get("run"):
-        raise UsageError(f"no run {run_id + ' ' if run_id else ''}found in {cluster.job.workdir} on {head.name}",
-                         hint="start one with `orch up`" if run_id is None else "is the run id whole and right?")
-    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"])
-    return doc["run"], view
-
-
-__all__ = ["Events", "LaunchError", "Lifecycle", "RunEnd", "cluster_status", "record", "run_dir", "run_down",
-           "run_status", "stop_run"]
+__all__ = ["Events", "LaunchError", "Lifecycle", "RunEnd", "record", "run_dir", "stop_run"]
