@@ -22,7 +22,7 @@ from ..rankplan import RankPlan, visible_devices_var
 # each host's supervisor puts in the address its connection to the head's supervisor worked on.
 HEAD_ADDR = HEAD_ADDR_TOKEN
 
-__all__ = ["ATTEMPT_DIR", "HEAD_ADDR", "Context", "HeadReach", "Launch", "Launcher", "Proc", "Spares", "head_reach",
+__all__ = ["ATTEMPT_DIR", "HEAD_ADDR", "Context", "HeadReach", "Launch", "Launcher", "PerHost", "Proc", "Spares", "head_reach",
            "host_env", "interface_env", "node_env", "servers", "visible_devices", "wrapped"]
 
 
@@ -195,6 +195,27 @@ class Launcher:
     def needs_device_ips(self, cluster: Cluster) -> bool:
         """Does the launch need every device's IP (an HCCL rank table)?"""
         return False
+
+
+class PerHost(Launcher):
+    """A launcher started once per host (msrun, torchrun): node rank = the host's place in the
+    plan, master = the launch host; its log beside the attempt's rank logs."""
+
+    uses_master_port = True
+    env: Mapping[str, str] = {}   # what it adds to its own environment
+
+    def argv(self, ctx: Context, host: str) -> list[str]:
+        raise NotImplementedError
+
+    def procs(self, ctx: Context) -> dict[str, list[Proc]]:
+        cluster, plan = ctx.cluster, ctx.plan
+        return {h.name: [Proc(f"{self.name}.{h.name}", tuple(self.argv(ctx, h.name)),
+                              {**ctx.host_added[h.name], **node_env(cluster, plan, h.name), **ctx.stall_env, **self.env},
+                              cluster.job.workdir, f"{self.name}.log")]
+                for h in ctx.hosts()}
+
+    def launcher_hosts(self, plan: RankPlan) -> list[str]:
+        return [h.name for h in plan.hosts]
 
 
 def host_env(cluster: Cluster, host: Host) -> dict[str, str]:

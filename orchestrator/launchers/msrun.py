@@ -11,7 +11,7 @@ from ..hostlayout import log_dir_path
 from ..interpreters import is_python
 from ..model import Cluster
 from ..rankplan import RankPlan
-from .base import ATTEMPT_DIR, Context, Launcher, Proc, node_env
+from .base import ATTEMPT_DIR, Context, PerHost
 
 MSRUN_CLUSTER_TIME_OUT = 600
 
@@ -73,21 +73,11 @@ def msrun_task(command: Iterable[str]) -> list[str]:
     return [starter, "-c", _MSRUN_EXEC, interp, *script]
 
 
-class Msrun(Launcher):
+class Msrun(PerHost):
     name = "msrun"
-    uses_master_port = True
     program = "msrun"
     tools = ("mindspore",)
 
-    def procs(self, ctx: Context) -> dict[str, list[Proc]]:
-        cluster, plan = ctx.cluster, ctx.plan
-        task = msrun_task(cluster.job.command)
-        return {h.name: [Proc(f"msrun.{h.name}",
-                              tuple(msrun_argv(cluster, plan, h.name, log_dir=ATTEMPT_DIR, master_addr=ctx.master,
-                                               task=task)),
-                              {**ctx.host_added[h.name], **node_env(cluster, plan, h.name), **ctx.stall_env},
-                              cluster.job.workdir, "msrun.log")]
-                for h in ctx.hosts()}
-
-    def launcher_hosts(self, plan: RankPlan) -> list[str]:
-        return [h.name for h in plan.hosts]
+    def argv(self, ctx: Context, host: str) -> list[str]:
+        return msrun_argv(ctx.cluster, ctx.plan, host, log_dir=ATTEMPT_DIR, master_addr=ctx.master,
+                          task=msrun_task(ctx.cluster.job.command))

@@ -8,7 +8,7 @@ from typing import Sequence
 from ..agent.layout import RANK_OUTPUT_VAR
 from ..model import Cluster
 from ..rankplan import RankPlan
-from .base import Context, Launcher, Proc, node_env, wrapped
+from .base import Context, PerHost, wrapped
 
 
 def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: Sequence[str], *,
@@ -28,21 +28,12 @@ def torchrun_argv(cluster: Cluster, plan: RankPlan, host_name: str, command: Seq
             *command]
 
 
-class Torchrun(Launcher):
+class Torchrun(PerHost):
     name = "torchrun"
-    uses_master_port = True
     program = "torchrun"
     tools = ("torch",)
+    env = {RANK_OUTPUT_VAR: "1"}   # each worker's `agent.py rank` writes its output to its rank log itself
 
-    def procs(self, ctx: Context) -> dict[str, list[Proc]]:
-        cluster, plan = ctx.cluster, ctx.plan
-        command = wrapped(ctx.rdir, cluster.job.command)
-        return {h.name: [Proc(f"torchrun.{h.name}",
-                              tuple(torchrun_argv(cluster, plan, h.name, command, master_addr=ctx.master)),
-                              {**ctx.host_added[h.name], **node_env(cluster, plan, h.name), **ctx.stall_env,
-                               RANK_OUTPUT_VAR: "1"},
-                              cluster.job.workdir, "torchrun.log")]
-                for h in ctx.hosts()}
-
-    def launcher_hosts(self, plan: RankPlan) -> list[str]:
-        return [h.name for h in plan.hosts]
+    def argv(self, ctx: Context, host: str) -> list[str]:
+        return torchrun_argv(ctx.cluster, ctx.plan, host, wrapped(ctx.rdir, ctx.cluster.job.command),
+                             master_addr=ctx.master)
