@@ -249,6 +249,7 @@ class RawJob(_Raw):
     secret_env: list[str] = []
     sync: list[str] = []
     sync_exclude: list[str] = []
+    sync_via: Literal["controller", "launch-host"] | None = None
     log_dir: str = "log_output"
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"
@@ -424,6 +425,8 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
     checks = Checks(versions=tuple(raw.checks.versions) if raw.checks.versions is not None else None,
                     skip=tuple(raw.checks.skip), min_free_gib=raw.checks.min_free_gib,
                     clock_skew=raw.checks.clock_skew)
+    if raw.job.sync_via is None:  # the launch host passes the code on when the launcher needs it to reach the others
+        job = replace(job, sync_via="launch-host" if job.launcher == "mpirun" and slurm is None else "controller")
     return Cluster(name=raw.name or path.stem, path=path, hosts=hosts, job=job, ssh=ssh,
                    checks=checks, groups=groups, slurm=slurm)
 
@@ -490,6 +493,7 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
             problems.add(src.loc(("job", "collect", i)), f"collect: {unsafe}")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
                env={k: str(v) for k, v in rj.env.items()}, secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
+               sync_via=rj.sync_via or "controller",
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,

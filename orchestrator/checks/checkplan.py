@@ -43,9 +43,10 @@ def version_tools(cluster: Cluster) -> list[str]:
 
 
 def mesh_sources(hosts: tuple[Host, ...], cluster: Cluster, full_mesh: bool) -> list[Host]:
-    """Who tests ssh to the others (hosts in plan order): the launch host for mpirun, every host
-    with --full-mesh."""
-    if len(hosts) < 2 or not (cluster.job.launcher == "mpirun" or full_mesh):
+    """Who tests ssh to the others (hosts in plan order): the launch host for mpirun or when it
+    passes the code on (job.sync_via: launch-host), every host with --full-mesh."""
+    if len(hosts) < 2 or not (cluster.job.launcher == "mpirun" or cluster.job.sync_via == "launch-host"
+                              or full_mesh):
         return []
     return list(hosts) if full_mesh else [hosts[0]]
 
