@@ -193,14 +193,16 @@ class Lifecycle:
     # ---- steps
     def distribute(self, launch: Launch) -> None:
         job = self.cluster.job
-        from .sync import manifest, sync_hosts
+        from .sync import manifest, relayed, sync_hosts
 
         entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
             for name, data in host_files.items():
                 self.run.write_file(name, data.decode())
-        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)")
-        results = sync_hosts(self.pool, self.plan.all_hosts, self.plan.launch_host, job.workdir, entries, launch.files,
+        head = self.plan.launch_host
+        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)"
+                         + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via) else ""))
+        results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
                              via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts))
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
