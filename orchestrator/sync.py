@@ -332,8 +332,9 @@ def writeall(fd, block):
     while view:
         view = view[os.write(fd, view):]
 
-def cmd_recv():
-    inp = sys.stdin.buffer
+def recv(inp, tee=None):
+    # The stream on inp into W; with a tee (cmd_relay), every file's bytes are offered, as they are
+    # written, to the threads passing it on.
     done = 0
     tmp = None
     rel = "(header)"
@@ -365,8 +366,10 @@ def cmd_recv():
                 tmp = None
             elif kind == "file":
                 tmp = (d, TMP + os.urandom(6).hex())
-                fd = os.open(tmp[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+                fd = os.open(tmp[1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
                 left, sha = h["size"], hashlib.sha256()
+                if tee:
+                    tee.start(rel, fd)
                 try:
                     while left:
                         block = inp.read(min(left, 1 << 20))
@@ -375,6 +378,8 @@ def cmd_recv():
                         sha.update(block)
                         writeall(fd, block)
                         left -= len(block)
+                        if tee:
+                            tee.grew(rel, h["size"] - left)
                     if readline(inp, rel).strip().decode() != sha.hexdigest():
                         fail(43, rel, "sha256 mismatch: what arrived is not what the controller listed "
                              "(changed while it was sent, or damaged on the way); run again")
@@ -396,52 +401,124 @@ def cmd_recv():
                 os.unlink(tmp[1], dir_fd=tmp[0])
             except OSError:
                 pass
-    print(json.dumps({"written": done}))
+    return done
+
+def cmd_recv():
+    print(json.dumps({"written": recv(sys.stdin.buffer)}))
+
+def open_below(rel):
+    # A file below W for reading, reached without following a link, without the DIRS cache
+    # (recv uses it at the same time)
+    parts = [p for p in rel.split("/") if p]
+    fd = os.open(W, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+class Tee:
+    # The files this host receives while it passes them on: each target's thread reads a file's
+    # bytes from this host's temp file as they are written (no copy held in memory)
+    def __init__(self, wanted):
+        import threading
+        self.cv = threading.Condition()
+        self.wanted, self.files, self.failed = wanted, {}, False
+
+    def start(self, rel, fd):
+        if rel in self.wanted:
+            with self.cv:
+                self.files[rel] = [os.dup(fd), 0]
+                self.cv.notify_all()
+
+    def grew(self, rel, n):
+        f = self.files.get(rel)
+        if f is not None:
+            with self.cv:
+                f[1] = n
+                self.cv.notify_all()
+
+    def fail(self):
+        with self.cv:
+            self.failed = True
+            self.cv.notify_all()
+
+    def follow(self, rel, size, write, deadline):
+        import time
+        off = 0
+        while off < size:
+            with self.cv:
+                while not self.failed and (rel not in self.files or self.files[rel][1] <= off):
+                    if time.monotonic() > deadline:
+                        raise OSError(errno.ETIMEDOUT, "%s did not arrive here in time" % rel)
+                    self.cv.wait(1)
+                if self.failed:
+                    raise OSError(errno.EIO, "this host's own copy failed")
+                fd, n = self.files[rel]
+            while off < n:
+                block = os.pread(fd, min(n - off, 1 << 20), off)
+                if not block:
+                    raise OSError(errno.EIO, "%s/%s shrank on this host while it was passed on" % (W, rel))
+                write(block)
+                off += len(block)
+
+    def close(self):
+        for fd, _ in self.files.values():
+            os.close(fd)
 
 def cmd_relay():
-    # This host passes on to others what they lack, from its own copy (already brought up to date
-    # and quick-checked against the controller's list). Request (one JSON line on stdin): "entries"
+    # This host receives its own stream (recv, after the request) and passes on to others what they
+    # lack: what arrives as it arrives (Tee), the rest from its own copy (quick-checked against the
+    # controller's list, its sha256 checked here). Request (one JSON line on stdin): "entries"
     # [rel, kind, mode, size, mtime, sha256 | link target, blob key or None], "blobs" (rendered
     # files, base64), "targets" [{name, argv (ssh to it), workdir, items [[entry index, what]]}], "code"
-    # (this script), "py", "timeout" (seconds for all), "fanout", "kex". Each target runs
+    # (this script), "py", "timeout" (seconds for all), "fanout", "ssh_options", "incoming" (the
+    # files in this host's own stream that targets want). Each target runs
     # `recv` and checks every file against the controller's sha256 (each file's trailer).
     import base64, shlex, subprocess, threading, time
-    req = json.loads(sys.stdin.buffer.readline())
+    inp = sys.stdin.buffer
+    req = json.loads(inp.readline())
     ents, targets = req["entries"], req["targets"]
     blobs = {k: base64.b64decode(v) for k, v in req["blobs"].items()}
     deadline = time.monotonic() + req["timeout"]
-    lock = threading.Lock()
+    tee = Tee(set(req["incoming"]))  # what arrives on stdin for this host (recv) while it is passed on
 
-    def source(rel):
-        with lock:
-            parent, name = split(rel)
-            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd(parent, create=False))
-
-    # the first hop's check: this host's copy of every file it passes on has the controller's sha256
+    # the first hop's check: this host's copy of every file it passes on (and does not receive
+    # now: recv checks those) has the controller's sha256
     bad = {}
     for i in sorted({i for t in targets for i, what in t["items"] if what == "send"}):
         rel, kind, mode, size, mtime, extra, blob = ents[i]
-        if kind != "file" or blob:
+        if kind != "file" or blob or rel in tee.wanted:
             continue
         try:
             h, n = hashlib.sha256(), 0
-            with os.fdopen(source(rel), "rb") as fh:
+            with os.fdopen(open_below(rel), "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
                     n += len(block)
             if h.hexdigest() != extra:
                 bad[rel] = "its sha256 is not the controller's (%d bytes here, %d sent)" % (n, size)
-        except (OSError, SystemExit) as e:
-            bad[rel] = "cannot read it: %s" % (getattr(e, "strerror", None) or "not a file orch wrote")
-    if bad:
-        print(json.dumps({"bad": bad}))
-        return
-    kex = []
-    if req.get("kex"):
+        except OSError as e:
+            bad[rel] = "cannot read it: %s" % (e.strerror or e)
+    # ssh's costs on this host: curve25519 first (OpenSSH >= 9 opens with sntrup761, ~0.15 s of CPU a
+    # connection), AES-GCM first where the CPU has AES instructions (faster than chacha20 there);
+    # an ssh that does not know `^` (< 8.2) keeps its defaults
+    opts = []
+    for opt in req.get("ssh_options") or ():
+        if opt.startswith("Ciphers="):
+            try:
+                with open("/proc/cpuinfo") as fh:
+                    if " aes" not in fh.read():
+                        continue
+            except OSError:
+                continue
         try:
-            if subprocess.run(["ssh", "-G", "-o", req["kex"], "localhost"], stdout=subprocess.DEVNULL,
+            if subprocess.run(["ssh", "-G", "-o", opt, "localhost"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=10).returncode == 0:
-                kex = ["-o", req["kex"]]
+                opts += ["-o", opt]
         except (OSError, subprocess.TimeoutExpired):
             pass
     results = {}
@@ -462,9 +539,11 @@ def cmd_relay():
             w.write(hdr(kind="file", rel=rel, mode=mode, size=size, mtime=mtime))
             if blob:
                 w.write(blobs[blob])
+            elif rel in tee.wanted:
+                tee.follow(rel, size, w.write, deadline)
             else:
                 left = size
-                with os.fdopen(source(rel), "rb") as fh:
+                with os.fdopen(open_below(rel), "rb") as fh:
                     while left:
                         block = fh.read(min(left, 1 << 20))
                         if not block:
@@ -482,7 +561,7 @@ def cmd_relay():
                 return
             try:
                 remote = " ".join(shlex.quote(a) for a in req["py"] + ["-c", req["code"], "recv", t["workdir"]])
-                p = subprocess.Popen(t["argv"][:1] + kex + t["argv"][1:] + [remote], stdin=subprocess.PIPE,
+                p = subprocess.Popen(t["argv"][:1] + opts + t["argv"][1:] + [remote], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             except OSError as e:
                 out.update(rc=127, err=str(e))
@@ -511,9 +590,12 @@ def cmd_relay():
                 p.stdin.close()
             except BrokenPipeError:
                 pass  # the receiver stopped: its exit code and stderr say why
-            except OSError as e:
+            except OSError as e:  # this side cannot go on: the receiver sees its stream end, keeps nothing
                 out["err"] = str(e.strerror or e)
-                kill()
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
             rc = p.wait()
             timer.cancel()
             for r in readers:
@@ -521,12 +603,20 @@ def cmd_relay():
             out.update(rc=rc, out=got.get("out", b"").decode("utf-8", "replace")[-2000:],
                        err=(out["err"] + "\n" + got.get("err", b"").decode("utf-8", "replace")).strip()[-2000:])
 
-    threads = [threading.Thread(target=send, args=(t,)) for t in targets]
+    threads = [] if bad else [threading.Thread(target=send, args=(t,)) for t in targets]
     for th in threads:
         th.start()
+    try:
+        written = recv(inp, tee)
+    except SystemExit:  # this host's own copy failed (stderr says why): stop passing it on
+        tee.fail()
+        for th in threads:
+            th.join()
+        raise
     for th in threads:
         th.join()
-    print(json.dumps({"targets": results}))
+    tee.close()
+    print(json.dumps({"written": written, "bad": bad, "targets": results}))
 
 start()
 {"list": cmd_list, "recv": cmd_recv, "relay": cmd_relay}[sys.argv[1]]()
@@ -573,9 +663,9 @@ class SyncSourceError(OrchError):
 class _Frames:
     """A file-like view of the stream (read(n)), produced as it is read: headers, bytes, trailers."""
 
-    def __init__(self, items: list[tuple[Entry, str]]):
+    def __init__(self, items: list[tuple[Entry, str]], prefix: bytes = b""):
         self._gen = self._frames(items)
-        self._buf = bytearray()
+        self._buf = bytearray(prefix)  # the relay's request line, before the frames
         self._pos = 0
 
     @staticmethod
@@ -723,6 +813,7 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
 # --------------------------------------------------------------------------- through the launch host
 
 RELAY_FANOUT = 16  # streams the launch host sends at once
+RELAY_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 
 def relayed(hosts: Sequence[Host], launch: Host, via: str) -> list[Host]:
@@ -735,10 +826,12 @@ def relayed(hosts: Sequence[Host], launch: Host, via: str) -> list[Host]:
 
 
 def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, list[tuple[Entry, str]]]], *,
-                  connect_timeout: float, timeout: float, fanout: int = RELAY_FANOUT) -> dict:
+                  connect_timeout: float, timeout: float, own: Sequence[tuple[Entry, str]] = (),
+                  fanout: int = RELAY_FANOUT) -> dict:
     """The launch host's relay request (cmd_relay), pure: every entry once, rendered files once
     per content, each target with its ssh command (as mpirun reaches it: render.ssh_args) and
-    what it lacks."""
+    what it lacks; `own`: the launch host's own stream, which follows the request (the files in
+    it are passed on as they arrive)."""
     from .checks.mesh import MESH_KEX
     from .render import ssh_args
 
@@ -764,11 +857,13 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
                 *ssh_args(launch, host), host.cluster_address]
         targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items})
     return {"entries": entries, "blobs": blobs, "targets": targets, "code": RECEIVER, "py": list(PY),
-            "timeout": timeout, "fanout": fanout, "kex": MESH_KEX}
+            "timeout": timeout, "fanout": fanout, "ssh_options": [MESH_KEX, RELAY_CIPHERS],
+            "incoming": sorted({e.rel for e, what in own if what == "send" and e.kind == "file" and e.data is None})}
 
 
-def _relay_timeout(command_timeout: float, todos) -> float:
-    size = sum(e.size for _, todo in todos.values() for e, what in todo if what == "send")
+def _relay_timeout(command_timeout: float, own, todos) -> float:
+    size = sum(e.size for e, what in own if what == "send")
+    size += sum(e.size for _, todo in todos.values() for e, what in todo if what == "send")
     return command_timeout + size / 1e6  # as a direct stream: at least 1 MB/s on top of the usual limit
 
 
@@ -797,14 +892,14 @@ def relay_errors(launch: Host, todos: Mapping[str, tuple[Host, list]], answer: M
     return out
 
 
-def _relay(t: Transport, workdir: str, todos, ssh: SshSettings) -> dict:
-    timeout = _relay_timeout(ssh.command_timeout, todos)
-    req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout)
-    res = t.run(_receiver_argv("relay", workdir), stdin=json.dumps(req).encode() + b"\n",
+def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh: SshSettings, hop: str) -> dict:
+    """One request to the launch host: its own stream (`own`), and what it passes on (`todos`)."""
+    timeout = _relay_timeout(ssh.command_timeout, own, todos)
+    req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout, own=own)
+    res = t.run(_receiver_argv("relay", workdir), stdin=_Frames(own, json.dumps(req).encode() + b"\n"),
                 timeout=timeout + ssh.command_timeout)
     if not res.ok:
-        raise _host_error(t.host, res.exit_code, res.out, res.err, workdir,
-                          "sync: the relay on the launch host failed")
+        raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, f"{hop}: cannot write")
     try:
         answer = json.loads(res.out.strip().splitlines()[-1])
         assert isinstance(answer, dict)
@@ -825,46 +920,51 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     via_launch = relayed(hosts, launch, via)
     if not via_launch:
         return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {}))))
-    far = {h.name for h in via_launch}
     lists = fan(hosts, lambda h: _todo(pool[h], workdir, entries + rendered(dict(extras.get(h.name, {})))))
     done: dict[str, Outcome] = {n: o for n, o in lists.items() if not o.ok}
+    todos = {h.name: (h, lists[h.name].value) for h in via_launch if lists[h.name].ok and lists[h.name].value}
     hop = f"sync controller -> {launch.name} (the launch host, job.sync_via: launch-host)"
-    near = [h for h in hosts if lists[h.name].ok and h.name not in far]
+    # the launch host's own stream goes with the relay request when there is something to pass on
+    near = [h for h in hosts if lists[h.name].ok and h.name not in {x.name for x in via_launch}
+            and not (todos and h.name == launch.name)]
     sent = fan(near, lambda h: _send(pool[h], workdir, lists[h.name].value,
                                      f"{hop}: cannot write" if h.name == launch.name else "cannot write"))
     done.update({n: o for n, o in sent.items() if not o.ok})
-    todos = {h.name: (h, lists[h.name].value) for h in via_launch if lists[h.name].ok and lists[h.name].value}
-    if todos and launch.name in done:  # nothing to pass on from
-        for n, (h, _) in todos.items():
-            done[n] = Outcome(h, error=HostError(n, f"not synced: the launch host {launch.name}, which passes the "
-                                                    "code on (job.sync_via: launch-host), failed"))
     healed: tuple[str, ...] = ()
     if todos and launch.name not in done:
         t = pool[launch]
         try:
-            answer = _relay(t, workdir, todos, ssh)
-            if answer.get("bad"):
-                # the launch host's copy differs from what it listed: send those files again from
-                # here, then pass them on (once)
-                again = [(e, "send") for e in entries if e.rel in answer["bad"]]
-                _send(t, workdir, again, f"{hop}: cannot write")
-                bad = answer["bad"]
-                answer = _relay(t, workdir, todos, ssh)
-                if answer.get("bad"):
-                    rel, why = next(iter(answer["bad"].items()))
-                    raise HostError(launch.name, f"sync: {posixpath.join(workdir, rel)} on the launch host, which "
-                                                 f"passes the code on: {why}, even after it was sent again",
-                                    hint="is the disk failing, or is something rewriting workdir? "
-                                         "job.sync_via: controller sends every host its copy from here")
-                healed = tuple(bad)
-            errors = relay_errors(launch, todos, answer, workdir, _relay_timeout(ssh.command_timeout, todos))
+            answer = _relay(t, workdir, lists[launch.name].value, todos, ssh, hop)
         except OrchError as exc:
-            errors = {n: HostError(n, f"not synced: the launch host {launch.name} passes the code on "
-                                      f"(job.sync_via: launch-host), and there: {exc.message}", hint=exc.hint)
-                      for n in todos}
+            done[launch.name] = Outcome(launch, error=exc)
+        else:
+            try:
+                if answer.get("bad"):
+                    # the launch host's copy differs from what it listed: send those files again from
+                    # here, then pass them on (once)
+                    healed = tuple(answer["bad"])
+                    _send(t, workdir, [(e, "send") for e in entries if e.rel in answer["bad"]], f"{hop}: cannot write")
+                    answer = _relay(t, workdir, [], todos, ssh, hop)
+                    if answer.get("bad"):
+                        rel, why = next(iter(answer["bad"].items()))
+                        raise HostError(launch.name, f"sync: {posixpath.join(workdir, rel)} on the launch host, "
+                                                     f"which passes the code on: {why}, even after it was sent again",
+                                        hint="is the disk failing, or is something rewriting workdir? "
+                                             "job.sync_via: controller sends every host its copy from here")
+                errors = relay_errors(launch, todos, answer, workdir,
+                                      _relay_timeout(ssh.command_timeout, lists[launch.name].value, todos))
+            except OrchError as exc:
+                errors = {n: HostError(n, f"not synced: the launch host {launch.name} passes the code on "
+                                          f"(job.sync_via: launch-host), and there: {exc.message}", hint=exc.hint)
+                          for n in todos}
+            for n, (h, _) in todos.items():
+                if n in errors:
+                    done[n] = Outcome(h, error=errors[n])
+    if todos and launch.name in done:  # nothing was passed on
         for n, (h, _) in todos.items():
-            if n in errors:
-                done[n] = Outcome(h, error=errors[n])
+            done.setdefault(n, Outcome(h, error=HostError(
+                n, f"not synced: the launch host {launch.name}, which passes the code on (job.sync_via: "
+                   "launch-host), failed")))
     for h in hosts:
         if h.name not in done:
             done[h.name] = Outcome(h, value=_report(h, entries, lists[h.name].value,

@@ -180,15 +180,17 @@ def _ssh_host(name: str, **kw) -> Host:
     return Host(name=name, address=f"{name}.example", user="train", connection="ssh", **kw)
 
 
-def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0):
-    """The launch host's workdir `lw` brought up to date from here, then cmd_relay run there
-    (locally) for `targets` {name: argv prefix}, each into its own directory: (answer, request,
-    workdirs)."""
+def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False):
+    """cmd_relay run here (the launch host's workdir `launch`) for `targets` {name: argv prefix},
+    each into its own directory. The launch host is brought up to date first, or (`through`) gets
+    its own stream in the same request, passed on as it arrives. (answer, request, workdirs)."""
     src = tree(tmp_path / "src", src_files)
     os.symlink("a.py", src / "pkg" / "l.py")
     entries = sync.manifest(src, ("pkg",), "c.yaml")
     lw = tmp_path / "launch"
-    sync.sync_host(Counting(), str(lw), entries)
+    own = [(e, "send") for e in entries] if through else []
+    if not through:
+        sync.sync_host(Counting(), str(lw), entries)
     if corrupt:
         p = lw / corrupt
         st = p.stat()
@@ -198,12 +200,12 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0):
     for n in targets:
         items = entries + sync.rendered({"rank_table.json": b'{"n": 2}', f"only-{n}": n.encode()})
         todos[n] = (_ssh_host(n), [(e, "send") for e in items])
-    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout)
+    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own)
     dirs = {}
     for t in req["targets"]:
         dirs[t["name"]] = tmp_path / f"w-{t['name']}"
-        t["argv"], t["workdir"], req["kex"] = targets[t["name"]], str(dirs[t["name"]]), ""
-    res = Counting().run(sync._receiver_argv("relay", str(lw)), stdin=json.dumps(req).encode() + b"\n")
+        t["argv"], t["workdir"], req["ssh_options"] = targets[t["name"]], str(dirs[t["name"]]), []
+    res = Counting().run(sync._receiver_argv("relay", str(lw)), stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
     assert res.ok, res.err
     return json.loads(res.out), req, dirs
 
@@ -234,9 +236,11 @@ def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
     assert sync.relayed([here, a, b], here, "launch-host") == []
 
 
-def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path):
-    files = {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": "b" * 300_000}
-    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]})
+@pytest.mark.parametrize("through", [False, True], ids=["from-its-copy", "as-it-arrives"])
+def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, through):
+    files = {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": "b" * 3_000_000}
+    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, through=through)
+    assert answer["written"] == (5 if through else 0) and answer["bad"] == {}
     assert set(answer["targets"]) == {"h1", "h2"} and all(r["rc"] == 0 for r in answer["targets"].values())
     for n, w in dirs.items():
         for rel, text in files.items():
@@ -245,6 +249,7 @@ def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path):
         assert os.readlink(w / "pkg" / "l.py") == "a.py"
         assert (w / "rank_table.json").read_bytes() == b'{"n": 2}' and (w / f"only-{n}").read_text() == n
         assert not list(w.rglob(".orch-sync-partial.*"))
+    assert (tmp_path / "launch" / "pkg" / "sub" / "b.bin").read_text() == files["pkg/sub/b.bin"]
     assert sync.relay_errors(_ssh_host("h0"), {n: (_ssh_host(n), []) for n in dirs}, answer, "/w", 60) == {}
 
 
@@ -252,7 +257,8 @@ def test_the_launch_hosts_copy_is_checked_before_it_is_passed_on(tmp_path):
     """A launch-host file that is not what the controller listed (same size and mtime) is
     reported, and nothing is passed on."""
     answer, _, dirs = _relay(tmp_path, {"pkg/a.py": "a" * 5000}, {"h1": ["sh", "-c"]}, corrupt="pkg/a.py")
-    assert answer == {"bad": {"pkg/a.py": "its sha256 is not the controller's (5000 bytes here, 5000 sent)"}}
+    assert answer["bad"] == {"pkg/a.py": "its sha256 is not the controller's (5000 bytes here, 5000 sent)"}
+    assert answer["targets"] == {}
     assert not dirs["h1"].exists()
 
 
@@ -280,3 +286,22 @@ def test_a_stuck_host_is_stopped_at_the_relays_deadline(tmp_path):
     assert answer["targets"]["stuck"]["expired"]
     errs = sync.relay_errors(_ssh_host("h0"), {"stuck": (_ssh_host("stuck"), [])}, answer, "/w", 0.5)
     assert "not done within 0.5s (stopped)" in str(errs["stuck"])
+
+
+def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path):
+    """The launch host's own stream damaged on the way (one byte of a file it passes on as it
+    arrives): the launch host refuses it (exit 43), and no host keeps the file."""
+    src = tree(tmp_path / "src", {"pkg/b.bin": "b" * 3_000_000})
+    entries = sync.manifest(src, ("pkg",), "c.yaml")
+    own = [(e, "send") for e in entries]
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), {"h1": (_ssh_host("h1"), own)},
+                             connect_timeout=3, timeout=60, own=own)
+    req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
+    req["ssh_options"] = []
+    data = bytearray(sync._Frames(own, json.dumps(req).encode() + b"\n").read())
+    at = data.index(b"b" * 1000) + 2_000_000
+    data[at] = ord("c")
+    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")), stdin=bytes(data))
+    assert res.exit_code == 43 and "sha256 mismatch" in res.err, (res.exit_code, res.err)
+    for w in ("launch", "w-h1"):
+        assert not (tmp_path / w / "pkg" / "b.bin").exists() and not list((tmp_path / w).rglob(".orch-sync-partial.*"))
