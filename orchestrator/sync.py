@@ -21,11 +21,12 @@ How (`sync_host()`, two round trips per host, whatever the number of files):
    leaves no partial file under a real name. Nothing is written through a symlink or a
    directory another user planted inside workdir.
 
-Through the launch host (`sync_hosts()`, job.sync_via: launch-host): every host lists (1.); the
-launch host gets its stream (2.) from here; then one request to the launch host (cmd_relay)
-passes on, from its own copy, what each other host lacks: the code crosses the controller's link
-once. Every hop is checked against the controller's sha256: the launch host's copy before it is
-passed on (a file that differs is sent to it again, once), each receiver what it got.
+Through the launch host (`sync_hosts()`, job.sync_via: launch-host): every host lists (1.); then
+one request to the launch host (cmd_relay) carries its own stream (2.), which it writes and, as
+it arrives, passes on to each other host that lacks it, with the rest of what they lack from its
+own copy: the code crosses the controller's link once. Every hop is checked against the
+controller's sha256: the launch host's copy before it is passed on (a file that differs is sent to
+it again, once), each receiver what it got.
 """
 
 from __future__ import annotations
@@ -914,9 +915,10 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     """Bring every host's workdir up to date: {host name: Outcome(SyncReport)}.
 
     job.sync_via: controller: each host from here (sync_host). launch-host: every host lists what
-    it has (here, one round trip each, names only); the launch host gets what it lacks from here;
-    then it passes on from its own copy (checked against the controller's sha256) what each other
-    host lacks, inside the cluster: the code crosses this machine's link once."""
+    it has (here, one round trip each, names only); one request to the launch host carries what it
+    lacks, and it passes on what each other host lacks (what arrives as it arrives, the rest from
+    its own copy, checked against the controller's sha256), inside the cluster: the code crosses
+    this machine's link once."""
     via_launch = relayed(hosts, launch, via)
     if not via_launch:
         return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {}))))
