@@ -844,8 +844,8 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
         items = []
         for e, what in todo:
             blob = None
-            if e.data is not None:
-                blob = e.sha256
+            if e.data is not None:  # a rendered file: its content goes in the request, once
+                blob = e.sha256 or hashlib.sha256(e.data).hexdigest()
                 blobs.setdefault(blob, base64.b64encode(e.data).decode())
             key = (e.rel, e.kind, e.mode, e.size, e.mtime_ns, e.sha256, e.target, blob)
             if key not in index:
