@@ -609,8 +609,8 @@ def cmd_relay():
         th.start()
     try:
         written = recv(inp, tee)
-    except SystemExit:  # this host's own copy failed (stderr says why): stop passing it on
-        tee.fail()
+    except BaseException:  # this host's own copy failed (stderr says why, if the controller still
+        tee.fail()         # listens: it may be gone): stop passing it on; the receivers keep nothing
         for th in threads:
             th.join()
         raise
