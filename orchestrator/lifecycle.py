@@ -121,19 +121,24 @@ class Lifecycle:
     # ---- steps
     def distribute(self, launch: Launch) -> None:
         job = self.cluster.job
-        from .sync import manifest, sync_host  # lazy: only `orch up` syncs; status and down of a recorded run do not
+        from .sync import manifest, relayed, sync_hosts  # lazy: only `orch up` syncs; status and down of a recorded run do not
 
         entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
             for name, data in host_files.items():
                 self.run.write_file(name, data.decode())
-        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)")
-        results = self._fan(lambda h: sync_host(self.pool[h], self.cluster.job.workdir, entries,
-                                                dict(launch.files.get(h.name, {}))))
+        head = self.plan.launch_host
+        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)"
+                         + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via) else ""))
+        results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
+                             via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts))
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
+        resent = sorted({rel for o in results.values() for rel in o.value.resent})
         self.events.step(f"synced: {copied} file copies, "
-                         f"{sum(len(o.value.unchanged) for o in results.values())} already up to date")
+                         f"{sum(len(o.value.unchanged) for o in results.values())} already up to date"
+                         + (f"; the launch host's copy of {len(resent)} file(s) was not what it listed, sent again: "
+                            f"{', '.join(resent[:3])}" if resent else ""))
 
     def start(self, launch: Launch) -> None:
         """Start the run's supervisor on the launch host (the head), then on every other host,

@@ -6,6 +6,11 @@ from __future__ import annotations
 from .model import Host
 
 
+# ssh from one host to another (the mesh check, the sync relay): the fast key exchange first, where
+# that host's ssh knows it (`ssh -G -o ...` tells)
+HOST_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
+
+
 def is_root(*, uid: int | None = None, user: str | None = None) -> bool:
     """The one rule for "the launch user is root" (mpirun then needs --allow-run-as-root): uid 0
     when the host said (`id -u`, up's prepare), else the login name (`id -un` in orch check; the

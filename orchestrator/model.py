@@ -134,6 +134,7 @@ class Job:
     secret_env: tuple[str, ...] = ()
     sync: tuple[str, ...] = ()
     sync_exclude: tuple[str, ...] = ()
+    sync_via: Literal["controller", "launch-host"] = "controller"  # who sends the code to the hosts (sync.py)
     log_dir: str = "log_output"
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"

@@ -251,6 +251,7 @@ class RawJob(_Raw):
     secret_env: list[str] = []
     sync: list[str] = []
     sync_exclude: list[str] = []
+    sync_via: Literal["controller", "launch-host"] | None = None
     log_dir: str = "log_output"
     timeout: float | None = None
     on_failure: Literal["stop", "continue"] = "stop"
@@ -419,7 +420,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
 
     job = None
     if raw is not None:
-        job = _resolve_job(raw.job, src, problems)
+        job = _resolve_job(raw.job, src, problems, slurm=slurm is not None)
     problems.raise_if_any()
     assert raw is not None and job is not None
     ssh = SshSettings(**{**raw.ssh.model_dump(), "config_file": ssh_config.config.path if ssh_config else None})
@@ -444,7 +445,7 @@ def _system_dir(workdir: str) -> bool:
     return p in SYSTEM_DIRS or any(p.startswith(t + "/") for t in SYSTEM_TREES)
 
 
-def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
+def _resolve_job(rj: RawJob, src: Source, problems: _Problems, *, slurm: bool = False) -> Job | None:
     if not PurePosixPath(rj.workdir).is_absolute():
         problems.add(src.loc(("job", "workdir")), f"workdir {rj.workdir!r} must be an absolute path (e.g. /data/job)")
     if "\0" in rj.workdir or "\n" in rj.workdir:
@@ -491,6 +492,8 @@ def _resolve_job(rj: RawJob, src: Source, problems: _Problems) -> Job | None:
             problems.add(src.loc(("job", "collect", i)), f"collect: {unsafe}")
     return Job(workdir=rj.workdir, command=command, launcher=rj.launcher, platform=rj.platform,
                env={k: str(v) for k, v in rj.env.items()}, secret_env=tuple(rj.secret_env), sync=tuple(rj.sync), sync_exclude=tuple(rj.sync_exclude),
+               # by default the launch host passes the code on where the hosts ssh to each other anyway
+               sync_via=rj.sync_via or ("launch-host" if rj.launcher == "mpirun" and not slurm else "controller"),
                log_dir=rj.log_dir, timeout=rj.timeout, on_failure=rj.on_failure,
                mpirun_args=tuple(rj.mpirun_args), rank_table_version=rj.rank_table.version,
                master_port=rj.master_port, restarts=rj.restarts, restart_delay=rj.restart_delay,

@@ -20,10 +20,18 @@ How (`sync_host()`, two round trips per host, whatever the number of files):
    checked for its full size and sha256, then renamed into place; an interrupted stream
    leaves no partial file under a real name. Nothing is written through a symlink or a
    directory another user planted inside workdir.
+
+Through the launch host (`sync_hosts()`, job.sync_via: launch-host): every host lists (1.); then
+one request to the launch host (cmd_relay) carries its own stream (2.), which it writes and, as
+it arrives, passes on to each other host that lacks it, with the rest of what they lack from its
+own copy: the code crosses the controller's link once. Every hop is checked against the
+controller's sha256: the launch host's copy before it is passed on (a file that differs is sent to
+it again, once), each receiver what it got.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import fnmatch
 import hashlib
@@ -34,10 +42,13 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .errors import HostError, Location, OrchError, SpecError
+from .errors import HostError, Location, OrchError, RemoteTimeout, SpecError
+from .fanout import Outcome, Results
 from .hostlayout import PY
+from .logins import HOST_KEX, ssh_args
+from .model import Host, SshSettings
 from .transport import Transport
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".orch/")
@@ -224,8 +235,9 @@ def rendered(files: dict[str, bytes]) -> list[Entry]:
 
 # --------------------------------------------------------------------------- the host's side
 
-# Runs on the host with python3 (>= 3.8, stdlib): `list WORKDIR` (JSON request on stdin) and
-# `recv WORKDIR` (the framed stream on stdin). Exit 41: cannot create workdir; 42: not
+# Runs on the host with python3 (>= 3.8, stdlib): `list WORKDIR` (JSON request on stdin),
+# `recv WORKDIR` (the framed stream on stdin) and `relay WORKDIR` (pass on from this host to
+# others, see cmd_relay; one JSON answer). Exit 41: cannot create workdir; 42: not
 # writable; 43: a problem with one path (stderr: a JSON {"path", "error"}).
 RECEIVER = r'''
 import errno, hashlib, json, os, stat, sys
@@ -322,8 +334,9 @@ def writeall(fd, block):
     while view:
         view = view[os.write(fd, view):]
 
-def cmd_recv():
-    inp = sys.stdin.buffer
+def recv(inp, tee=None):
+    # The stream on inp into W; with a tee (cmd_relay), every file's bytes are offered, as they are
+    # written, to the threads passing it on.
     done = 0
     tmp = None
     rel = "(header)"
@@ -355,8 +368,10 @@ def cmd_recv():
                 tmp = None
             elif kind == "file":
                 tmp = (d, TMP + os.urandom(6).hex())
-                fd = os.open(tmp[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+                fd = os.open(tmp[1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
                 left, sha = h["size"], hashlib.sha256()
+                if tee:
+                    tee.start(rel, fd)
                 try:
                     while left:
                         block = inp.read(min(left, 1 << 20))
@@ -365,8 +380,11 @@ def cmd_recv():
                         sha.update(block)
                         writeall(fd, block)
                         left -= len(block)
+                        if tee:
+                            tee.grew(rel, h["size"] - left)
                     if readline(inp, rel).strip().decode() != sha.hexdigest():
-                        fail(43, rel, "sha256 mismatch: the file changed while it was sent; run again")
+                        fail(43, rel, "sha256 mismatch: what arrived is not what the controller listed "
+                             "(changed while it was sent, or damaged on the way); run again")
                     os.fchmod(fd, h["mode"])
                     if h.get("mtime"):
                         os.utime(fd, ns=(h["mtime"], h["mtime"]))
@@ -385,10 +403,225 @@ def cmd_recv():
                 os.unlink(tmp[1], dir_fd=tmp[0])
             except OSError:
                 pass
-    print(json.dumps({"written": done}))
+    return done
+
+def cmd_recv():
+    print(json.dumps({"written": recv(sys.stdin.buffer)}))
+
+def open_below(rel):
+    # A file below W for reading, reached without following a link, without the DIRS cache
+    # (recv uses it at the same time)
+    parts = [p for p in rel.split("/") if p]
+    fd = os.open(W, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+class Tee:
+    # The files this host receives while it passes them on: each target's thread reads a file's
+    # bytes from this host's temp file as they are written (no copy held in memory)
+    def __init__(self, wanted):
+        import threading
+        self.cv = threading.Condition()
+        self.wanted, self.files, self.failed = wanted, {}, False
+
+    def start(self, rel, fd):
+        if rel in self.wanted:
+            with self.cv:
+                self.files[rel] = [os.dup(fd), 0]
+                self.cv.notify_all()
+
+    def grew(self, rel, n):
+        f = self.files.get(rel)
+        if f is not None:
+            with self.cv:
+                f[1] = n
+                self.cv.notify_all()
+
+    def fail(self):
+        with self.cv:
+            self.failed = True
+            self.cv.notify_all()
+
+    def follow(self, rel, size, write, deadline):
+        import time
+        off = 0
+        while off < size:
+            with self.cv:
+                while not self.failed and (rel not in self.files or self.files[rel][1] <= off):
+                    if time.monotonic() > deadline:
+                        raise OSError(errno.ETIMEDOUT, "%s did not arrive here in time" % rel)
+                    self.cv.wait(1)
+                if self.failed:
+                    raise OSError(errno.EIO, "this host's own copy failed")
+                fd, n = self.files[rel]
+            while off < n:
+                block = os.pread(fd, min(n - off, 1 << 20), off)
+                if not block:
+                    raise OSError(errno.EIO, "%s/%s shrank on this host while it was passed on" % (W, rel))
+                write(block)
+                off += len(block)
+
+    def close(self):
+        for fd, _ in self.files.values():
+            os.close(fd)
+
+def cmd_relay():
+    # This host receives its own stream (recv, after the request) and passes on to others what they
+    # lack: what arrives as it arrives (Tee), the rest from its own copy (quick-checked against the
+    # controller's list, its sha256 checked here). Request (one JSON line on stdin): "entries"
+    # [rel, kind, mode, size, mtime, sha256 | link target, blob key or None], "blobs" (rendered
+    # files, base64), "targets" [{name, argv (ssh to it), workdir, items [[entry index, what]]}], "code"
+    # (this script), "py", "timeout" (seconds for all), "fanout", "ssh_options", "incoming" (the
+    # files in this host's own stream that targets want). Each target runs
+    # `recv` and checks every file against the controller's sha256 (each file's trailer).
+    import base64, shlex, subprocess, threading, time
+    inp = sys.stdin.buffer
+    req = json.loads(inp.readline())
+    ents, targets = req["entries"], req["targets"]
+    blobs = {k: base64.b64decode(v) for k, v in req["blobs"].items()}
+    deadline = time.monotonic() + req["timeout"]
+    tee = Tee(set(req["incoming"]))  # what arrives on stdin for this host (recv) while it is passed on
+
+    # the first hop's check: this host's copy of every file it passes on (and does not receive
+    # now: recv checks those) has the controller's sha256
+    bad = {}
+    for i in sorted({i for t in targets for i, what in t["items"] if what == "send"}):
+        rel, kind, mode, size, mtime, extra, blob = ents[i]
+        if kind != "file" or blob or rel in tee.wanted:
+            continue
+        try:
+            h, n = hashlib.sha256(), 0
+            with os.fdopen(open_below(rel), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+                    n += len(block)
+            if h.hexdigest() != extra:
+                bad[rel] = "its sha256 is not the controller's (%d bytes here, %d sent)" % (n, size)
+        except OSError as e:
+            bad[rel] = "cannot read it: %s" % (e.strerror or e)
+    # ssh's costs on this host: curve25519 first (OpenSSH >= 9 opens with sntrup761, ~0.15 s of CPU a
+    # connection), AES-GCM first where the CPU has AES instructions (faster than chacha20 there);
+    # an ssh that does not know `^` (< 8.2) keeps its defaults
+    opts = []
+    for opt in req.get("ssh_options") or ():
+        if opt.startswith("Ciphers="):
+            try:
+                with open("/proc/cpuinfo") as fh:
+                    if " aes" not in fh.read():
+                        continue
+            except OSError:
+                continue
+        try:
+            if subprocess.run(["ssh", "-G", "-o", opt, "localhost"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=10).returncode == 0:
+                opts += ["-o", opt]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    results = {}
+    slots = threading.Semaphore(max(1, req["fanout"]))
+
+    def hdr(**f):
+        return json.dumps(f, separators=(",", ":")).encode() + b"\n"
+
+    def frames(w, e, what):
+        rel, kind, mode, size, mtime, extra, blob = e
+        if what == "chmod":
+            w.write(hdr(kind="chmod", rel=rel, mode=mode, mtime=mtime))
+        elif kind == "dir":
+            w.write(hdr(kind="dir", rel=rel, mode=mode))
+        elif kind == "link":
+            w.write(hdr(kind="link", rel=rel, target=extra))
+        else:
+            w.write(hdr(kind="file", rel=rel, mode=mode, size=size, mtime=mtime))
+            if blob:
+                w.write(blobs[blob])
+            elif rel in tee.wanted:
+                tee.follow(rel, size, w.write, deadline)
+            else:
+                left = size
+                with os.fdopen(open_below(rel), "rb") as fh:
+                    while left:
+                        block = fh.read(min(left, 1 << 20))
+                        if not block:
+                            raise OSError(errno.EIO, "%s/%s shrank on this host while it was passed on" % (W, rel))
+                        w.write(block)
+                        left -= len(block)
+            w.write(extra.encode() + b"\n")  # the controller's sha256: the receiver checks against it
+
+    def send(t):
+        with slots:
+            out = {"rc": None, "out": "", "err": "", "expired": False}
+            results[t["name"]] = out
+            if time.monotonic() >= deadline:
+                out["expired"] = True
+                return
+            try:
+                remote = " ".join(shlex.quote(a) for a in req["py"] + ["-c", req["code"], "recv", t["workdir"]])
+                p = subprocess.Popen(t["argv"][:1] + opts + t["argv"][1:] + [remote], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as e:
+                out.update(rc=127, err=str(e))
+                return
+
+            def kill():
+                try:
+                    os.killpg(p.pid, 9)  # ssh and whatever it started here
+                except OSError:
+                    pass
+
+            def expire():
+                out["expired"] = True
+                kill()
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+            timer.start()
+            got = {}
+            readers = [threading.Thread(target=lambda k=k, f=f: got.__setitem__(k, f.read()))
+                       for k, f in (("out", p.stdout), ("err", p.stderr))]
+            for r in readers:
+                r.start()
+            try:
+                for i, what in t["items"]:
+                    frames(p.stdin, ents[i], what)
+                p.stdin.write(hdr(kind="end"))
+                p.stdin.close()
+            except BrokenPipeError:
+                pass  # the receiver stopped: its exit code and stderr say why
+            except OSError as e:  # this side cannot go on: the receiver sees its stream end, keeps nothing
+                out["err"] = str(e.strerror or e)
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            rc = p.wait()
+            timer.cancel()
+            for r in readers:
+                r.join(10)
+            out.update(rc=rc, out=got.get("out", b"").decode("utf-8", "replace")[-2000:],
+                       err=(out["err"] + "\n" + got.get("err", b"").decode("utf-8", "replace")).strip()[-2000:])
+
+    threads = [] if bad else [threading.Thread(target=send, args=(t,)) for t in targets]
+    for th in threads:
+        th.start()
+    try:
+        written = recv(inp, tee)
+    except BaseException:  # this host's own copy failed (stderr says why, if the controller still
+        tee.fail()         # listens: it may be gone): stop passing it on; the receivers keep nothing
+        for th in threads:
+            th.join()
+        raise
+    for th in threads:
+        th.join()
+    tee.close()
+    print(json.dumps({"written": written, "bad": bad, "targets": results}))
 
 start()
-cmd_list() if sys.argv[1] == "list" else cmd_recv()
+{"list": cmd_list, "recv": cmd_recv, "relay": cmd_relay}[sys.argv[1]]()
 '''
 
 
@@ -404,6 +637,7 @@ class SyncReport:
     host: str
     copied: tuple[str, ...]
     unchanged: tuple[str, ...]
+    resent: tuple[str, ...] = ()  # the launch host's copies that were not what it listed: sent again
 
 
 def _differs(e: Entry, have: list | None) -> str | None:
@@ -431,9 +665,9 @@ class SyncSourceError(OrchError):
 class _Frames:
     """A file-like view of the stream (read(n)), produced as it is read: headers, bytes, trailers."""
 
-    def __init__(self, items: list[tuple[Entry, str]]):
+    def __init__(self, items: list[tuple[Entry, str]], prefix: bytes = b""):
         self._gen = self._frames(items)
-        self._buf = bytearray()
+        self._buf = bytearray(prefix)  # the relay's request line, before the frames
         self._pos = 0
 
     @staticmethod
@@ -516,45 +750,223 @@ def _header(**fields) -> bytes:
     return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
 
 
-def _host_error(t: Transport, res, workdir: str, what: str) -> HostError:
+def _host_error(host: Host, rc: int, out: str, err: str, workdir: str, what: str,
+                hint: str | None = None) -> HostError:
     try:
-        detail = json.loads(res.err.strip().splitlines()[-1])
+        detail = json.loads(err.strip().splitlines()[-1])
         path, why = detail.get("path"), detail.get("error")
     except (ValueError, IndexError, AttributeError):
-        path, why = None, (res.err.strip() or res.out.strip())[-300:]
-    if res.exit_code == 41:
-        return HostError(t.host.name, f"cannot create workdir {workdir}: {why}",
+        path, why = None, (err.strip() or out.strip())[-300:]
+    if rc == 41:
+        return HostError(host.name, f"{what}: cannot create workdir {workdir}: {why}",
                          hint="check job.workdir and the user's permissions on the host")
-    if res.exit_code == 42:
-        return HostError(t.host.name, f"workdir {workdir} is not writable by {t.host.user}")
+    if rc == 42:
+        return HostError(host.name, f"{what}: workdir {workdir} is not writable by {host.user}")
     where = f" {posixpath.join(workdir, path)}" if path and path != workdir else ""
     full = any(w in str(why) for w in ("No space", "Permission denied", "Read-only", "quota"))
-    return HostError(t.host.name, f"{what}{where}: {why} (exit {res.exit_code})",
-                     hint="is the disk full, or the directory not writable?" if full else None)
+    return HostError(host.name, f"{what}{where}: {why} (exit {rc})",
+                     hint="is the disk full, or the directory not writable?" if full else hint)
+
+
+def _todo(t: Transport, workdir: str, items: list[Entry]) -> list[tuple[Entry, str]]:
+    """The first round trip: what of `items` the host lacks (or has otherwise), and what to send."""
+    req = json.dumps([[e.rel, e.data is not None] for e in items]).encode()
+    res = t.run(_receiver_argv("list", workdir), stdin=req)
+    if not res.ok:
+        raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, "cannot list")
+    try:
+        have = json.loads(res.out)
+        assert isinstance(have, list) and len(have) == len(items)
+    except (ValueError, AssertionError):
+        raise HostError(t.host.name, f"unreadable answer from the sync receiver: {res.out[-200:]!r}") from None
+    return [(e, what) for e, h in zip(items, have) if (what := _differs(e, h))]
+
+
+def _stream_timeout(t: Transport, todo: list[tuple[Entry, str]]) -> float:
+    size = sum(e.size for e, what in todo if what == "send")
+    return t.command_timeout + size / 1e6  # at least 1 MB/s on top of the usual limit
+
+
+def _send(t: Transport, workdir: str, todo: list[tuple[Entry, str]], what: str = "cannot write") -> None:
+    """The second round trip: one stream of `todo` from here."""
+    if todo:
+        res = t.run(_receiver_argv("recv", workdir), stdin=_Frames(todo), timeout=_stream_timeout(t, todo))
+        if not res.ok:
+            raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, what)
+
+
+def _report(host: Host, entries: list[Entry], todo: list[tuple[Entry, str]], resent: tuple[str, ...] = ()
+            ) -> SyncReport:
+    sent = {e.rel for e, _ in todo}
+    synced = [e for e in entries if e.kind != "dir"]  # what the user syncs (not dirs, not rendered files)
+    return SyncReport(host.name, tuple(e.rel for e in synced if e.rel in sent),
+                      tuple(e.rel for e in synced if e.rel not in sent), resent)
 
 
 def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,
               ) -> SyncReport:
     """Bring `workdir` on one host up to date with `entries`, plus `extra` rendered files
     ({relative path: bytes}): two round trips, one stream."""
-    items = entries + rendered(extra or {})
-    req = json.dumps([[e.rel, e.data is not None] for e in items]).encode()
-    res = t.run(_receiver_argv("list", workdir), stdin=req)
+    todo = _todo(t, workdir, entries + rendered(extra or {}))
+    _send(t, workdir, todo)
+    return _report(t.host, entries, todo)
+
+
+# --------------------------------------------------------------------------- through the launch host
+
+RELAY_FANOUT = 16  # streams the launch host sends at once
+RELAY_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
+def relayed(hosts: Sequence[Host], launch: Host, via: str) -> list[Host]:
+    """The hosts that get the code from the launch host rather than from here (job.sync_via:
+    launch-host): every other host reached by ssh. None when the launch host is this machine
+    (connection: local), where the controller's link is not crossed anyway."""
+    if via != "launch-host" or launch.connection != "ssh":
+        return []
+    return [h for h in hosts if h.name != launch.name and h.connection == "ssh"]
+
+
+def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, list[tuple[Entry, str]]]], *,
+                  connect_timeout: float, timeout: float, own: Sequence[tuple[Entry, str]] = (),
+                  fanout: int = RELAY_FANOUT) -> dict:
+    """The launch host's relay request (cmd_relay), pure: every entry once, rendered files once
+    per content, each target with its ssh command (as mpirun reaches it: logins.ssh_args) and
+    what it lacks; `own`: the launch host's own stream, which follows the request (the files in
+    it are passed on as they arrive)."""
+    index: dict[tuple, int] = {}
+    entries: list[list] = []
+    blobs: dict[str, str] = {}
+    targets = []
+    for name, (host, todo) in todos.items():
+        items = []
+        for e, what in todo:
+            blob = None
+            if e.data is not None:  # a rendered file: its content goes in the request, once
+                blob = e.sha256 or hashlib.sha256(e.data).hexdigest()
+                blobs.setdefault(blob, base64.b64encode(e.data).decode())
+            key = (e.rel, e.kind, e.mode, e.size, e.mtime_ns, e.sha256, e.target, blob)
+            if key not in index:
+                index[key] = len(entries)
+                extra = e.target if e.kind == "link" else (e.sha256 if e.data is not None else _digest(e)) \
+                    if e.kind == "file" else None
+                entries.append([e.rel, e.kind, e.mode, e.size, e.mtime_ns, extra, blob])
+            items.append([index[key], what])
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
+                *ssh_args(launch, host), host.cluster_address]
+        targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items})
+    return {"entries": entries, "blobs": blobs, "targets": targets, "code": RECEIVER, "py": list(PY),
+            "timeout": timeout, "fanout": fanout, "ssh_options": [HOST_KEX, RELAY_CIPHERS],
+            "incoming": sorted({e.rel for e, what in own if what == "send" and e.kind == "file" and e.data is None})}
+
+
+def _relay_timeout(command_timeout: float, own, todos) -> float:
+    size = sum(e.size for e, what in own if what == "send")
+    size += sum(e.size for _, todo in todos.values() for e, what in todo if what == "send")
+    return command_timeout + size / 1e6  # as a direct stream: at least 1 MB/s on top of the usual limit
+
+
+def relay_errors(launch: Host, todos: Mapping[str, tuple[Host, list]], answer: Mapping, workdir: str,
+                 timeout: float) -> dict[str, HostError]:
+    """The relay's answer (cmd_relay) -> {host name: its error}, each naming the hop (pure)."""
+    out: dict[str, HostError] = {}
+    got = answer.get("targets") or {}
+    for name, (host, _) in todos.items():
+        r = got.get(name)
+        hop = f"sync {launch.name} -> {name} (job.sync_via: launch-host)"
+        if r is None:
+            out[name] = HostError(name, f"{hop}: no answer from the relay on {launch.name}")
+        elif r.get("expired"):
+            out[name] = RemoteTimeout(name, f"{hop}: not done within {timeout:g}s (stopped)",
+                                      hint=f"is the link from {launch.name} to {name} slow or stuck? "
+                                           "job.sync_via: controller sends from here instead")
+        elif r.get("rc") == 255 or r.get("rc") == 127:
+            err = str(r.get("err") or "").strip().splitlines()
+            out[name] = HostError(name, f"{hop}: ssh from {launch.name} failed: {err[-1] if err else 'exit 255'}",
+                                  hint=f"{launch.name} must reach {name} by ssh without a password, as mpirun does "
+                                       "(`orch check` tests it); or set job.sync_via: controller")
+        elif r.get("rc") != 0:
+            out[name] = _host_error(host, int(r.get("rc") or 1), str(r.get("out", "")), str(r.get("err", "")),
+                                    workdir, f"{hop}: cannot write")
+    return out
+
+
+def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh: SshSettings, hop: str) -> dict:
+    """One request to the launch host: its own stream (`own`), and what it passes on (`todos`)."""
+    timeout = _relay_timeout(ssh.command_timeout, own, todos)
+    req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout, own=own)
+    res = t.run(_receiver_argv("relay", workdir), stdin=_Frames(own, json.dumps(req).encode() + b"\n"),
+                timeout=timeout + ssh.command_timeout)
     if not res.ok:
-        raise _host_error(t, res, workdir, "cannot list")
+        raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, f"{hop}: cannot write")
     try:
-        have = json.loads(res.out)
-        assert isinstance(have, list) and len(have) == len(items)
-    except (ValueError, AssertionError):
-        raise HostError(t.host.name, f"unreadable answer from the sync receiver: {res.out[-200:]!r}") from None
-    todo = [(e, what) for e, h in zip(items, have) if (what := _differs(e, h))]
-    if todo:
-        size = sum(e.size for e, what in todo if what == "send")
-        res = t.run(_receiver_argv("recv", workdir), stdin=_Frames(todo),
-                    timeout=t.command_timeout + size / 1e6)  # at least 1 MB/s on top of the usual limit
-        if not res.ok:
-            raise _host_error(t, res, workdir, "cannot write")
-    sent = {e.rel for e, _ in todo}
-    synced = [e for e in entries if e.kind != "dir"]  # what the user syncs (not dirs, not rendered files)
-    return SyncReport(t.host.name, tuple(e.rel for e in synced if e.rel in sent),
-                      tuple(e.rel for e in synced if e.rel not in sent))
+        answer = json.loads(res.out.strip().splitlines()[-1])
+        assert isinstance(answer, dict)
+    except (ValueError, IndexError, AssertionError):
+        raise HostError(t.host.name, f"unreadable answer from the sync relay: {res.out[-200:]!r}") from None
+    return answer
+
+
+def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries: list[Entry],
+               extras: Mapping[str, Mapping[str, bytes]], *, via: str, ssh: SshSettings,
+               fan: Callable[[Sequence[Host], Callable[[Host], Any]], Results]) -> Results:
+    """Bring every host's workdir up to date: {host name: Outcome(SyncReport)}.
+
+    job.sync_via: controller: each host from here (sync_host). launch-host: every host lists what
+    it has (here, one round trip each, names only); one request to the launch host carries what it
+    lacks, and it passes on what each other host lacks (what arrives as it arrives, the rest from
+    its own copy, checked against the controller's sha256), inside the cluster: the code crosses
+    this machine's link once."""
+    via_launch = relayed(hosts, launch, via)
+    if not via_launch:
+        return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {}))))
+    lists = fan(hosts, lambda h: _todo(pool[h], workdir, entries + rendered(dict(extras.get(h.name, {})))))
+    done: dict[str, Outcome] = {n: o for n, o in lists.items() if not o.ok}
+    todos = {h.name: (h, lists[h.name].value) for h in via_launch if lists[h.name].ok and lists[h.name].value}
+    hop = f"sync controller -> {launch.name} (the launch host, job.sync_via: launch-host)"
+    # the launch host's own stream goes with the relay request when there is something to pass on
+    near = [h for h in hosts if lists[h.name].ok and h.name not in {x.name for x in via_launch}
+            and not (todos and h.name == launch.name)]
+    sent = fan(near, lambda h: _send(pool[h], workdir, lists[h.name].value,
+                                     f"{hop}: cannot write" if h.name == launch.name else "cannot write"))
+    done.update({n: o for n, o in sent.items() if not o.ok})
+    healed: tuple[str, ...] = ()
+    if todos and launch.name not in done:
+        t = pool[launch]
+        try:
+            answer = _relay(t, workdir, lists[launch.name].value, todos, ssh, hop)
+        except OrchError as exc:
+            done[launch.name] = Outcome(launch, error=exc)
+        else:
+            try:
+                if answer.get("bad"):
+                    # the launch host's copy differs from what it listed: send those files again from
+                    # here, then pass them on (once)
+                    healed = tuple(answer["bad"])
+                    _send(t, workdir, [(e, "send") for e in entries if e.rel in answer["bad"]], f"{hop}: cannot write")
+                    answer = _relay(t, workdir, [], todos, ssh, hop)
+                    if answer.get("bad"):
+                        rel, why = next(iter(answer["bad"].items()))
+                        raise HostError(launch.name, f"sync: {posixpath.join(workdir, rel)} on the launch host, "
+                                                     f"which passes the code on: {why}, even after it was sent again",
+                                        hint="is the disk failing, or is something rewriting workdir? "
+                                             "job.sync_via: controller sends every host its copy from here")
+                errors = relay_errors(launch, todos, answer, workdir,
+                                      _relay_timeout(ssh.command_timeout, lists[launch.name].value, todos))
+            except OrchError as exc:
+                errors = {n: HostError(n, f"not synced: the launch host {launch.name} passes the code on "
+                                          f"(job.sync_via: launch-host), and there: {exc.message}", hint=exc.hint)
+                          for n in todos}
+            for n, (h, _) in todos.items():
+                if n in errors:
+                    done[n] = Outcome(h, error=errors[n])
+    if todos and launch.name in done:  # nothing was passed on
+        for n, (h, _) in todos.items():
+            done.setdefault(n, Outcome(h, error=HostError(
+                n, f"not synced: the launch host {launch.name}, which passes the code on (job.sync_via: "
+                   "launch-host), failed")))
+    for h in hosts:
+        if h.name not in done:
+            done[h.name] = Outcome(h, value=_report(h, entries, lists[h.name].value,
+                                                    healed if h.name == launch.name else ()))
+    return Results((h.name, done[h.name]) for h in hosts)

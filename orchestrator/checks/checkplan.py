@@ -41,9 +41,10 @@ def version_tools(cluster: Cluster) -> list[str]:
 
 
 def mesh_sources(hosts: tuple[Host, ...], cluster: Cluster, full_mesh: bool) -> list[Host]:
-    """Who tests ssh to the others (hosts in plan order): the launch host for mpirun, every host
+    """Who tests ssh to the others (hosts in plan order): the launch host when the launcher needs
+    host-to-host ssh (mpirun) or when it passes the code on (job.sync_via: launch-host), every host
     with --full-mesh."""
-    if len(hosts) < 2 or not (launcher(cluster).needs_mesh or full_mesh):
+    if len(hosts) < 2 or not (launcher(cluster).needs_mesh or cluster.job.sync_via == "launch-host" or full_mesh):
         return []
     return list(hosts) if full_mesh else [hosts[0]]
 

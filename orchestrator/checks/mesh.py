@@ -10,11 +10,9 @@ from typing import Sequence
 from .. import probes
 from ..probes import NOT_INSTALLED, MeshTarget, Section
 from ..hostsets import fold
-from ..logins import ssh_args
+from ..logins import HOST_KEX, ssh_args
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section
-
-MESH_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 
 
 def _applies(plan, host: Host) -> bool:
@@ -38,7 +36,7 @@ def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_tim
     # An ssh that does not know `^` (< 8.2) is left as it is.
     return (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {limit}'\n"
-            f"K=; ssh -G -o {MESH_KEX} localhost >/dev/null 2>&1 && K='-o {MESH_KEX}'\n"
+            f"K=; ssh -G -o {HOST_KEX} localhost >/dev/null 2>&1 && K='-o {HOST_KEX}'\n"
             "S=$(command -v ssh)\nssh() { $M \"$S\" $K \"$@\"; }\n"
             + "\n".join(jobs) + "\nwait")
 

@@ -1,6 +1,6 @@
 """Code sync inside `orch up`, against parallel `rsync -a` plus a hand-run `ssh head mpirun`.
 
-    python tests/benchmarks/bench_sync.py [--hosts 8] [--files 3000] [--repeat 3] [--keep]
+    python tests/benchmarks/bench_sync.py [--hosts 8] [--files 3000] [--repeat 3] [--keep] [--sync-via controller]
 
 Needs root (the lab) and rsync (apt-get install rsync). A project of --files small Python
 files (about 11 KB each, in 30 directories) plus a 20 MB binary, a `.git` of 200 files and a
@@ -68,6 +68,8 @@ def main(argv=None) -> None:
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--sync-via", choices=["controller", "launch-host"], default=None,
+                    help="job.sync_via (default: orch's, launch-host for mpirun)")
     a = ap.parse_args(argv)
     lab = lab_up("pbsync", a.hosts)
     hosts = lab_hosts([lab], a.hosts)
@@ -77,7 +79,8 @@ def main(argv=None) -> None:
             work = Path(tmp)
             proj = project(work, a.files)
             cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
-                "workdir": WORKDIR, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)]},
+                "workdir": WORKDIR, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)],
+                **({"sync_via": a.sync_via} if a.sync_via else {})},
                 checks={"versions": ["python", "openmpi"]})
             how = {"orch --skip-checks": ORCH + ["up", str(cluster), "-q", "--skip-checks"],
                    "orch (with preflight)": ORCH + ["up", str(cluster), "-q"]}

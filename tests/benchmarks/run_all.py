@@ -1,7 +1,7 @@
 """Every benchmark, one table each, and the targets met or missed.
 
     python tests/benchmarks/run_all.py [--repeat 3] [--keep] [--json results.json]
-        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale]
+        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale,spares,relay]
 
 Needs root and the lab (orch lab: network namespaces, sshd, openmpi-bin); the baselines need
 `pdsh` (apt) and `ansible-core` in a separate venv (default /opt/orch-bench-venv, or
@@ -11,7 +11,8 @@ ORCH_BENCH_VENV), e.g.:
     python3 -m venv /opt/orch-bench-venv && /opt/orch-bench-venv/bin/pip install ansible-core
 
 A missing baseline is left out of the tables, not faked. Labs are named pb*: pbchk (64 hosts),
-pbup (4), pbgat (4), pbfa + pbfb (128 each); each is removed after its benchmark unless --keep.
+pbup (4), pbgat (4), pbfa + pbfb (128 each), pbrelay (8, plus a controller namespace shaped with
+`tc`); each is removed after its benchmark unless --keep.
 Numbers are medians of --repeat runs; every host is on this machine, so the hosts' sshd and
 probes share its cores with the controller. The last six (bench_startup, bench_sync,
 bench_supervision, bench_slurm, bench_jump, and bench_check at 64/128/256 hosts on two labs,
@@ -63,6 +64,8 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
               ["--sizes", "64,128,256", "--tools", "orch,pdsh-c25519"]),
     "spares": ("12. Spare hosts: what they cost orch up and the configs, and the head's replacement "
                "(bench_spares.py)", "bench_spares.py", []),
+    "relay": ("13. Code sync over a 50 Mbit/s controller link: through the launch host vs direct vs parallel "
+              "rsync (bench_sync_relay.py)", "bench_sync_relay.py", []),
 }
 
 

@@ -253,6 +253,9 @@ def test_probe_script_sections_follow_checks_and_roles(tmp_path):
     assert "_b hccn" in first and "_b gpus" not in first
     assert "_b mesh" not in first  # msrun: no ssh between hosts, unless --full-mesh
     assert "_b mesh" in checks.probe_script(checks.make_check_plan(c, full_mesh=True), c.hosts[1])
+    # ... or the launch host passes the code on (job.sync_via: launch-host): from it alone
+    relay = checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend", sync_via="launch-host"))
+    assert relay.mesh_from == {c.hosts[0].name} and "_b mesh" in checks.probe_script(relay, c.hosts[0])
     skipped = replace(c, checks=Checks(skip=("disk", "stale", "versions")))
     s = checks.probe_script(checks.make_check_plan(skipped), c.hosts[0])
     assert "_b df" not in s and "_b stale" not in s and "ver:" not in s

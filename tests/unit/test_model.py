@@ -28,7 +28,7 @@ def _host(name: str, **kw) -> Host:
 def full_cluster(tmp_path: Path) -> Cluster:
     """Every field of every type set to something other than its default."""
     job = Job(workdir="/data/w", command=("python", "train.py", "--lr", "0.1"), launcher="msrun", platform="ascend",
-              env={"X": "y", "API_KEY": "abcdefgh"}, secret_env=("X",), sync=("train.py",), sync_exclude=("*.ckpt",),
+              env={"X": "y", "API_KEY": "abcdefgh"}, secret_env=("X",), sync=("train.py",), sync_exclude=("*.ckpt",), sync_via="launch-host",
               log_dir="logs", timeout=60.0, on_failure="continue", mpirun_args=("--bind-to", "core"),
               rank_table_version="1.2", master_port=9000, restarts=2, restart_delay=1.5, stall_timeout=30.0,
               interface="eth1", rank_dirs=True, hccl_connect_timeout=600, hccl_exec_timeout=1200,

@@ -376,3 +376,24 @@ def test_ip_ranges_stay_valid_ips(tmp_path):
         job: {workdir: /data/j, command: x}
         """)
     assert any("gives 1045 addresses that are not IPv4 addresses (e.g. 198.18.206.256)" in m for _, _, m in got), got
+
+
+def test_sync_via_defaults_to_the_launch_host_where_hosts_ssh_to_each_other(tmp_path):
+    """mpirun (hosts ssh to each other anyway): launch-host; other launchers and Slurm: controller;
+    a value given wins; a wrong one names its line."""
+    def via(job: str, inv: str = "{hosts: [{address: 10.0.0.1}]}") -> str:
+        return load_cluster(write(tmp_path, f"inventory: {inv}\njob: {{workdir: /data/j, command: x, {job}}}\n")).job.sync_via
+    assert via("launcher: mpirun") == "launch-host"
+    assert via("launcher: torchrun") == "controller"
+    assert via("launcher: msrun, sync_via: launch-host") == "launch-host"
+    assert via("launcher: mpirun, sync_via: controller") == "controller"
+    assert via("launcher: mpirun", "{slurm: {nodes: 2}}") == "controller"
+    got = problems(tmp_path, """\
+        inventory: {hosts: [{address: 10.0.0.1}]}
+        job:
+          workdir: /data/j
+          command: x
+          sync_via: head
+        """)
+    assert [(line, field) for line, field, _ in got] == [(5, "job.sync_via")], got
+    assert "'controller' or 'launch-host'" in got[0][2], got

@@ -3,6 +3,7 @@ local transport (the same script the hosts run over ssh)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -170,3 +171,137 @@ def test_a_link_that_leaves_the_tree_through_another_link_is_refused(tmp_path):
     os.symlink("b/..", p / "a")  # reads as inside, resolves to p's parent
     with pytest.raises(SpecError, match="a is a link to b/.., outside the synced directory"):
         sync.manifest(tmp_path, ("p",), "c.yaml")
+
+
+# --------------------------------------------------------------------------- through the launch host
+
+
+def _ssh_host(name: str, **kw) -> Host:
+    return Host(name=name, address=f"{name}.example", user="train", connection="ssh", **kw)
+
+
+def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False):
+    """cmd_relay run here (the launch host's workdir `launch`) for `targets` {name: argv prefix},
+    each into its own directory. The launch host is brought up to date first, or (`through`) gets
+    its own stream in the same request, passed on as it arrives. (answer, request, workdirs)."""
+    src = tree(tmp_path / "src", src_files)
+    os.symlink("a.py", src / "pkg" / "l.py")
+    entries = sync.manifest(src, ("pkg",), "c.yaml")
+    lw = tmp_path / "launch"
+    own = [(e, "send") for e in entries] if through else []
+    if not through:
+        sync.sync_host(Counting(), str(lw), entries)
+    if corrupt:
+        p = lw / corrupt
+        st = p.stat()
+        p.write_bytes(b"Z" * st.st_size)  # same size and mtime: the quick check is fooled
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    todos = {}
+    for n in targets:
+        items = entries + sync.rendered({"rank_table.json": b'{"n": 2}', f"only-{n}": n.encode()})
+        todos[n] = (_ssh_host(n), [(e, "send") for e in items])
+    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own)
+    dirs = {}
+    for t in req["targets"]:
+        dirs[t["name"]] = tmp_path / f"w-{t['name']}"
+        t["argv"], t["workdir"], req["ssh_options"] = targets[t["name"]], str(dirs[t["name"]]), []
+    res = Counting().run(sync._receiver_argv("relay", str(lw)), stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
+    assert res.ok, res.err
+    return json.loads(res.out), req, dirs
+
+
+def test_relay_request_names_each_entry_once_and_reaches_hosts_as_mpirun_does():
+    a = Host(name="a", address="10.0.0.1", user="train", connection="ssh")
+    b = Host(name="b", address="10.0.0.2", user="other", port=2222, mpi_address="192.168.0.2", connection="ssh")
+    c = Host(name="c", address="10.0.0.3", user="train", connection="ssh")
+    same = sync.rendered({"rank_table.json": b"{}"})
+    file = sync.Entry("x.py", "file", 0o644, 3, 5, data=None, sha256="ab" * 32)
+    req = sync.relay_request(a, "/data/w", {"b": (b, [(file, "send"), (same[0], "send")]),
+                                            "c": (c, [(file, "chmod"), (same[0], "send")])},
+                             connect_timeout=4.2, timeout=99)
+    assert len(req["entries"]) == 2 and len(req["blobs"]) == 1
+    tb, tc = req["targets"]
+    assert tb["argv"] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=4", "-p", "2222", "-l", "other",
+                          "192.168.0.2"]
+    assert tc["argv"][-1] == "10.0.0.3" and "-l" not in tc["argv"]
+    assert tb["items"] == [[0, "send"], [1, "send"]] and tc["items"] == [[0, "chmod"], [1, "send"]]
+    assert req["entries"][0][5] == "ab" * 32 and tb["workdir"] == "/data/w" and req["timeout"] == 99
+
+
+def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
+    a, b = _ssh_host("a"), _ssh_host("b")
+    here = Host(name="l", address="localhost", user="u", connection="local")
+    assert sync.relayed([a, b, here], a, "launch-host") == [b]
+    assert sync.relayed([a, b], a, "controller") == []
+    assert sync.relayed([here, a, b], here, "launch-host") == []
+
+
+@pytest.mark.parametrize("through", [False, True], ids=["from-its-copy", "as-it-arrives"])
+def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, through):
+    files = {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": os.urandom(1_500_000).hex()}  # every block differs
+    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, through=through)
+    assert answer["written"] == (5 if through else 0) and answer["bad"] == {}
+    assert set(answer["targets"]) == {"h1", "h2"} and all(r["rc"] == 0 for r in answer["targets"].values())
+    for n, w in dirs.items():
+        for rel, text in files.items():
+            assert (w / rel).read_text() == text
+            assert (w / rel).stat().st_mtime_ns == (tmp_path / "src" / rel).stat().st_mtime_ns
+        assert os.readlink(w / "pkg" / "l.py") == "a.py"
+        assert (w / "rank_table.json").read_bytes() == b'{"n": 2}' and (w / f"only-{n}").read_text() == n
+        assert not list(w.rglob(".orch-sync-partial.*"))
+    assert (tmp_path / "launch" / "pkg" / "sub" / "b.bin").read_text() == files["pkg/sub/b.bin"]
+    assert sync.relay_errors(_ssh_host("h0"), {n: (_ssh_host(n), []) for n in dirs}, answer, "/w", 60) == {}
+
+
+def test_the_launch_hosts_copy_is_checked_before_it_is_passed_on(tmp_path):
+    """A launch-host file that is not what the controller listed (same size and mtime) is
+    reported, and nothing is passed on."""
+    answer, _, dirs = _relay(tmp_path, {"pkg/a.py": "a" * 5000}, {"h1": ["sh", "-c"]}, corrupt="pkg/a.py")
+    assert answer["bad"] == {"pkg/a.py": "its sha256 is not the controller's (5000 bytes here, 5000 sent)"}
+    assert answer["targets"] == {}
+    assert not dirs["h1"].exists()
+
+
+def test_damage_on_the_way_and_a_failing_hop_name_the_hop(tmp_path):
+    """Bytes changed between the launch host and a host: that host's receiver refuses them
+    (checked against the controller's sha256), keeps nothing, and the error names the hop; an
+    ssh that cannot log in names it and what to do; a stuck host is stopped at the deadline."""
+    answer, req, dirs = _relay(tmp_path, {"pkg/a.py": "q" * 5000}, {
+        "bad": ["sh", "-c", 'tr q x | sh -c "$0"'],  # the remote command is $0; no q in the frames' headers
+        "noauth": ["sh", "-c", "echo 'Permission denied (publickey).' >&2; exit 255"],
+        "good": ["sh", "-c"]}, timeout=60)
+    todos = {n: (_ssh_host(n), []) for n in dirs}
+    errs = sync.relay_errors(_ssh_host("h0"), todos, answer, str(tmp_path / "w-bad"), 60)
+    assert set(errs) == {"bad", "noauth"}
+    assert str(errs["bad"]).startswith(f"bad: sync h0 -> bad (job.sync_via: launch-host): cannot write "
+                                       f"{tmp_path}/w-bad/pkg/a.py: sha256 mismatch")
+    assert not (dirs["bad"] / "pkg" / "a.py").exists() and not list(dirs["bad"].rglob(".orch-sync-partial.*"))
+    assert "ssh from h0 failed: Permission denied (publickey)." in str(errs["noauth"])
+    assert "job.sync_via: controller" in str(errs["noauth"])
+    assert (dirs["good"] / "pkg" / "a.py").read_text() == "q" * 5000
+
+
+def test_a_stuck_host_is_stopped_at_the_relays_deadline(tmp_path):
+    answer, _, dirs = _relay(tmp_path, {"pkg/a.py": "a"}, {"stuck": ["sh", "-c", "sleep 600 # $0"]}, timeout=0.5)
+    assert answer["targets"]["stuck"]["expired"]
+    errs = sync.relay_errors(_ssh_host("h0"), {"stuck": (_ssh_host("stuck"), [])}, answer, "/w", 0.5)
+    assert "not done within 0.5s (stopped)" in str(errs["stuck"])
+
+
+def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path):
+    """The launch host's own stream damaged on the way (one byte of a file it passes on as it
+    arrives): the launch host refuses it (exit 43), and no host keeps the file."""
+    src = tree(tmp_path / "src", {"pkg/b.bin": "b" * 3_000_000})
+    entries = sync.manifest(src, ("pkg",), "c.yaml")
+    own = [(e, "send") for e in entries]
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), {"h1": (_ssh_host("h1"), own)},
+                             connect_timeout=3, timeout=60, own=own)
+    req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
+    req["ssh_options"] = []
+    data = bytearray(sync._Frames(own, json.dumps(req).encode() + b"\n").read())
+    at = data.index(b"b" * 1000) + 2_000_000
+    data[at] = ord("c")
+    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")), stdin=bytes(data))
+    assert res.exit_code == 43 and "sha256 mismatch" in res.err, (res.exit_code, res.err)
+    for w in ("launch", "w-h1"):
+        assert not (tmp_path / w / "pkg" / "b.bin").exists() and not list((tmp_path / w).rglob(".orch-sync-partial.*"))
