@@ -66,6 +66,8 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
                "(bench_spares.py)", "bench_spares.py", []),
     "relay": ("13. Code sync over a 50 Mbit/s controller link: through the launch host vs direct vs parallel "
               "rsync (bench_sync_relay.py)", "bench_sync_relay.py", []),
+    "status": ("14. `orch status` of an ended run at 32 hosts: wall, CPU, connections per host (bench_status.py)",
+               "bench_status.py", ["32"]),
 }
 
 
