@@ -22,6 +22,7 @@ what `up` needs), so the imports here sit inside the functions.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -32,7 +33,8 @@ from .rankplan import RankPlan
 from .runs import Run
 from .model import Cluster
 
-__all__ = ["Events", "LogStream", "UpResult", "check", "down", "load", "logs", "plan", "progress", "status", "up"]
+__all__ = ["Events", "LogStream", "PlanOutput", "UpResult", "check", "down", "load", "logs", "plan", "plan_files",
+           "probe_script", "progress", "replaced_plan", "collect", "report", "slurm_nodes", "status", "up"]
 
 
 def load(path: str | os.PathLike = "cluster.yaml", inventory: str | os.PathLike | None = None,
@@ -117,13 +119,54 @@ def replaced_plan(rp: RankPlan, pairs: Mapping[str, str]) -> RankPlan:
     return replaced(rp, dict(pairs)) if pairs else rp
 
 
-def check(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False):
-    """Preflight on every host (checks.Report: `.ok`, `.results`, `.problems()`)."""
+def check(cluster: Cluster, *, full_mesh: bool = False, deep: bool = False, procs: int = 1):
+    """Preflight on every host (checks.Report: `.ok`, `.results`, `.problems()`). `procs`: the
+    probes fan out from that many processes (shards.procs_for says how many for a host count;
+    forking is for a process with no threads yet, as `orch check` is)."""
     from .checks import run_checks, try_plan
     from .transport import Pool
 
     with Pool(cluster) as pool:
-        return run_checks(cluster, pool, try_plan(cluster), full_mesh=full_mesh, deep=deep)
+        return run_checks(cluster, pool, try_plan(cluster), full_mesh=full_mesh, deep=deep, procs=procs)
+
+
+def probe_script(cluster: Cluster, host: str, *, full_mesh: bool = False, deep: bool = False) -> str:
+    """The probe script `check` runs on `host` (a name or address), as it would run it."""
+    from .checks import probe_for
+    from .hostsets import fold
+
+    match = [h for h in cluster.hosts if host in (h.name, h.address)]
+    if not match:
+        raise UsageError(f"--print-probe {host!r}: no such host", hint=f"hosts are: {fold(h.name for h in cluster.hosts)}")
+    return probe_for(cluster, match[0].name, full_mesh=full_mesh, deep=deep)
+
+
+@contextmanager
+def slurm_nodes(cluster: Cluster, slurm_job: str | None = None,
+                on_pending: Callable[[str, str], None] | None = None) -> Iterator[Cluster]:
+    """A Slurm inventory with nodes: those of the running job `slurm_job`, or of a brief allocation
+    made now and released when the block ends (`on_pending(job id, why)` while it queues). Any other
+    inventory as it is (`slurm_job` is then a UsageError)."""
+    from . import slurm
+
+    if cluster.slurm is None:
+        if slurm_job is not None:
+            raise UsageError("--slurm-job: this inventory lists its hosts; it does not use Slurm")
+        yield cluster
+        return
+    if slurm_job is not None:
+        client = slurm.Client(cluster)
+        try:
+            info = client.job(slurm_job)
+            if info.state != "RUNNING":
+                raise UsageError(f"--slurm-job {slurm_job}: the job is {info.state or 'unknown to Slurm'}, not RUNNING")
+            nodes = slurm.with_nodes(cluster, info, client.addresses(info.nodes))
+        finally:
+            client.close()
+        yield nodes
+        return
+    with slurm.Allocation.request(cluster, on_pending or (lambda jid, why: None)) as alloc:
+        yield alloc.cluster
 
 
 @dataclass
@@ -375,3 +418,30 @@ def logs(run_id: str | None = None, rank: int | None = 0, root: str | os.PathLik
     follower = _logs.Follow(run, ranks, attempt or 1) if follow else None
     return LogStream(_logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt,
                                      follower=follower), follower)
+
+
+def collect(run_id: str | None = None, paths: tuple[str, ...] = (), root: str | os.PathLike = "."):
+    """`orch collect`: bring the run's outputs (`paths`, workdir-relative globs; default job.collect)
+    here from every host that has them, into .orch/runs/<id>/collect/<host>/; only what changed
+    moves, every file checked against its SHA-256. Returns (what was got per host: collect.lines
+    says it, the directory)."""
+    from . import collect as collecting
+    from .runs import load_run
+    from .transport import Pool
+
+    run = load_run(run_id, cwd=Path(root).absolute())
+    cluster = run.cluster()
+    wanted = paths or cluster.job.collect
+    if not wanted:
+        raise UsageError("nothing to collect: name the paths (orch collect checkpoints/*.ckpt) or set job.collect")
+    with Pool(cluster) as pool:
+        return collecting.collect(run, cluster, run.plan(), pool, wanted), run.dir / "collect"
+
+
+def report(run_id: str | None = None, out: str | os.PathLike | None = None, root: str | os.PathLike = "."):
+    """`orch report`: the run's self-contained HTML page (default .orch/runs/<id>/report.html) and
+    its figures kept as logs/metrics.jsonl: (the page's path, the metrics' path)."""
+    from . import report as reporting
+    from .runs import load_run
+
+    return reporting.write(load_run(run_id, cwd=Path(root).absolute()), Path(out) if out else None)

@@ -291,58 +291,29 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
 
     Exit code: 0 nothing failed (warnings allowed), 1 a check failed or could not run, 2 bad file/usage,
     3 Slurm refused the allocation."""
-    cluster = load(file, hosts)
-    if slurm_job is not None and cluster.slurm is None:
-        raise UsageError("--slurm-job: this inventory lists its hosts; it does not use Slurm")
-    if cluster.slurm is None:
-        return _check_on(cluster, as_json, full_mesh, print_probe, deep)
-    from . import slurm
-
-    client = slurm.Client(cluster)
-    try:
-        if slurm_job is not None:
-            info = client.job(slurm_job)
-            if info.state != "RUNNING":
-                raise UsageError(f"--slurm-job {slurm_job}: the job is {info.state or 'unknown to Slurm'}, "
-                                 "not RUNNING")
-            cluster = slurm.with_nodes(cluster, info, client.addresses(info.nodes))
-            return _check_on(cluster, as_json, full_mesh, print_probe, deep)
-    finally:
-        client.close()
-    if not as_json:
-        click.echo(f"orch: asking Slurm for {cluster.slurm.allocated} node(s) to check", err=True)
-    with slurm.Allocation.request(cluster, lambda jid, why: None if as_json else click.echo(
-            f"orch: Slurm job {jid} is pending ({why}); Ctrl-C cancels it", err=True)) as alloc:
-        return _check_on(alloc.cluster, as_json, full_mesh, print_probe, deep)
-
-
-def _check_on(cluster, as_json: bool, full_mesh: bool, print_probe: str | None, deep: bool = False) -> None:
-    from . import checks
+    from . import api
     from .shards import procs_for
-    from .transport import Pool
 
-    if print_probe is not None:
-        match = [h for h in cluster.hosts if print_probe in (h.name, h.address)]
-        if not match:
-            from .hostsets import fold
+    cluster = load(file, hosts)
+    if cluster.slurm is not None and slurm_job is None and not as_json:
+        click.echo(f"orch: asking Slurm for {cluster.slurm.allocated} node(s) to check", err=True)
+    pending = None if as_json else (lambda jid, why: click.echo(f"orch: Slurm job {jid} is pending ({why}); "
+                                                                "Ctrl-C cancels it", err=True))
+    with api.slurm_nodes(cluster, slurm_job, pending) as cluster:
+        if print_probe is not None:
+            click.echo(api.probe_script(cluster, print_probe, full_mesh=full_mesh, deep=deep), nl=False)
+            return
+        status = None
+        if not as_json and sys.stderr.isatty():
+            from rich.console import Console
 
-            raise UsageError(f"--print-probe {print_probe!r}: no such host",
-                             hint=f"hosts are: {fold(h.name for h in cluster.hosts)}")
-        click.echo(checks.probe_for(cluster, match[0].name, full_mesh=full_mesh, deep=deep), nl=False)
-        return
-    status = None
-    if not as_json and sys.stderr.isatty():
-        from rich.console import Console
-
-        status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
-        status.start()
-    try:
-        with Pool(cluster) as pool:  # past ~128 hosts the probes fan out from several processes
-            report = checks.run_checks(cluster, pool, checks.try_plan(cluster), full_mesh=full_mesh, deep=deep,
-                                       procs=procs_for(len(cluster.hosts)))
-    finally:
-        if status is not None:
-            status.stop()
+            status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
+            status.start()
+        try:  # past ~128 hosts the probes fan out from several processes
+            report = api.check(cluster, full_mesh=full_mesh, deep=deep, procs=procs_for(len(cluster.hosts)))
+        finally:
+            if status is not None:
+                status.stop()
     if as_json:
         click.echo(report.to_json())
     else:
@@ -678,12 +649,9 @@ def report_command(run_id: str | None, out: str | None) -> None:
     and every metric per rank over steps, steps and steps/s per rank (stragglers marked), host
     load, the first failure with its log tail. Reads the logs gathered here (`orch logs` fetches
     what is missing) and keeps their figures in logs/metrics.jsonl."""
-    from pathlib import Path
+    from . import api
 
-    from . import report
-    from .runs import load_run
-
-    page, kept = report.write(load_run(run_id), Path(out) if out else None)
+    page, kept = api.report(run_id, out)
     click.echo(f"{page}\n(metrics: {kept})")
 
 
@@ -694,20 +662,12 @@ def collect_command(run_id: str | None, paths: tuple[str, ...]) -> None:
     """Bring a run's outputs here from every host that has them: PATHs (workdir-relative, globs;
     default: job.collect) into .orch/runs/<id>/collect/<host>/. Only what changed moves; every
     file is checked against its SHA-256 before it is put in place."""
-    from . import collect
-    from .runs import load_run
-    from .transport import Pool
+    from . import api, collect
 
-    run = load_run(run_id)
-    cluster = run.cluster()
-    wanted = paths or cluster.job.collect
-    if not wanted:
-        raise UsageError("nothing to collect: name the paths (orch collect checkpoints/*.ckpt) or set job.collect")
-    with Pool(cluster) as pool:
-        got = collect.collect(run, cluster, run.plan(), pool, wanted)
+    got, where = api.collect(run_id, paths)
     for line in collect.lines(got):
         click.echo(line)
-    click.echo(f"into {run.dir / 'collect'}")
+    click.echo(f"into {where}")
 
 
 def _record_name(run_id: str | None) -> str | None:
