@@ -82,13 +82,14 @@ def plan_files(cluster: Cluster, *, replace: Mapping[str, str] | None = None, pr
     from . import prepare, slurm
     from .launchers import show
     from .logins import is_root
+    from .rankplan import make_plan
     from .transport import Pool
 
     slurm_cmds = None
-    if cluster.slurm is not None:
+    if cluster.slurm is not None:   # planned on placeholder nodes, as `plan` does
         slurm_cmds = slurm.plan_commands(cluster)
         cluster, probe = slurm.placeholder(cluster), False
-    rp = replaced_plan(plan(cluster), replace or {})
+    rp = replaced_plan(make_plan(cluster), replace or {})
     got = prepare.plan_facts(cluster, rp, probe=probe, pool=lambda: Pool(cluster))
     files = show.plan_files(cluster, got.plan, device_ips=got.device_ips, root=is_root(user=rp.launch_host.user))
     if slurm_cmds is not None:
