@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal, Mapping, NamedTuple
+from typing import Any, Literal, Mapping, NamedTuple
 
 from ClusterShell.NodeSet import NodeSetParseError
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
@@ -27,9 +27,9 @@ from .model import Checks, Cluster, Host, Job, Slurm, SshSettings
 from .yamlsrc import Source, load_yaml
 from .collect import path_problem
 from .agent import metrics
+from .transport.sshconfig import (DEFAULT_PATH, MAX_HOPS, SshConfig, SshConfigError, hops_of, local_user, parse_hops,
+                                   resolve)
 
-if TYPE_CHECKING:  # the ssh_config reader imports paramiko: imported when a config is read, not before
-    from .transport.sshconfig import SshConfig  # lazy: only an inventory that reads ~/.ssh/config
 
 KNOWN_TOOLS = ("openmpi", "nccl", "python", "mindspore", "cann", "cuda-driver", "torch")
 MAX_SLOTS = 1024  # ranks on one host: above any real machine, and a typo costs no memory
@@ -523,7 +523,6 @@ class _SshLookup(NamedTuple):
 def _ssh_config(raw: RawCluster | None, src: Source, base: Path, problems: _Problems) -> _SshLookup | None:
     """The OpenSSH client config `ssh.config_file` names, read once per invocation (None: `none`,
     or the default ~/.ssh/config does not exist). A file named explicitly must exist."""
-    from .transport.sshconfig import DEFAULT_PATH, SshConfig, SshConfigError  # lazy: only an inventory that reads ~/.ssh/config
 
     name = raw.ssh.config_file if raw is not None else DEFAULT_PATH
     if name.strip().lower() == "none":
@@ -546,7 +545,6 @@ def _resolve_ssh(h: Host, merged: dict, lookup: _SshLookup | None, loc: Location
     """The host as SSH reaches it: the inventory's values, then ssh_config's for its address
     (an alias there), then the defaults; jump hosts (inventory `jump:` or ProxyJump) resolved
     the same way."""
-    from .transport.sshconfig import SshConfigError, hops_of, parse_hops, resolve  # lazy: only an inventory that reads ~/.ssh/config
 
     if h.connection != "ssh":
         return h
@@ -578,7 +576,6 @@ def _jump_hosts(hops, cfg, ident: str | None, known: str, where: str, depth: int
     """Jump hosts as Hosts, each looked up in ssh_config like `ssh -J` does (its alias, user,
     port, key, and its own ProxyJump in front of it). Without a key of its own, a hop uses the
     target host's identity_file and known_hosts (the cluster's key usually opens its bastion)."""
-    from .transport.sshconfig import MAX_HOPS, SshConfigError, local_user, parse_hops, resolve  # lazy: only an inventory that reads ~/.ssh/config
 
     out: list[Host] = []
     for hop in hops:
@@ -599,7 +596,6 @@ def _slurm_template(keys: dict, defaults: dict, lookup: _SshLookup | None, sub: 
                     problems: _Problems) -> Host:
     """The Host every allocated Slurm node becomes: the defaults, their jump hosts resolved (node
     names come from Slurm, so ssh_config is not asked about them)."""
-    from .transport.sshconfig import SshConfigError, hops_of  # lazy: only an inventory that reads ~/.ssh/config
 
     jump: tuple[Host, ...] = ()
     if defaults.get("jump"):
@@ -746,7 +742,6 @@ def _parse_inventory(data: dict, src: Source, prefix: tuple, base: Path, problem
 def _host_keys(merged: dict, base: Path, sub: Source, where: tuple, own_devices: bool,
                problems: _Problems) -> dict:
     """A host's keys (defaults merged) resolved and checked: Host(**keys) with its name and address."""
-    from .transport.sshconfig import local_user  # lazy: only an inventory that reads ~/.ssh/config
 
     slots = merged.get("slots", 1)
     devices = merged.get("devices")

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from ..model import Cluster, Host, SshSettings
 from .base import Result, Transport, build_script, quote_argv
+from .local import LocalTransport
 
 if TYPE_CHECKING:
-    from .ssh import Gateways  # lazy: paramiko, only behind a jump host
+    from .ssh import Gateways
 
 __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quote_argv"]
 
@@ -17,8 +18,6 @@ __all__ = ["Pool", "Result", "Transport", "build_script", "make_transport", "quo
 def make_transport(host: Host, ssh: SshSettings, gateways=None) -> Transport:
     """The host's transport; `gateways` (ssh.Gateways) shares jump-host connections between hosts."""
     if host.connection == "local":
-        from .local import LocalTransport  # lazy: only for connection: local hosts
-
         return LocalTransport(host, ssh.command_timeout)
     from .ssh import SshTransport  # lazy: paramiko, only for ssh hosts
 
