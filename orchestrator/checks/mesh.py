@@ -10,6 +10,7 @@ from typing import Sequence
 from .. import probes
 from ..probes import NOT_INSTALLED, MeshTarget, Section
 from ..hostsets import fold
+from ..launchers import launcher
 from ..logins import HOST_KEX, ssh_args
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section
@@ -59,12 +60,28 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
 MESH = Probe("mesh", _shell, place="background")
 
 
+def needed_by(plan) -> str:
+    """Who needs the ssh the mesh tests, in words: mpirun (its daemons), the sync relay
+    (job.sync_via: launch-host), or only --full-mesh."""
+    if launcher(plan.cluster).needs_mesh:
+        return "mpirun"
+    if plan.cluster.job.sync_via == "launch-host":
+        return SYNC_RELAY
+    return "--full-mesh"
+
+
+SYNC_RELAY = "the sync relay (job.sync_via: launch-host)"
+
+
 def judge_mesh(host: Host, sec: Section, targets: Sequence[MeshTarget], connect_timeout: float,
-               command_timeout: float = 120) -> CheckResult:
+               command_timeout: float = 120, who: str = "mpirun") -> CheckResult:
+    """`who`: what needs this ssh (needed_by), named in the words."""
     got = probes.parse_mesh(sec.body)
     if got is None:
-        return result("mesh", host, "fail", "no ssh client on this host: mpirun needs one to start its daemons on "
-                                            "the other hosts")
+        why = {"mpirun": "mpirun needs one to start its daemons on the other hosts",
+               SYNC_RELAY: "the launch host passes the code on by ssh (job.sync_via: launch-host; "
+                           "`sync_via: controller` sends it from the controller instead)"}.get(who, "")
+        return result("mesh", host, "fail", "no ssh client on this host" + (f": {why}" if why else ""))
     failing: dict[str, list[str]] = {}
     for t in targets:
         rc, err = got.get(t.name, (None, ""))
@@ -81,19 +98,22 @@ def judge_mesh(host: Host, sec: Section, targets: Sequence[MeshTarget], connect_
             why = err or f"ssh exited with {rc}"
         failing.setdefault(why, []).append(t.name)
     if not failing:
-        return result("mesh", host, "pass", f"password-free ssh (BatchMode) to {len(targets)} host(s), as mpirun "
+        return result("mesh", host, "pass", f"password-free ssh (BatchMode) to {len(targets)} host(s), as {who} "
                                             "does")
     parts = [f"{fold(names)}: {why}" for why, names in failing.items()]
     hint = _mesh_hint(" ".join(failing))
+    if who == SYNC_RELAY:
+        hint = "; ".join(x for x in (hint, "or set job.sync_via: controller (each host gets the code from the "
+                                          "controller)") if x)
     n = sum(len(v) for v in failing.values())
-    return result("mesh", host, "fail", f"cannot ssh (BatchMode, as mpirun does) to {n} of {len(targets)} host(s): "
+    return result("mesh", host, "fail", f"cannot ssh (BatchMode, as {who} does) to {n} of {len(targets)} host(s): "
                                         + "; ".join(parts) + (f"; {hint}" if hint else ""))
 
 
 def _mesh_hint(errors: str) -> str:
     e = errors.lower()
     if "host key verification failed" in e or "no matching host key" in e:
-        return ("add the other hosts' keys to this host's ~/.ssh/known_hosts (ssh-keyscan), since mpirun's ssh "
+        return ("add the other hosts' keys to this host's ~/.ssh/known_hosts (ssh-keyscan), since a BatchMode ssh "
                 "cannot prompt")
     if "permission denied" in e:
         return "give this host's user key access to the others (ssh-copy-id from this host), or use ssh-agent"
@@ -105,7 +125,7 @@ def _mesh_hint(errors: str) -> str:
 def _judge(plan, run) -> list[CheckResult]:
     ssh = plan.cluster.ssh
     return [judge_mesh(run.host, section(run.sections, "mesh"), mesh_targets(plan, run.host), ssh.connect_timeout,
-                       ssh.command_timeout)]
+                       ssh.command_timeout, needed_by(plan))]
 
 
 register(Check("mesh", applies=_applies, probes=(MESH,), judge=_judge))

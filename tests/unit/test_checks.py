@@ -256,6 +256,10 @@ def test_probe_script_sections_follow_checks_and_roles(tmp_path):
     # ... or the launch host passes the code on (job.sync_via: launch-host): from it alone
     relay = checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend", sync_via="launch-host"))
     assert relay.mesh_from == {c.hosts[0].name} and "_b mesh" in checks.probe_script(relay, c.hosts[0])
+    from orchestrator.checks import mesh
+
+    assert mesh.needed_by(relay) == mesh.SYNC_RELAY and mesh.needed_by(checks.make_check_plan(c)) == "--full-mesh"
+    assert mesh.needed_by(checks.make_check_plan(cluster(tmp_path, launcher="mpirun"))) == "mpirun"
     skipped = replace(c, checks=Checks(skip=("disk", "stale", "versions")))
     s = checks.probe_script(checks.make_check_plan(skipped), c.hosts[0])
     assert "_b df" not in s and "_b stale" not in s and "ver:" not in s
@@ -527,6 +531,12 @@ def test_disk_workdir_clock_mesh_path_judges(tmp_path):
     assert m.status == "fail" and "no answer" in m.message
     m = checks.judge_mesh(h, sec("mesh", "chk-h2\t124\t\n"), targets[:1], 2, 120)
     assert "connected but no answer within 96s" in m.message
+    # the words name what needs the ssh: the sync relay, not mpirun, when only it does
+    relay = "the sync relay (job.sync_via: launch-host)"
+    m = checks.judge_mesh(h, sec("mesh", "chk-h2\t255\tPermission denied (publickey).\n"), targets[:1], 2, 120, relay)
+    assert "as the sync relay (job.sync_via: launch-host) does" in m.message and "mpirun" not in m.message
+    assert "job.sync_via: controller" in m.message
+    assert "mpirun" not in checks.judge_mesh(h, sec("mesh", "chk-h2\t0\t\n"), targets[:1], 2, 120, relay).message
 
 
 def test_path_judge_missing_tools(tmp_path):
