@@ -1,7 +1,8 @@
 """SSH sessions per host of one `orch up -q` (issue 25 item 1: one conversation per host).
 
     python tests/benchmarks/bench_sessions.py [N]     (root: makes its own N-host lab, default 4)
-    ORCH_BENCH_SRC=DIR python tests/benchmarks/bench_sessions.py    (another copy of the package)
+    ORCH_BENCH_BEFORE=DIR python tests/benchmarks/bench_sessions.py   (and another copy side by side,
+        e.g. `git archive main orchestrator | tar -x -C DIR`)
 
 A short job (`true`) at N hosts x 2 ranks, mpirun and ranktable, with the preflight checks and
 with --skip-checks, each run once more with nothing changed. Counted on the hosts' side, from
@@ -12,6 +13,7 @@ session"), per host.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import tempfile
@@ -19,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ORCH, Lab, SshdCounter, base_env, lab_hosts, measure, table, write_cluster  # noqa: E402
+from benchlib import ORCH, ROOT, Lab, SshdCounter, lab_hosts, measure, table, write_cluster  # noqa: E402
 
-def up_once(d: Path, hosts, argv: list[str]) -> tuple[list[int], list[int], float]:
+def up_once(d: Path, hosts, argv: list[str], src: str) -> tuple[list[int], list[int], float]:
     counter = SshdCounter(hosts).start()
-    m = measure([*ORCH, "up", "-q", *argv], env=base_env(), cwd=d).check("orch up " + " ".join(argv))
+    m = measure([*ORCH, "up", "-q", *argv], env={**os.environ, "PYTHONPATH": src}, cwd=d).check("orch up " + " ".join(argv))
     got = counter.counts()
     conns = [got[h.name][h.controller] for h in hosts]
     return conns, counter.sessions_from_controller(), m.wall
@@ -35,24 +37,27 @@ def main(n: int) -> None:
     rows = []
     try:
         hosts = lab_hosts([lab], n)
-        for launcher in ("mpirun", "ranktable"):
+        trees = [("this tree", str(ROOT))]
+        if os.environ.get("ORCH_BENCH_BEFORE"):
+            trees.insert(0, ("before", os.environ["ORCH_BENCH_BEFORE"]))
+        for (tree, src), launcher in itertools.product(trees, ("mpirun", "ranktable")):
             for flags in ([], ["--skip-checks"]):
                 with tempfile.TemporaryDirectory() as tmp:
                     d = Path(tmp)
                     (d / "train.py").write_text("print('hello')\n")
                     write_cluster(d / "cluster.yaml", hosts, slots=2,
                                   job={"launcher": launcher, "command": "true", "sync": ["train.py"],
-                                       "workdir": f"/data/bench-sessions-{launcher}"})
+                                       "workdir": f"/data/bench-sessions-{launcher}-{len(rows)}"})
                     for what in ("first", "no change"):
-                        conns, sessions, wall = up_once(d, hosts, flags)
-                        rows.append([launcher, " ".join(flags) or "checks", what, f"{wall:.2f} s",
+                        conns, sessions, wall = up_once(d, hosts, flags, src)
+                        rows.append([tree, launcher, " ".join(flags) or "checks", what, f"{wall:.2f} s",
                                      " ".join(str(c) for c in conns), " ".join(str(s) for s in sessions),
                                      str(sum(sessions))])
     finally:
         lab.down()
     print(f"SSH sessions of one `orch up -q` per host, {n} lab hosts x 2 ranks, job `true` "
           f"(from each host's sshd log; hosts in inventory order, the launch host first):")
-    print(table(["launcher", "preflight", "run", "wall", "connections per host", "sessions per host", "sessions"],
+    print(table(["orch", "launcher", "preflight", "run", "wall", "connections per host", "sessions per host", "sessions"],
                 rows))
     print("A session is one command (round trip); connections: logins (this machine keeps one per host).")
 
