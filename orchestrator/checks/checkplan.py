@@ -96,10 +96,10 @@ class CheckPlan:
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
     prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (prepare.py)
     reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
-    reach: ReachTarget | None = None
+    reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
     # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
     # job.sync cannot be read here: sync then asks in its own round trip)
-    listing: tuple[tuple[str, bool], ...] = ()  # check reach: the launch host's listener, as its probe told (reach.Relay)
+    listing: tuple[tuple[str, bool], ...] = ()
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                     deep: bool = False, prepare: bool = False) -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
@@ -109,12 +109,12 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
     checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
     hosts = rank_plan.all_hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
     manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
-    return CheckPlan(listing=sync_listing(cluster) if prepare else (),
-                     cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
+    return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
-                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32))
+                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
+                     listing=sync_listing(cluster) if prepare else ())
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ROOT, Lab, SshdCounter, lab_hosts, measure, table, write_cluster  # noqa: E402
+from benchlib import ROOT, Lab, SshdCounter, lab_hosts, measure, table, write_cluster
 
 # `orch up` in this process, each SSH session (SshTransport._exec) recorded with the orch function
 # that asked for it: {host: [function, ...]} as JSON in $ORCH_BENCH_SESSIONS at exit
