@@ -803,7 +803,8 @@ def parse_listing(request: Sequence[tuple[str, bool]], text: str) -> dict[str, l
                 have = json.loads(line)
             except ValueError:
                 return None
-            if not isinstance(have, list) or len(have) != len(request):
+            if not isinstance(have, list) or len(have) != len(request) or \
+                    not all(h is None or (isinstance(h, list) and len(h) == 5) for h in have):
                 return None
             return {rel: h for (rel, _), h in zip(request, have)}
     return None

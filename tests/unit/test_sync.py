@@ -330,6 +330,7 @@ def test_parse_listing_takes_only_a_whole_answer():
     assert sync.parse_listing(req, 'motd [x\n[null, ["file", 1, 2, 420, "ab"]]\n') == {
         "a": None, "b": ["file", 1, 2, 420, "ab"]}
     assert sync.parse_listing(req, "[null]\n") is None           # cut short
+    assert sync.parse_listing(req, '[null, ["file", 1]]\n') is None  # not a record
     assert sync.parse_listing(req, '[null, ["file"\n') is None    # cut off mid-line
     assert sync.parse_listing(req, "python3: not found\n") is None
 
