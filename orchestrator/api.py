@@ -293,7 +293,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
         outcome, stop_reason = None, None
         try:
-            run_lifecycle.distribute(launch)
+            run_lifecycle.distribute(launch, report.listed if report is not None else None)
             run_lifecycle.start(launch)
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Callable
+from typing import AbstractSet, Any, Callable, Mapping
 
 from . import runstate, supervisor
 from .errors import LocalWriteError, OrchError, RunConflict
@@ -119,7 +119,9 @@ class Lifecycle:
         return _fan(self.cluster, self.plan.all_hosts if hosts is None else hosts, fn)
 
     # ---- steps
-    def distribute(self, launch: Launch) -> None:
+    def distribute(self, launch: Launch, listed: Mapping[str, Mapping] | None = None) -> None:
+        """Sync the code and the rendered files to every host; `listed`: what up's check probe
+        listed on each (checks.Report.listed): those hosts are not asked again."""
         job = self.cluster.job
         from .sync import manifest, relayed, sync_hosts  # lazy: only `orch up` syncs; status and down of a recorded run do not
 
@@ -131,7 +133,8 @@ class Lifecycle:
         self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)"
                          + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via) else ""))
         results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
-                             via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts))
+                             via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts),
+                             listed=listed)
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
         resent = sorted({rel for o in results.values() for rel in o.value.resent})

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import posixpath
+import shlex
 import stat
 import threading
 from dataclasses import dataclass
@@ -281,6 +282,9 @@ def dirfd(rel, create=True):
     return fd
 
 def start():
+    if sys.argv[1] == "list" and not os.path.lexists(W):  # nothing there yet: nothing to list, nothing made
+        print(json.dumps([None] * len(json.loads(sys.stdin.read()))))
+        sys.exit(0)
     try:
         os.makedirs(W, 0o755, exist_ok=True)
     except OSError as e:
@@ -768,6 +772,54 @@ def _host_error(host: Host, rc: int, out: str, err: str, workdir: str, what: str
                      hint="is the disk full, or the directory not writable?" if full else hint)
 
 
+# --------------------------------------------------------------------------- the listing in up's probe
+
+
+LISTING_SECTION = "synclist"
+
+
+def listing_request(entries: Sequence[Entry], rendered_names: Sequence[str] = ()) -> tuple[tuple[str, bool], ...]:
+    """What `orch up`'s check probe lists on every host (the receiver's `list` request, pure): every
+    synced path by its size and mtime, and the files orch renders (`rendered_names`: hostfile,
+    rank table) by their sha256."""
+    out = [(e.rel, False) for e in entries]
+    seen = {e.rel for e in entries}
+    return tuple(out + [(n, True) for n in sorted(set(rendered_names) - seen)])
+
+
+def listing_script(workdir: str, request: Sequence[tuple[str, bool]]) -> str:
+    """The probe section's shell: the receiver's `list` with the request on stdin (a here-document:
+    the JSON is one line starting with `[`, never the delimiter). Creates nothing on the host."""
+    py = " ".join(shlex.quote(a) for a in _receiver_argv("list", workdir))
+    return f"$T {py} <<'ORCH_LIST_END'\n{json.dumps([list(r) for r in request])}\nORCH_LIST_END"
+
+
+def parse_listing(request: Sequence[tuple[str, bool]], text: str) -> dict[str, list | None] | None:
+    """The section's output -> {path: the host's record of it, as the receiver lists it}; None when
+    it is not a whole answer to `request` (sync then asks in its own round trip)."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("["):
+            try:
+                have = json.loads(line)
+            except ValueError:
+                return None
+            if not isinstance(have, list) or len(have) != len(request) or \
+                    not all(h is None or (isinstance(h, list) and len(h) == 5) for h in have):
+                return None
+            return {rel: h for (rel, _), h in zip(request, have)}
+    return None
+
+
+def known_todo(items: Sequence[Entry], listed: Mapping[str, list | None] | None) -> list[tuple[Entry, str]] | None:
+    """What to send of `items` by a listing the probe made (pure); None when it lacks one of
+    them (a path added since, or no listing): then the host is asked. The listing may be stale:
+    a local file edited since has another size or mtime now (sent); a stream is checked by
+    sha256 on the host, so a stale listing costs a resend at most, never a wrong file."""
+    if listed is None or any(e.rel not in listed for e in items):
+        return None
+    return [(e, what) for e in items if (what := _differs(e, listed[e.rel]))]
+
+
 def _todo(t: Transport, workdir: str, items: list[Entry]) -> list[tuple[Entry, str]]:
     """The first round trip: what of `items` the host lacks (or has otherwise), and what to send."""
     req = json.dumps([[e.rel, e.data is not None] for e in items]).encode()
@@ -803,11 +855,19 @@ def _report(host: Host, entries: list[Entry], todo: list[tuple[Entry, str]], res
                       tuple(e.rel for e in synced if e.rel not in sent), resent)
 
 
+def _todo_for(t: Transport, workdir: str, items: list[Entry], listed: Mapping[str, list | None] | None
+              ) -> list[tuple[Entry, str]]:
+    """What to send: by the probe's listing when it covers `items`, else by a listing round trip."""
+    known = known_todo(items, listed)
+    return known if known is not None else _todo(t, workdir, items)
+
+
 def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,
-              ) -> SyncReport:
+              listed: Mapping[str, list | None] | None = None) -> SyncReport:
     """Bring `workdir` on one host up to date with `entries`, plus `extra` rendered files
-    ({relative path: bytes}): two round trips, one stream."""
-    todo = _todo(t, workdir, entries + rendered(extra or {}))
+    ({relative path: bytes}): two round trips, one stream; one (the stream, when something
+    differs) when `listed`, what up's probe listed there (parse_listing), covers them."""
+    todo = _todo_for(t, workdir, entries + rendered(extra or {}), listed)
     _send(t, workdir, todo)
     return _report(t.host, entries, todo)
 
@@ -909,18 +969,25 @@ def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh:
 
 def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries: list[Entry],
                extras: Mapping[str, Mapping[str, bytes]], *, via: str, ssh: SshSettings,
-               fan: Callable[[Sequence[Host], Callable[[Host], Any]], Results]) -> Results:
+               fan: Callable[[Sequence[Host], Callable[[Host], Any]], Results],
+               listed: Mapping[str, Mapping[str, list | None]] | None = None) -> Results:
     """Bring every host's workdir up to date: {host name: Outcome(SyncReport)}.
 
     job.sync_via: controller: each host from here (sync_host). launch-host: every host lists what
     it has (here, one round trip each, names only); one request to the launch host carries what it
     lacks, and it passes on what each other host lacks (what arrives as it arrives, the rest from
     its own copy, checked against the controller's sha256), inside the cluster: the code crosses
-    this machine's link once."""
+    this machine's link once.
+
+    `listed`: {host name: what up's check probe listed there} (parse_listing): a host it covers
+    is not asked again."""
+    listed = listed or {}
     via_launch = relayed(hosts, launch, via)
     if not via_launch:
-        return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {}))))
-    lists = fan(hosts, lambda h: _todo(pool[h], workdir, entries + rendered(dict(extras.get(h.name, {})))))
+        return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {})),
+                                              listed.get(h.name)))
+    lists = fan(hosts, lambda h: _todo_for(pool[h], workdir, entries + rendered(dict(extras.get(h.name, {}))),
+                                           listed.get(h.name)))
     done: dict[str, Outcome] = {n: o for n, o in lists.items() if not o.ok}
     todos = {h.name: (h, lists[h.name].value) for h in via_launch if lists[h.name].ok and lists[h.name].value}
     hop = f"sync controller -> {launch.name} (the launch host, job.sync_via: launch-host)"

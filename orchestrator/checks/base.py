@@ -63,6 +63,8 @@ class Report:
     hccn: dict[str, dict[int, HccnDevice]] = field(default_factory=dict, compare=False)
     # ... and, when asked for (run_checks(prepare=True)), {host: its prepare facts} (prepare.py)
     prepared: dict[str, dict] = field(default_factory=dict, compare=False)
+    # ... and {host: what it has of what sync writes} (sync.parse_listing), for sync
+    listed: dict[str, dict] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from .. import probes
-from ..errors import PlanError, SpecError
+from ..errors import OrchError, PlanError, SpecError
 from ..launchers import launcher
 from ..rankplan import RankPlan, make_plan, order_hosts
 from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
-from ..sync import manifest
+from ..sync import listing_request, manifest
 
 
 def active_checks(cluster: Cluster) -> list[str]:
@@ -68,6 +68,16 @@ def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
     return files, missing
 
 
+def sync_listing(cluster: Cluster) -> tuple[tuple[str, bool], ...]:
+    """What `orch up`'s probe lists in workdir for sync (reads local files: the manifest's paths,
+    and the launcher's rendered files); () when job.sync cannot be read (check files says why)."""
+    try:
+        entries = manifest(cluster.base_dir, cluster.job.sync, str(cluster.path), cluster.job.sync_exclude)
+    except OrchError:
+        return ()
+    return listing_request(entries, launcher(cluster).rendered_names(cluster))
+
+
 @dataclass(frozen=True)
 class CheckPlan:
     """Everything decided before any host is touched (plain data: run.probe_script makes a host's
@@ -87,6 +97,9 @@ class CheckPlan:
     prepare: bool = False  # `orch up`'s probe: it reads prepare's facts too (prepare.py)
     reach_token: str = ""  # check reach: this run's random token (the hosts present one half, the listener the other)
     reach: ReachTarget | None = None  # check reach: the launch host's listener, as its probe told (reach.Relay)
+    # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
+    # job.sync cannot be read here: sync then asks in its own round trip)
+    listing: tuple[tuple[str, bool], ...] = ()
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                     deep: bool = False, prepare: bool = False) -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
@@ -100,7 +113,8 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
-                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32))
+                     full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
+                     listing=sync_listing(cluster) if prepare else ())
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

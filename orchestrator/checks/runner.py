@@ -26,11 +26,17 @@ from .names import KNOWN_CHECKS
 from . import reach
 from .devices import hccn_confs
 from ..prepare import facts, probe_section
+from ..sync import LISTING_SECTION, listing_script, parse_listing
 
 # `orch up`'s prepare facts that no check's section reads: a section of the probe of their own
 # (prepare.py owns the facts; not a check: no result, no row in the report; they reach `up`
 # through Report.prepared)
 PREPARE = Probe("prepare", lambda plan, host: probe_section(plan))
+# ... and what the host has of what sync writes (sync.listing_script): sync then needs no listing
+# round trip of its own
+SYNC_LISTING = Probe("synclist", lambda plan, host: [(LISTING_SECTION, listing_script(plan.cluster.job.workdir,
+                                                                                       plan.listing))]
+                     if plan.listing else [])
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
@@ -66,7 +72,7 @@ def probe_script(plan: CheckPlan, host: Host) -> str:
     checks = probe_order(registered())
     frame = sections_for(plan, host, [c for c in checks if any(p.place == "frame" for p in c.probes)])["frame"]
     got = sections_for(plan, host, [c for c in checks if c.name in plan.checks])
-    got["body"] += PREPARE.shell(plan, host)  # `orch up`'s: none otherwise
+    got["body"] += PREPARE.shell(plan, host) + SYNC_LISTING.shell(plan, host)  # `orch up`'s: none otherwise
     return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:])
 
 
@@ -232,7 +238,19 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     results.sort(key=lambda r: (order.get(r.check, 99), hidx.get(r.host, len(hidx)) if r.host else len(hidx)))
     hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
     prepared = {r.host.name: f for r in ordered if (f := facts(plan, r.sections)) is not None} if prepare else {}
-    return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn, prepared)
+    return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn, prepared,
+                  listings(plan, ordered))
+
+
+def listings(plan: CheckPlan, runs: Sequence[ProbeRun]) -> dict[str, dict]:
+    """{host: what its probe listed for sync (sync.parse_listing)}, the hosts whose section ended
+    well only (pure)."""
+    out = {}
+    for r in runs:
+        s = (r.sections or {}).get(LISTING_SECTION)
+        if plan.listing and s is not None and s.rc == 0 and (got := parse_listing(plan.listing, s.body)) is not None:
+            out[r.host.name] = got
+    return out
 
 
 def encode_run(run: ProbeRun) -> dict:

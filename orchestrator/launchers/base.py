@@ -160,6 +160,11 @@ class Launcher:
         """host -> {name in workdir: bytes} (hostfile, rank table)."""
         return {}
 
+    def rendered_names(self, cluster: Cluster) -> tuple[str, ...]:
+        """The names in workdir `files` may give, known before the plan's facts (`orch up`'s probe
+        lists them on every host: sync then needs no round trip of its own)."""
+        return ()
+
     def secret_env(self, ctx: Context) -> dict[str, Mapping[str, str]]:
         """host -> secrets `agent.py rank` hands each rank there (only where the launcher's own
         wire would carry them in clear)."""

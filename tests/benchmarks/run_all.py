@@ -1,7 +1,7 @@
 """Every benchmark, one table each, and the targets met or missed.
 
     python tests/benchmarks/run_all.py [--repeat 3] [--keep] [--json results.json]
-        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale,spares,relay]
+        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale,spares,relay,status,sessions]
 
 Needs root and the lab (orch lab: network namespaces, sshd, openmpi-bin); the baselines need
 `pdsh` (apt) and `ansible-core` in a separate venv (default /opt/orch-bench-venv, or
@@ -68,6 +68,8 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
               "rsync (bench_sync_relay.py)", "bench_sync_relay.py", []),
     "status": ("14. `orch status` of an ended run at 32 hosts: wall, CPU, connections per host (bench_status.py)",
                "bench_status.py", ["32"]),
+    "sessions": ("15. SSH sessions per host of one `orch up -q` at 4 hosts x 2 ranks, mpirun and ranktable "
+                 "(bench_sessions.py)", "bench_sessions.py", ["4"]),
 }
 
 

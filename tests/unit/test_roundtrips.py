@@ -52,7 +52,7 @@ class BeforeSync(Exception):
 def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     """api.up up to its sync (distribute raises, `runs` then holds up's round trips before it):
     what up learnt before writing anything (prepare.Prepared)."""
-    def stop(self, launch):
+    def stop(self, launch, listed=None):
         captured["before_sync"] = dict(runs)
         raise BeforeSync
 
@@ -70,6 +70,33 @@ def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     runs.clear()
     runs.update(captured["before_sync"])
     return captured["prepared"]
+
+
+def _up_until_start(cluster, monkeypatch, runs: Counter, **kw) -> int:
+    """api.up up to the supervisors' start: the round trips on the host until then."""
+    def stop(self, launch):
+        raise BeforeSync
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "start", stop)
+    runs.clear()
+    with pytest.raises(BeforeSync):
+        api.up(cluster, show_output=False, **kw)
+    return runs["me"]
+
+
+def test_up_syncs_by_what_the_check_probe_listed(tmp_path, monkeypatch, runs):
+    """The check probe lists what the host has of the sync: sync has no listing round trip of its
+    own (with --skip-checks it does)."""
+    c = local_cluster(tmp_path)
+    checked = [_up_until_start(c, monkeypatch, runs) for _ in range(2)]  # the first, then nothing changed
+    assert (tmp_path / "wd" / "net.py").read_text() == "print(1)\n"
+    (tmp_path / "net.py").write_text("print(2)\n")
+    assert _up_until_start(c, monkeypatch, runs) == checked[0]
+    assert (tmp_path / "wd" / "net.py").read_text() == "print(2)\n"
+    skipped = _up_until_start(c, monkeypatch, runs, skip_checks=True)
+    # with checks: the probe, the stream (none the second time); --skip-checks: prepare, the listing (nothing
+    # to stream); each with the one other round trip of up before the start
+    assert (checked, skipped) == ([3, 2], 3)
 
 
 @pytest.mark.parametrize("skip", ["", ", skip: [path, workdir, nic]"])

@@ -305,3 +305,78 @@ def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path):
     assert res.exit_code == 43 and "sha256 mismatch" in res.err, (res.exit_code, res.err)
     for w in ("launch", "w-h1"):
         assert not (tmp_path / w / "pkg" / "b.bin").exists() and not list((tmp_path / w).rglob(".orch-sync-partial.*"))
+
+
+# --------------------------------------------------------------------------- the listing in up's probe
+
+
+def _probe_listing(work: Path, request) -> dict | None:
+    """The probe section's shell run here, as the probe runs it (no `timeout`: T empty)."""
+    out = subprocess.run(["sh", "-c", "T=\n" + sync.listing_script(str(work), request)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return sync.parse_listing(request, "login banner\n" + out.stdout)
+
+
+def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once():
+    es = [sync.Entry("pkg", "dir", 0o755, 0, 0), sync.Entry("pkg/a.py", "file", 0o644, 3, 5),
+          sync.Entry("hostfile", "file", 0o644, 3, 5)]
+    assert sync.listing_request(es, ("rank_table.json", "hostfile")) == (
+        ("pkg", False), ("pkg/a.py", False), ("hostfile", False), ("rank_table.json", True))
+
+
+def test_parse_listing_takes_only_a_whole_answer():
+    req = (("a", False), ("b", True))
+    assert sync.parse_listing(req, 'motd [x\n[null, ["file", 1, 2, 420, "ab"]]\n') == {
+        "a": None, "b": ["file", 1, 2, 420, "ab"]}
+    assert sync.parse_listing(req, "[null]\n") is None           # cut short
+    assert sync.parse_listing(req, '[null, ["file", 1]]\n') is None  # not a record
+    assert sync.parse_listing(req, '[null, ["file"\n') is None    # cut off mid-line
+    assert sync.parse_listing(req, "python3: not found\n") is None
+
+
+def test_the_probes_listing_spares_syncs_own_round_trip_and_a_stale_one_never_writes_a_wrong_file(tmp_path):
+    src = tree(tmp_path / "src", {"pkg/a.py": "a = 1\n", "pkg/b.py": "b = 1\n"})
+    work = tmp_path / "work"
+    entries = sync.manifest(src, ("pkg",), "c.yaml")
+    req = sync.listing_request(entries, ("hostfile",))
+    # nothing there yet: all missing, and the probe made nothing
+    listed = _probe_listing(work, req)
+    assert listed == {rel: None for rel, _ in req} and not work.exists()
+    t = Counting()
+    rep = sync.sync_host(t, str(work), entries, {"hostfile": b"h1\n"}, listed=listed)
+    assert t.runs == 1 and sorted(rep.copied) == ["pkg/a.py", "pkg/b.py"]  # the stream only
+    # up to date: no round trip at all
+    listed = _probe_listing(work, req)
+    t.runs = 0
+    rep = sync.sync_host(t, str(work), entries, {"hostfile": b"h1\n"}, listed=listed)
+    assert t.runs == 0 and rep.copied == () and (work / "hostfile").read_bytes() == b"h1\n"
+    # a rendered file is compared by content
+    rep = sync.sync_host(t, str(work), entries, {"hostfile": b"h2\n"}, listed=listed)
+    assert t.runs == 1 and (work / "hostfile").read_bytes() == b"h2\n"
+    # edited here between the probe and the sync (same size): sent, by the sync's own manifest
+    (src / "pkg" / "a.py").write_text("a = 2\n")
+    os.utime(src / "pkg" / "a.py", ns=(10**9, 10**9))
+    t.runs = 0
+    rep = sync.sync_host(t, str(work), sync.manifest(src, ("pkg",), "c.yaml"), {"hostfile": b"h2\n"}, listed=listed)
+    assert t.runs == 1 and rep.copied == ("pkg/a.py",) and (work / "pkg" / "a.py").read_text() == "a = 2\n"
+    # a path added since the probe: the host is asked in a round trip of its own
+    (src / "pkg" / "c.py").write_text("c = 1\n")
+    t.runs = 0
+    rep = sync.sync_host(t, str(work), sync.manifest(src, ("pkg",), "c.yaml"), {"hostfile": b"h2\n"}, listed=listed)
+    assert t.runs == 2 and rep.copied == ("pkg/c.py",) and (work / "pkg" / "c.py").read_text() == "c = 1\n"
+
+
+def test_a_listing_that_says_the_host_has_the_file_when_it_does_not_costs_a_resend_not_a_wrong_file(tmp_path):
+    # the host's copy changed after the probe listed it: what the listing says about it is stale;
+    # a file that is sent is checked by sha256 there, and the next sync (asked again) mends it
+    src = tree(tmp_path / "src", {"a.py": "a = 1\n"})
+    work = tmp_path / "work"
+    entries = sync.manifest(src, ("a.py",), "c.yaml")
+    t = Counting()
+    sync.sync_host(t, str(work), entries)
+    listed = _probe_listing(work, sync.listing_request(entries))
+    (work / "a.py").unlink()
+    (src / "a.py").write_text("a = 3\n")
+    rep = sync.sync_host(t, str(work), sync.manifest(src, ("a.py",), "c.yaml"), listed=listed)
+    assert rep.copied == ("a.py",) and (work / "a.py").read_text() == "a = 3\n"
