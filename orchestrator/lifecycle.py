@@ -28,7 +28,7 @@ from .rankplan import RankPlan
 from .runs import Run
 from .runstate import RunView
 from .model import Cluster
-from .transport import Pool
+from .transport import Pool, Transport
 from .agent.states import rank_ranges
 
 
@@ -213,9 +213,10 @@ class Lifecycle:
                 break
             if time.monotonic() > deadline:
                 self._unstage(cfgs)
+                log = f"{run_dir(self.cluster, self.run.id)}/batch.log"
                 raise LaunchError(f"the run's supervisors did not start in Slurm job {job['job_id']} within "
-                                  f"{supervisor.START_TIMEOUT:g} s; see {run_dir(self.cluster, self.run.id)}"
-                                  f"/batch.log on {job['batch_host']}")
+                                  f"{supervisor.START_TIMEOUT:g} s; {log} on {job['batch_host']} "
+                                  + said(self.pool[job["batch_host"]], log, self.cluster.ssh.command_timeout))
             time.sleep(0.1)
         self.run.data["procs"] = [{"key": "supervisor", "host": head.name, "pid": doc.get("agent_pid")}]
         self.run.save()
@@ -414,6 +415,19 @@ class Lifecycle:
 
     def log_tail(self, rank: int, lines: int = 20) -> str:
         return self.run.log_tail(rank, self.run.attempt if self.view is None else max(1, self.view.attempt), lines)
+
+
+def said(t: Transport, path: str, timeout: float, limit: int = 2000) -> str:
+    """A log's last lines on a host, for an error message: what it says, that it is empty, or that
+    it could not be read (and why)."""
+    try:
+        got = t.run(["tail", "-c", str(limit), path], timeout=timeout)
+    except OrchError as exc:
+        return f"could not be read ({exc})"
+    if not got.ok:
+        return f"could not be read ({(got.err or got.out).strip()[-300:] or f'tail exited {got.exit_code}'})"
+    text = got.out.strip()
+    return "says:\n  " + "\n  ".join(text.splitlines()[-12:]) if text else "is empty"
 
 
 def record(run: Run, outcome: RunEnd) -> None:

@@ -185,3 +185,19 @@ def test_up_interrupted_reads_the_state_in_the_sweeps_round_trip(tmp_path, monke
     assert runs == {"me": 3}
     assert res.state == "interrupted" and res.exit_code == 130
     assert res.outcome.view is not None and {r["state"] for r in res.outcome.view.ranks} == {"stopped"}
+
+
+def test_an_error_quotes_a_hosts_log_as_it_is(tmp_path):
+    """lifecycle.said: what a log on a host says (its last lines), that it is empty, or why it
+    could not be read: never a guess."""
+    from orchestrator.model import Host
+
+    t = LocalTransport(Host(name="me", address="127.0.0.1", user="me", connection="local"), 10)
+    log = tmp_path / "batch.log"
+    log.write_text("".join(f"line {i}\n" for i in range(30)))
+    got = lifecycle.said(t, str(log), 10)
+    assert got.startswith("says:\n  line 18\n") and got.endswith("line 29") and "line 17" not in got
+    log.write_text("")
+    assert lifecycle.said(t, str(log), 10) == "is empty"
+    missing = lifecycle.said(t, str(tmp_path / "nope.log"), 10)
+    assert missing.startswith("could not be read (") and "No such file" in missing
