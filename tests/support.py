@@ -215,3 +215,30 @@ def budget(healthy: float, cost: float) -> float:
     both runs alike). Waiting the fault out the long way (a job's sleep, TCP's own time-outs)
     still overruns it."""
     return healthy + cost + max(1.5, healthy)
+
+
+def interrupted_big_sync(lab, tmp_path: Path, wd: str, watch: int, hosts: tuple[int, ...], **cluster) -> None:
+    """`orch up` syncing a new 300 MB big.bin, interrupted (Ctrl-C) once host `watch` holds a
+    partial temp file of it: exit 130, and every host of `hosts` keeps a complete big.bin (the old
+    one or the new one, never a prefix under its name) and no temp file."""
+    import hashlib
+
+    old = os.urandom(4096)
+    (tmp_path / "big.bin").write_bytes(old)
+    write_fault_cluster(lab, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"], command="true", **cluster)
+    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
+    with open(tmp_path / "big.bin", "wb") as fh:
+        for _ in range(300):
+            fh.write(os.urandom(1 << 20))
+    proc = spawn_orch("up", "-q", "--skip-checks", cwd=tmp_path)
+    try:
+        assert wait_until(lambda: remote_ls(lab, watch, f"{wd}/.orch-sync-partial.*") != [], timeout=60,
+                          interval=0.02)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    either = (hashlib.sha256(old).hexdigest(), hashlib.sha256((tmp_path / "big.bin").read_bytes()).hexdigest())
+    for i in hosts:
+        assert wait_until(lambda i=i: remote_ls(lab, i, f"{wd}/.orch-sync-partial.*") == [], timeout=30), i
+        assert lab.exec(i, ["sh", "-c", f"sha256sum < {wd}/big.bin | cut -c1-64"]).stdout.strip() in either, i

@@ -4,13 +4,11 @@ link outside the project points to."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import signal
 
 import pytest
 
-from tests.support import orch, remote_ls, spawn_orch, wait_until, write_fault_cluster
+from tests.support import interrupted_big_sync, orch, remote_ls, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -20,32 +18,10 @@ def sy(fx_lab):
     return fx_lab("y", 2)
 
 
-def host_sha(lab, i: int, path: str) -> str:
-    return lab.exec(i, ["sh", "-c", f"sha256sum < {path} | cut -c1-64"]).stdout.strip()
-
-
 def test_an_interrupted_sync_keeps_the_old_file_and_no_partial_one(sy, tmp_path):
     """Ctrl-C while a 300 MB file is on its way: every host keeps the previous, complete
     big.bin (never a prefix of the new one under its name), and no partial temp file stays."""
-    wd = "/data/fx-sync-int"
-    old = os.urandom(4096)
-    (tmp_path / "big.bin").write_bytes(old)
-    write_fault_cluster(sy, tmp_path, workdir=wd, launcher="ranktable", sync=["big.bin"], command="true")
-    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
-    with open(tmp_path / "big.bin", "wb") as fh:
-        for _ in range(300):
-            fh.write(os.urandom(1 << 20))
-    proc = spawn_orch("up", "-q", "--skip-checks", cwd=tmp_path)
-    try:
-        assert wait_until(lambda: remote_ls(sy, 1, f"{wd}/.orch-sync-partial.*") != [], timeout=60, interval=0.02)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130, proc.stderr.read().decode()
-    finally:
-        proc.kill()
-    for i in (1, 2):
-        assert wait_until(lambda i=i: remote_ls(sy, i, f"{wd}/.orch-sync-partial.*") == [], timeout=20), i
-        assert host_sha(sy, i, f"{wd}/big.bin") in (hashlib.sha256(old).hexdigest(),
-                                                   hashlib.sha256((tmp_path / "big.bin").read_bytes()).hexdigest())
+    interrupted_big_sync(sy, tmp_path, "/data/fx-sync-int", 1, (1, 2))
 
 
 def test_hosts_mirror_modes_and_links_and_nothing_outside_the_project(sy, tmp_path):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from tests.support import orch, remote_ls, spawn_orch, wait_until, write_fault_cluster
+from tests.support import interrupted_big_sync, orch, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -83,24 +82,4 @@ def test_the_launch_host_passes_the_tree_on_checked_at_every_hop(rl, tmp_path):
 def test_an_interrupted_relay_leaves_no_partial_file_on_any_host(rl, tmp_path):
     """Ctrl-C while a big file is on its way to the launch host and passed on from it: every
     host keeps a complete big.bin (the old one or the new one, never a prefix) and no temp file."""
-    wd = "/data/fx-relay-int"
-    old = os.urandom(4096)
-    (tmp_path / "big.bin").write_bytes(old)
-    write_fault_cluster(rl, tmp_path, workdir=wd, launcher="ranktable", sync_via="launch-host", sync=["big.bin"],
-                        command="true")
-    orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=0)
-    with open(tmp_path / "big.bin", "wb") as fh:
-        for _ in range(300):
-            fh.write(os.urandom(1 << 20))
-    proc = spawn_orch("up", "-q", "--skip-checks", cwd=tmp_path)
-    try:
-        assert wait_until(lambda: remote_ls(rl, 3, f"{wd}/.orch-sync-partial.*") != [], timeout=60, interval=0.02)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130, proc.stderr.read().decode()
-    finally:
-        proc.kill()
-    new = hashlib.sha256((tmp_path / "big.bin").read_bytes()).hexdigest()
-    for i in (1, 2, 3):
-        assert wait_until(lambda i=i: remote_ls(rl, i, f"{wd}/.orch-sync-partial.*") == [], timeout=30), i
-        got = rl.exec(i, ["sh", "-c", f"sha256sum < {wd}/big.bin | cut -c1-64"]).stdout.strip()
-        assert got in (hashlib.sha256(old).hexdigest(), new), i
+    interrupted_big_sync(rl, tmp_path, "/data/fx-relay-int", 3, (1, 2, 3), sync_via="launch-host")
