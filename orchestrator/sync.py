@@ -822,27 +822,25 @@ def known_todo(items: Sequence[Entry], listed: Mapping[str, list | None] | None)
 
 def _todo(t: Transport, workdir: str, items: list[Entry]) -> list[tuple[Entry, str]]:
     """The first round trip: what of `items` the host lacks (or has otherwise), and what to send."""
-    req = json.dumps([[e.rel, e.data is not None] for e in items]).encode()
-    res = t.run(_receiver_argv("list", workdir), stdin=req)
+    request = [(e.rel, e.data is not None) for e in items]
+    res = t.run(_receiver_argv("list", workdir), stdin=json.dumps([list(r) for r in request]).encode())
     if not res.ok:
         raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, "cannot list")
-    try:
-        have = json.loads(res.out)
-        assert isinstance(have, list) and len(have) == len(items)
-    except (ValueError, AssertionError):
-        raise HostError(t.host.name, f"unreadable answer from the sync receiver: {res.out[-200:]!r}") from None
-    return [(e, what) for e, h in zip(items, have) if (what := _differs(e, h))]
+    todo = known_todo(items, parse_listing(request, res.out))   # the probe's listing is read the same way
+    if todo is None:
+        raise HostError(t.host.name, f"unreadable answer from the sync receiver: {res.out[-200:]!r}")
+    return todo
 
 
-def _stream_timeout(t: Transport, todo: list[tuple[Entry, str]]) -> float:
-    size = sum(e.size for e, what in todo if what == "send")
-    return t.command_timeout + size / 1e6  # at least 1 MB/s on top of the usual limit
+def _stream_timeout(command_timeout: float, *todos: Sequence[tuple[Entry, str]]) -> float:
+    """A stream's limit: the usual one, plus what it sends at 1 MB/s."""
+    return command_timeout + sum(e.size for todo in todos for e, what in todo if what == "send") / 1e6
 
 
 def _send(t: Transport, workdir: str, todo: list[tuple[Entry, str]], what: str = "cannot write") -> None:
     """The second round trip: one stream of `todo` from here."""
     if todo:
-        res = t.run(_receiver_argv("recv", workdir), stdin=_Frames(todo), timeout=_stream_timeout(t, todo))
+        res = t.run(_receiver_argv("recv", workdir), stdin=_Frames(todo), timeout=_stream_timeout(t.command_timeout, todo))
         if not res.ok:
             raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, what)
 
@@ -921,9 +919,8 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
 
 
 def _relay_timeout(command_timeout: float, own, todos) -> float:
-    size = sum(e.size for e, what in own if what == "send")
-    size += sum(e.size for _, todo in todos.values() for e, what in todo if what == "send")
-    return command_timeout + size / 1e6  # as a direct stream: at least 1 MB/s on top of the usual limit
+    """As a direct stream's: everything the relay carries, at 1 MB/s, on top of the usual limit."""
+    return _stream_timeout(command_timeout, own, *(todo for _, todo in todos.values()))
 
 
 def relay_errors(launch: Host, todos: Mapping[str, tuple[Host, list]], answer: Mapping, workdir: str,

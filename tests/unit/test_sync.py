@@ -380,3 +380,18 @@ def test_a_listing_that_says_the_host_has_the_file_when_it_does_not_costs_a_rese
     (src / "a.py").write_text("a = 3\n")
     rep = sync.sync_host(t, str(work), sync.manifest(src, ("a.py",), "c.yaml"), listed=listed)
     assert rep.copied == ("a.py",) and (work / "a.py").read_text() == "a = 3\n"
+
+
+@pytest.mark.parametrize("answer", ['[["file", 1, 2]]', '[5]', '[null, null]', 'not json', '{"a": 1}'])
+def test_a_garbled_listing_from_the_round_trip_is_an_error_naming_the_host_never_a_traceback(tmp_path, answer):
+    """The listing round trip's answer is read as the probe's is (parse_listing): a record that is
+    not the receiver's five fields, a wrong count or no JSON is one HostError naming the host."""
+    from orchestrator.transport.base import Result
+
+    class Garbled(Counting):
+        def run(self, *a, **k):
+            return Result(self.host.name, "list", 0, answer.encode(), b"", 0.0)
+
+    entries = sync.manifest(tree(tmp_path / "src", {"a.py": "x"}), ("a.py",), str(tmp_path / "c.yaml"))
+    with pytest.raises(HostError, match="here.*unreadable answer from the sync receiver"):
+        sync.sync_host(Garbled(), str(tmp_path / "wd"), entries)
