@@ -162,8 +162,10 @@ class Launcher:
 
     def rendered_names(self, cluster: Cluster) -> tuple[str, ...]:
         """The names in workdir `files` may give, known before the plan's facts (`orch up`'s probe
-        lists them on every host: sync then needs no round trip of its own)."""
-        return ()
+        lists them on every host: sync then needs no round trip of its own): the files of its
+        launch_files spec."""
+        spec = self.launch_files(cluster)
+        return tuple(str(spec[k]) for k in ("hostfile", "rank_table") if k in spec)
 
     def secret_env(self, ctx: Context) -> dict[str, Mapping[str, str]]:
         """host -> secrets `agent.py rank` hands each rank there (only where the launcher's own

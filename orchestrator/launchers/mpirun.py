@@ -162,9 +162,6 @@ class Mpirun(Launcher):
             return {}
         return {ctx.plan.launch_host.name: {HOSTFILE: hostfile(ctx.plan, by_name=ctx.cluster.slurm is not None).encode()}}
 
-    def rendered_names(self, cluster: Cluster) -> tuple[str, ...]:
-        return (HOSTFILE,)
-
     def secret_env(self, ctx: Context) -> dict[str, Mapping[str, str]]:
         if ctx.only:
             return {}

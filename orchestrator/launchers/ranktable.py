@@ -123,9 +123,6 @@ class Ranktable(Launcher):
         data = rank_table(ctx.cluster, ctx.plan, ctx.device_ips or {}, ctx.aarch64).encode()
         return {h.name: {RANK_TABLE: data} for h in ctx.plan.all_hosts}
 
-    def rendered_names(self, cluster: Cluster) -> tuple[str, ...]:
-        return (RANK_TABLE,) if self.needs_device_ips(cluster) else ()
-
     def launch_files(self, cluster: Cluster) -> dict[str, object]:
         if not self.needs_device_ips(cluster):
             return {}

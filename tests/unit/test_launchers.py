@@ -250,3 +250,19 @@ def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tm
                          text=True, timeout=30)
     assert res.returncode == 1 and "is not a directory of this user" in res.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("launcher,platform,names", [
+    ("mpirun", "cpu", ("hostfile",)), ("ranktable", "ascend", ("rank_table.json",)),
+    ("ranktable", "cpu", ()), ("msrun", "ascend", ()), ("torchrun", "gpu", ())])
+def test_the_files_the_probe_lists_are_the_launchers_own_files(launcher, platform, names):
+    """rendered_names (what up's probe lists for sync) are the files the launcher writes, and only those."""
+    from dataclasses import replace
+
+    c = cluster(["python3", "net.py"], launcher=launcher, n_hosts=1)
+    c = replace(c, job=replace(c.job, platform=platform))
+    kind = launchers.LAUNCHERS[launcher]
+    assert kind.rendered_names(c) == names
+    written = launchers.build(c, make_plan(c), "r1", root={}, device_ips={h.name: {d: f"10.9.0.{d + 1}" for d in h.devices}
+                                                                         for h in c.hosts}).files
+    assert {n for f in written.values() for n in f} == set(names)
