@@ -239,24 +239,31 @@ class PlanFacts:
 
 def plan_facts(cluster: Cluster, plan: RankPlan, *, probe: bool, pool: Callable[[], Pool]) -> PlanFacts:
     """`orch plan`: the inventory's device IPs and super devices; with `probe`, what it lacks read
-    on the hosts as `orch up` reads it (`pool()` opens the connections), where a missing fact is a
-    PlanError; without, it is `missing` (the plan is shown all the same)."""
+    on the hosts as `orch up` reads it (over one `pool()`: one connection per host for both
+    reads), where a missing fact is a PlanError; without, it is `missing` (the plan is shown all
+    the same)."""
+    if not probe:
+        return _plan_facts(cluster, plan, None)
+    with pool() as p:   # connects only to the hosts it reads
+        return _plan_facts(cluster, plan, p)
+
+
+def _plan_facts(cluster: Cluster, plan: RankPlan, pool: Pool | None) -> PlanFacts:
     device_ips: dict[str, dict[int, str]] | None = None
     missing: PlanError | None = None
     if launcher(cluster).needs_device_ips(cluster):
         try:
-            if probe:  # /etc/hccn.conf of the hosts whose inventory lacks some, as `orch up` reads it
-                with pool() as p:
-                    device_ips = read_device_ips(plan, p, what="--probe: ",
-                                                 timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
+            if pool is not None:  # /etc/hccn.conf of the hosts whose inventory lacks some, as `orch up` reads it
+                device_ips = read_device_ips(plan, pool, what="--probe: ",
+                                             timeout=cluster.ssh.connect_timeout + cluster.ssh.command_timeout)
             else:
                 device_ips = device_ips_for(plan, {})
         except PlanError as exc:
-            if probe:
+            if pool is not None:
                 raise
             missing = exc
     if _a3(cluster):
-        plan, missing_sdids = _plan_super_devices(plan, probe, pool)
+        plan, missing_sdids = _plan_super_devices(plan, pool)
         if missing_sdids is not None:  # no rank table without them; the commands show placeholders
             device_ips = None
             missing = missing_sdids if missing is None else \
@@ -264,17 +271,16 @@ def plan_facts(cluster: Cluster, plan: RankPlan, *, probe: bool, pool: Callable[
     return PlanFacts(plan, device_ips, missing)
 
 
-def _plan_super_devices(plan: RankPlan, probe: bool, pool: Callable[[], Pool]) -> tuple[RankPlan, PlanError | None]:
+def _plan_super_devices(plan: RankPlan, pool: Pool | None) -> tuple[RankPlan, PlanError | None]:
     """Rank table 1.2: (the plan with every host's super devices, None), read with npu-smi where the
-    inventory lacks them when `probe`; or, when some are missing without it, (the plan with
-    placeholders for the printed commands, the PlanError)."""
-    if probe and any(needs_probe(h) for h in plan.all_hosts):
-        with pool() as p:
-            return read_super_devices(plan, p), None
+    inventory lacks them when probing (`pool`); or, when some are missing without it, (the plan
+    with placeholders for the printed commands, the PlanError)."""
+    if pool is not None and any(needs_probe(h) for h in plan.all_hosts):
+        return read_super_devices(plan, pool), None
     try:
         return super_devices_for(plan, {}), None
     except PlanError as exc:
-        if probe:
+        if pool is not None:
             raise
         n = iter(range(sum(len(h.devices) for h in plan.all_hosts)))
         shown = tuple(replace(h, super_device_ids={d: next(n) for d in h.devices}, super_pod_id=0)

@@ -541,8 +541,15 @@ printf '\\t%-30s : %u\\n' SDID $((113246208 + d)) 'Super Pod Size' 48 'Super Pod
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     f = write_cluster(tmp_path, A3_CLUSTER)
     out = tmp_path / "out"
+    import orchestrator.transport
+
+    pools = []
+    real_init = orchestrator.transport.Pool.__init__
+    monkeypatch.setattr(orchestrator.transport.Pool, "__init__",
+                        lambda self, *a, **k: (pools.append(self), real_init(self, *a, **k))[1])
     res = CliRunner().invoke(_cli(), ["plan", str(f), "--probe", "--out", str(out)])
     assert res.exit_code == 0, res.output
+    assert len(pools) == 1   # hccn.conf and npu-smi read over the same connections
     table = json.loads((out / "rank_table.json").read_text())
     devs = table["server_list"][0]["device"]
     assert [d["super_device_id"] for d in devs] == [str(113246208 + d) for d in range(16)]
