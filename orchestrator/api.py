@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from .errors import Interrupted, PlanError, PreflightFailed, UsageError
+from .errors import Interrupted, PlanError, PreflightFailed, SpecError, UsageError
 from .lifecycle import Events, Lifecycle, RunEnd
 from .rankplan import RankPlan
 from .runs import Run
@@ -257,11 +257,19 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
 
 def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, on_finishing) -> UpResult:
     """`up` once the hosts are known."""
-    from . import launchers, lifecycle
+    from . import launchers, lifecycle, sync
     from . import prepare as preparing
     from .runs import create_run
     from .transport import Pool
 
+    # what is synced, read once: the probe lists it on the hosts (or prepare does, with
+    # --skip-checks) and sync sends what they lack; unreadable: the check says why, else this
+    try:
+        entries: list | None = sync.job_manifest(cluster)
+    except SpecError:
+        if skip_checks:
+            raise
+        entries = None
     with Pool(cluster) as pool:
         report = None
         if not skip_checks:
@@ -269,16 +277,19 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
 
             events.step(f"checking {len(cluster.hosts)} host(s)")
             # the probes read prepare's facts too (report.prepared): no round trip of its own
-            report = checks.run_checks(cluster, pool, rp, prepare=True)
+            report = checks.run_checks(cluster, pool, rp, prepare=True, entries=entries)
             if not report.ok:
                 exc = PreflightFailed("preflight failed: nothing was started",
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
                 exc.report = report
                 raise exc
+        if entries is None:   # checks.skip has files: nothing said why job.sync cannot be read
+            entries = sync.job_manifest(cluster)
         # hccn.conf once per host: what the check's probe read there, else read now
         rp, device_ips = preparing.launch_facts(cluster, rp, pool, report.hccn if report is not None else None)
         prepared = preparing.prepare(cluster, rp, pool, force=force,
-                                     known=report.prepared if report is not None else None)
+                                     known=report.prepared if report is not None else None,
+                                     listing=preparing.sync_listing(cluster, entries))
         for other, hosts in prepared.live.items():   # --force
             events.step(f"--force: stopping run {other} on {', '.join(hosts)} (workdir {cluster.job.workdir})")
             lifecycle.stop_run(cluster, rp, pool, other, "`orch up --force` of another run")
@@ -293,7 +304,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
         outcome, stop_reason = None, None
         try:
-            run_lifecycle.distribute(launch, report.listed if report is not None else None)
+            run_lifecycle.distribute(launch, entries, {**(report.listed if report is not None else {}),
+                                                       **prepared.listed})
             run_lifecycle.start(launch)
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:

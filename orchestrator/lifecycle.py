@@ -119,13 +119,12 @@ class Lifecycle:
         return _fan(self.cluster, self.plan.all_hosts if hosts is None else hosts, fn)
 
     # ---- steps
-    def distribute(self, launch: Launch, listed: Mapping[str, Mapping] | None = None) -> None:
-        """Sync the code and the rendered files to every host; `listed`: what up's check probe
-        listed on each (checks.Report.listed): those hosts are not asked again."""
+    def distribute(self, launch: Launch, entries: list, listed: Mapping[str, Mapping] | None = None) -> None:
+        """Sync `entries` (sync.job_manifest) and the rendered files to every host; `listed`: what
+        up's check probe (or prepare) listed on each: those hosts are not asked again."""
         job = self.cluster.job
-        from .sync import manifest, relayed, sync_hosts  # lazy: only `orch up` syncs; status and down of a recorded run do not
+        from .sync import relayed, sync_hosts  # lazy: only `orch up` syncs; status and down of a recorded run do not
 
-        entries = manifest(self.cluster.base_dir, job.sync, str(self.cluster.path), job.sync_exclude)
         for host_files in launch.files.values():
             for name, data in host_files.items():
                 self.run.write_file(name, data.decode())

@@ -14,7 +14,7 @@ one owner for each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from . import probes, supervisor
 from .devices import HccnDevice, hccn_ips, needs_probe, read_hccn, read_spod, super_devices_for
@@ -24,12 +24,21 @@ from .launchers import launcher
 from .logins import is_root
 from .model import Cluster
 from .rankplan import RankPlan, device_ips_for
+from .sync import Entry, listing_request, listing_script, parse_listing
 from .transport import Pool
 
 
 # --------------------------------------------------------------------------- the facts and their script
 
 PREPARE_FACTS = ("uid", "arch", "interface", "python")  # what prepare reads on every host
+LISTING_MARK = "orch:synclist"  # in prepare's own round trip, the sync listing follows this line
+
+
+def sync_listing(cluster: Cluster, entries: Sequence[Entry]) -> tuple[tuple[str, bool], ...]:
+    """What `orch up` lists on every host before it syncs (sync.listing_request, pure): `entries`
+    (sync.job_manifest) and the files the launcher renders. Up's check probe lists it (section
+    synclist); with --skip-checks, prepare's round trip does: sync then asks no host again."""
+    return listing_request(entries, launcher(cluster).rendered_names(cluster))
 
 
 def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, ...] = PREPARE_FACTS) -> str:
@@ -125,32 +134,45 @@ class Prepared:
     arch: dict[str, str | None] = field(default_factory=dict)  # {host: uname -m}
     addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
     live: dict[str, list[str]] = field(default_factory=dict)   # {another run live in the workdir: its hosts} (force)
+    listed: dict[str, dict] = field(default_factory=dict)      # {host: what it listed for sync} (the hosts asked here)
 
     @property
     def aarch64(self) -> bool:
         return any(a == "aarch64" for a in self.arch.values())
 
 
-def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts: Any) -> Results[dict[str, Any]]:
-    """prepare's round trip, one per host of `hosts`: {host: Outcome of its parsed reply}."""
+def ask_prepare(cluster: Cluster, plan: RankPlan, pool: Pool, hosts: Any,
+                listing: Sequence[tuple[str, bool]] = ()) -> Results[tuple[dict[str, Any], dict | None]]:
+    """prepare's round trip, one per host of `hosts`: {host: Outcome of (its parsed facts, what it
+    listed of `listing`, the sync listing request (sync_listing), or None)}. A listing that failed
+    or came back garbled is None (sync asks again); it never hides a fact."""
     script = prepare_script(cluster, plan.launch_host.cluster_address)
-    return fan_out(hosts, lambda h: parse_prepare(pool[h].run(script).check("preparing the launch").out),
-                   limit=cluster.ssh.fanout)
+    if listing:
+        # its failure (no python3: the facts say so) is not the round trip's
+        script += f"echo; echo {LISTING_MARK}\n{listing_script(cluster.job.workdir, listing, wrap='')}\ntrue\n"
+
+    def ask(h):
+        out = pool[h].run(script).check("preparing the launch").out
+        facts_text, mark, listed = out.partition(f"\n{LISTING_MARK}\n")
+        return parse_prepare(facts_text), (parse_listing(listing, listed) if mark and listing else None)
+    return fan_out(hosts, ask, limit=cluster.ssh.fanout)
 
 
 def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False,
-            known: Mapping[str, dict[str, Any]] | None = None) -> Prepared:
+            known: Mapping[str, dict[str, Any]] | None = None, listing: Sequence[tuple[str, bool]] = ()) -> Prepared:
     """What must hold before anything is written (the module's first point). A host it cannot
     use: PreflightFailed (exit 3), as nothing was started; another live run in the workdir:
     RunConflict, unless `force` (the caller stops it: Prepared.live). `known`: {host: its facts}
     as up's check probe read them (checks.Report.prepared); the other hosts are asked now, one
-    round trip each."""
+    round trip each, which lists `listing` there too (sync_listing; Prepared.listed)."""
     known = dict(known or {})
+    listed: dict[str, dict] = {}
     need = [h for h in plan.all_hosts if h.name not in known]
     if need:
-        res = ask_prepare(cluster, plan, pool, need)
+        res = ask_prepare(cluster, plan, pool, need, listing)
         res.raise_if_failed(PreflightFailed, "cannot reach every host; nothing was started")
-        known.update(res.succeeded)
+        known.update({n: f for n, (f, _) in res.succeeded.items()})
+        listed = {n: got for n, (_, got) in res.succeeded.items() if got is not None}
     got = {h.name: known[h.name] for h in plan.all_hosts}
     problems = []
     for name, f in got.items():
@@ -180,7 +202,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                               hint=f"stop it with `orch down --run {run_id}` (from the directory that started "
                                    "it), wait for it to end, or pass --force to stop it first")
     return Prepared({n: is_root(uid=f["uid"]) for n, f in got.items()}, interfaces,
-                    {n: f["arch"] for n, f in got.items()}, addresses, live)
+                    {n: f["arch"] for n, f in got.items()}, addresses, live, listed)
 
 
 # --------------------------------------------------------------------------- device IPs, super devices

@@ -69,11 +69,14 @@ class Section:
 
 @dataclass(frozen=True)
 class SyncFile:
-    """One file `orch up` will copy: its path relative to workdir, size and sha256 here."""
+    """One file `orch up` will copy: its path relative to workdir, size and sha256 here (`orch
+    check`), or size and modification time (`orch up`'s probe, which compares them with the host's
+    sync listing as sync does, and hashes nothing)."""
 
     rel: str
     size: int
-    sha256: str | None  # None when larger than HASH_LIMIT (compared by size)
+    sha256: str | None  # None when larger than HASH_LIMIT (compared by size), or when listed
+    mtime_ns: int | None = None  # `orch up`: compared with the host's listing
 
 
 @dataclass(frozen=True)

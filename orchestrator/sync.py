@@ -49,7 +49,7 @@ from .errors import HostError, Location, OrchError, RemoteTimeout, SpecError
 from .fanout import Outcome, Results
 from .hostlayout import PY
 from .logins import HOST_KEX, ssh_args
-from .model import Host, SshSettings
+from .model import Cluster, Host, SshSettings
 from .transport import Transport
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".orch/")
@@ -162,6 +162,12 @@ def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tupl
     if problems:
         raise SpecError(problems, hint="fix job.sync (or job.sync_exclude), or the files")
     return [entries[k] for k in sorted(entries)]
+
+
+def job_manifest(cluster: Cluster) -> list[Entry]:
+    """What `orch up` syncs of this cluster's job (job.sync less job.sync_exclude): made once per
+    `orch up`, for its probe's listing, the files check and the sync itself."""
+    return manifest(cluster.base_dir, cluster.job.sync, str(cluster.path), cluster.job.sync_exclude)
 
 
 def _inside(path: str, root: str) -> bool:
@@ -787,11 +793,13 @@ def listing_request(entries: Sequence[Entry], rendered_names: Sequence[str] = ()
     return tuple(out + [(n, True) for n in sorted(set(rendered_names) - seen)])
 
 
-def listing_script(workdir: str, request: Sequence[tuple[str, bool]]) -> str:
+def listing_script(workdir: str, request: Sequence[tuple[str, bool]], wrap: str = "$T ") -> str:
     """The probe section's shell: the receiver's `list` with the request on stdin (a here-document:
-    the JSON is one line starting with `[`, never the delimiter). Creates nothing on the host."""
+    the JSON is one line starting with `[`, never the delimiter). Creates nothing on the host.
+    `wrap`: what runs it (the probe's time limit; "" in prepare's round trip, which has the
+    command's own)."""
     py = " ".join(shlex.quote(a) for a in _receiver_argv("list", workdir))
-    return f"$T {py} <<'ORCH_LIST_END'\n{json.dumps([list(r) for r in request])}\nORCH_LIST_END"
+    return f"{wrap}{py} <<'ORCH_LIST_END'\n{json.dumps([list(r) for r in request])}\nORCH_LIST_END"
 
 
 def parse_listing(request: Sequence[tuple[str, bool]], text: str) -> dict[str, list | None] | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Sequence
+
 from .. import probes
 from ..errors import OrchError, PlanError, SpecError
 from ..launchers import launcher
@@ -13,7 +15,8 @@ from ..rankplan import RankPlan, make_plan, order_hosts
 from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
-from ..sync import listing_request, manifest
+from ..prepare import sync_listing
+from ..sync import Entry, job_manifest, manifest
 
 
 def active_checks(cluster: Cluster) -> list[str]:
@@ -68,14 +71,22 @@ def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
     return files, missing
 
 
-def sync_listing(cluster: Cluster) -> tuple[tuple[str, bool], ...]:
-    """What `orch up`'s probe lists in workdir for sync (reads local files: the manifest's paths,
-    and the launcher's rendered files); () when job.sync cannot be read (check files says why)."""
-    try:
-        entries = manifest(cluster.base_dir, cluster.job.sync, str(cluster.path), cluster.job.sync_exclude)
-    except OrchError:
-        return ()
-    return listing_request(entries, launcher(cluster).rendered_names(cluster))
+def up_files(cluster: Cluster, entries: Sequence[Entry] | None) -> tuple[list[SyncFile], list[str],
+                                                                         tuple[tuple[str, bool], ...]]:
+    """`orch up`'s probe: (the files it will copy, by size and modification time; why job.sync
+    cannot be synced; what the probe lists on every host for sync and the files check, the
+    listing request). `entries`: up's sync manifest (sync.job_manifest, made once for the probe
+    and the sync); None: read here. Nothing is hashed: each host's listing is compared by size
+    and mtime, as sync compares it. When job.sync cannot be read: `orch check`'s way (the
+    problems, no listing)."""
+    if entries is None:
+        try:
+            entries = job_manifest(cluster)
+        except OrchError:
+            files, missing = sync_manifest(cluster)
+            return files, missing, ()
+    return ([SyncFile(e.rel, e.size, None, e.mtime_ns) for e in entries if e.kind == "file"], [],
+            sync_listing(cluster, entries))
 
 
 @dataclass(frozen=True)
@@ -100,21 +111,28 @@ class CheckPlan:
     # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
     # job.sync cannot be read here: sync then asks in its own round trip)
     listing: tuple[tuple[str, bool], ...] = ()
+
+
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
-                    deep: bool = False, prepare: bool = False) -> CheckPlan:
+                    deep: bool = False, prepare: bool = False, entries: Sequence[Entry] | None = None) -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
-    making it gave); None: made here. `prepare`: the probe reads `orch up`'s prepare facts too."""
+    making it gave); None: made here. `prepare`: the probe reads `orch up`'s prepare facts too,
+    and lists what each host has of the sync (`entries`: up's sync manifest, see up_files)."""
     if rank_plan is None:
         rank_plan = try_plan(cluster)
     checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
     hosts = rank_plan.all_hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
-    manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
+    listing: tuple[tuple[str, bool], ...] = ()
+    if prepare:
+        manifest, missing, listing = up_files(cluster, entries)
+    else:
+        manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
-                     listing=sync_listing(cluster) if prepare else ())
+                     listing=listing)
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

@@ -1,5 +1,6 @@
 """files: the files `orch up` will sync (job.sync) exist here, and whether the hosts' copies are
-current (sha256, or the size of very big files)."""
+current: `orch check` by sha256 (or the size of very big files); `orch up`'s probe by the host's
+sync listing (size and modification time, as sync compares them: nothing hashed on either side)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Sequence
 from .. import probes
 from ..probes import Section, SyncFile
 from ..model import Host
+from ..sync import LISTING_SECTION, parse_listing
 from .base import Check, CheckResult, Probe, register, result, section
 from .workdir import WORKDIR
 
 
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
-    if not plan.manifest:
+    if not plan.manifest or plan.listing:  # `orch up`: the sync listing (section synclist) tells
         return []
     listed = plan.manifest[:probes.MAX_COMPARED_FILES]
     small = [f for f in listed if f.sha256 is not None]
@@ -54,12 +56,38 @@ def judge_files(host: Host, sec: Section, manifest: Sequence[SyncFile]) -> Check
             current += 1
         else:
             stale.append(f.rel)
-    extra = f"; {len(manifest) - len(compared)} more not compared" if len(manifest) > len(compared) else ""
+    return _verdict(host, manifest, len(compared), current, stale)
+
+
+def judge_listed(host: Host, sec: Section | None, plan) -> CheckResult:
+    """`orch up`'s probe: the files against the host's sync listing (sync.parse_listing), by size
+    and mtime, as sync decides what to send. A listing that did not come back whole: a warning
+    (sync lists the host again itself), never a failure."""
+    listed = parse_listing(plan.listing, sec.body) if sec is not None and sec.rc == 0 else None
+    if listed is None:
+        return result("files", host, "warn", "could not compare the synced files: the host's listing of "
+                                             f"{plan.cluster.job.workdir} did not come back whole (orch up lists "
+                                             "it again as it syncs)")
+    stale, current = [], 0
+    for f in plan.manifest:
+        have = listed.get(f.rel)
+        if have is None:
+            continue
+        if have[0] == "file" and have[1] == f.size and have[2] == f.mtime_ns:
+            current += 1
+        else:
+            stale.append(f.rel)
+    return _verdict(host, plan.manifest, len(plan.manifest), current, stale, " (size or modification time)")
+
+
+def _verdict(host: Host, manifest: Sequence[SyncFile], compared: int, current: int, stale: list[str],
+             how: str = "") -> CheckResult:
+    extra = f"; {len(manifest) - compared} more not compared" if len(manifest) > compared else ""
     if stale:
         shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")
-        return result("files", host, "warn", f"stale code on the host: {shown} differ from this machine's "
+        return result("files", host, "warn", f"stale code on the host: {shown} differ from this machine's{how} "
                                              f"(orch up will re-sync them){extra}")
-    absent = len(compared) - current
+    absent = compared - current
     if current == 0:
         return result("files", host, "pass", f"not synced yet: orch up copies {len(manifest)} file(s)")
     if absent:
@@ -76,5 +104,7 @@ def _local(plan) -> list[CheckResult]:
 
 
 register(Check("files", applies=lambda plan, host: bool(plan.manifest), probes=(WORKDIR, FILES),
-               judge=lambda plan, run: [judge_files(run.host, section(run.sections, "files"), plan.manifest)],
+               judge=lambda plan, run: [judge_listed(run.host, (run.sections or {}).get(LISTING_SECTION), plan)
+                                        if plan.listing else
+                                        judge_files(run.host, section(run.sections, "files"), plan.manifest)],
                local=_local))

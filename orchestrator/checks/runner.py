@@ -26,7 +26,7 @@ from .names import KNOWN_CHECKS
 from . import reach
 from .devices import hccn_confs
 from ..prepare import facts, probe_section
-from ..sync import LISTING_SECTION, listing_script, parse_listing
+from ..sync import LISTING_SECTION, Entry, listing_script, parse_listing
 
 # `orch up`'s prepare facts that no check's section reads: a section of the probe of their own
 # (prepare.py owns the facts; not a check: no result, no row in the report; they reach `up`
@@ -149,17 +149,18 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
 
 def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                deep: bool = False, on_result: Callable[[CheckResult], None] | None = None,
-               procs: int = 1, prepare: bool = False) -> Report:
+               procs: int = 1, prepare: bool = False, entries: Sequence[Entry] | None = None) -> Report:
     """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
     deep: also the device health probes (check `health`). `rank_plan`: the plan the caller made
     (or the PlanError making it gave: check device-rules reports it); None: planned here.
     procs > 1: the probes fan out from that many processes (shards.fan_out_procs), for a caller
     whose pool is still empty and serves only the checks (`orch check`: the connections the
     other processes make are theirs, closed as they exit); the judging stays here.
-    `prepare` (`orch up`): the probes read prepare's facts too (Report.prepared)."""
+    `prepare` (`orch up`): the probes read prepare's facts too (Report.prepared), and list what
+    each host has of `entries`, up's sync manifest (Report.listed; checkplan.up_files)."""
 
     t0 = time.monotonic()
-    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare)
+    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare, entries=entries)
     results: list[CheckResult] = []
 
     def emit(rs: Iterable[CheckResult]) -> None:

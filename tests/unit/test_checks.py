@@ -602,6 +602,44 @@ def test_files_judge_and_manifest(tmp_path):
     assert r.status == "pass" and "2 file(s) up to date, 1 not there yet" in r.message
 
 
+def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
+    """`orch up`'s probe compares the files with the host's sync listing (size and mtime, as sync
+    decides what to send): no sha256sum section, nothing hashed here; a listing that did not come
+    back whole is a warning, never a failure (sync lists the host again)."""
+    import json
+    import os
+
+    from orchestrator import sync
+
+    (tmp_path / "pkg").mkdir()
+    for n in ("a.py", "b.py", "c.py"):
+        (tmp_path / "pkg" / n).write_text(n)
+    c = cluster(tmp_path, sync=("pkg",))
+    entries = sync.job_manifest(c)
+    plan = checks.make_check_plan(c, prepare=True, entries=entries)
+    assert all(f.sha256 is None and f.mtime_ns for f in plan.manifest)
+    script = checks.probe_script(plan, c.hosts[0])
+    assert "sha256sum" not in script and "wc -c" not in script and "synclist" in script
+    st = {n: os.stat(tmp_path / "pkg" / n) for n in ("a.py", "b.py")}
+    have = {"pkg/a.py": ["file", st["a.py"].st_size, st["a.py"].st_mtime_ns, 0o644, None],
+            "pkg/b.py": ["file", st["b.py"].st_size, st["b.py"].st_mtime_ns + 1, 0o644, None]}
+    body = json.dumps([have.get(rel) for rel, _ in plan.listing])
+    h = c.hosts[0]
+    r = checks.files.judge_listed(h, sec("synclist", body), plan)
+    assert r.status == "warn" and "stale code on the host: pkg/b.py differ from this machine's (size or " \
+        "modification time)" in r.message, r
+    del have["pkg/b.py"]
+    r = checks.files.judge_listed(h, sec("synclist", json.dumps([have.get(rel) for rel, _ in plan.listing])), plan)
+    assert r.status == "pass" and "1 file(s) up to date, 2 not there yet" in r.message, r
+    r = checks.files.judge_listed(h, sec("synclist", json.dumps([None for _ in plan.listing])), plan)
+    assert r.status == "pass" and "not synced yet: orch up copies 3 file(s)" in r.message, r
+    for garbled in (sec("synclist", "[1, 2"), sec("synclist", "[]"), sec("synclist", body, rc=1), None):
+        r = checks.files.judge_listed(h, garbled, plan)
+        assert r.status == "warn" and "did not come back whole" in r.message, (garbled, r)
+    # `orch check` (no prepare) still hashes
+    assert "sha256sum" in checks.probe_script(checks.make_check_plan(c), h)
+
+
 # --------------------------------------------------------------------------- run_checks with a fake transport
 
 

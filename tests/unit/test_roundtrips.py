@@ -5,6 +5,7 @@ back shows up here. Timings belong in tests/benchmarks; these count."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ class BeforeSync(Exception):
 def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     """api.up up to its sync (distribute raises, `runs` then holds up's round trips before it):
     what up learnt before writing anything (prepare.Prepared)."""
-    def stop(self, launch, listed=None):
+    def stop(self, launch, entries, listed=None):
         captured["before_sync"] = dict(runs)
         raise BeforeSync
 
@@ -86,7 +87,7 @@ def _up_until_start(cluster, monkeypatch, runs: Counter, **kw) -> int:
 
 def test_up_syncs_by_what_the_check_probe_listed(tmp_path, monkeypatch, runs):
     """The check probe lists what the host has of the sync: sync has no listing round trip of its
-    own (with --skip-checks it does)."""
+    own; with --skip-checks, prepare's round trip lists it."""
     c = local_cluster(tmp_path)
     checked = [_up_until_start(c, monkeypatch, runs) for _ in range(2)]  # the first, then nothing changed
     assert (tmp_path / "wd" / "net.py").read_text() == "print(1)\n"
@@ -94,9 +95,12 @@ def test_up_syncs_by_what_the_check_probe_listed(tmp_path, monkeypatch, runs):
     assert _up_until_start(c, monkeypatch, runs) == checked[0]
     assert (tmp_path / "wd" / "net.py").read_text() == "print(2)\n"
     skipped = _up_until_start(c, monkeypatch, runs, skip_checks=True)
-    # with checks: the probe, the stream (none the second time); --skip-checks: prepare, the listing (nothing
-    # to stream); each with the one other round trip of up before the start
-    assert (checked, skipped) == ([3, 2], 3)
+    # with checks: the probe, the stream (none the second time); --skip-checks: prepare, which lists too
+    # (nothing to stream); each with the one other round trip of up before the start
+    assert (checked, skipped) == ([3, 2], 2)
+    (tmp_path / "net.py").write_text("print(3)\n")
+    assert _up_until_start(c, monkeypatch, runs, skip_checks=True) == 3   # prepare + listing, the stream
+    assert (tmp_path / "wd" / "net.py").read_text() == "print(3)\n"
 
 
 @pytest.mark.parametrize("skip", ["", ", skip: [path, workdir, nic]"])
@@ -111,7 +115,9 @@ def test_up_reads_prepare_in_the_check_probe(tmp_path, monkeypatch, runs, skip):
     runs.clear()
     alone = _up_until_sync(c, monkeypatch, runs, skip_checks=True)
     assert runs == {"me": 1}
-    assert got == alone and got.interfaces == {"me": ("lo", "127.0.0.0/8")}
+    # the same facts; prepare's own round trip lists the sync as well (the probe's listing is the report's)
+    assert got == replace(alone, listed={}) and alone.listed == {"me": {"net.py": None}}
+    assert got.interfaces == {"me": ("lo", "127.0.0.0/8")}
     assert got.addresses == {"me": "127.0.0.1"}  # the launch host's, where the others reach it (head_reach)
 
 
@@ -201,3 +207,25 @@ def test_an_error_quotes_a_hosts_log_as_it_is(tmp_path):
     assert lifecycle.said(t, str(log), 10) == "is empty"
     missing = lifecycle.said(t, str(tmp_path / "nope.log"), 10)
     assert missing.startswith("could not be read (") and "No such file" in missing
+
+
+@pytest.mark.parametrize("listing", ["[garbled", "", "[[\"file\", 1]]"])
+def test_prepare_listing_that_fails_hides_no_fact(tmp_path, monkeypatch, listing):
+    """--skip-checks: prepare's round trip lists the sync too; a listing that fails or comes back
+    garbled is no listing (sync asks that host itself), and every fact is still read."""
+    import os
+
+    from orchestrator import sync
+    from orchestrator.rankplan import make_plan
+    from orchestrator.transport import Pool
+
+    c = local_cluster(tmp_path)
+    real = sync.listing_script
+    monkeypatch.setattr(prepare, "listing_script",
+                        lambda workdir, request, wrap="": f"echo {listing!r}" if listing else "false")
+    request = prepare.sync_listing(c, sync.job_manifest(c))
+    with Pool(c) as pool:
+        got = prepare.prepare(c, make_plan(c), pool, listing=request)
+        assert got.listed == {} and got.root == {"me": prepare.is_root(uid=os.getuid())}
+        monkeypatch.setattr(prepare, "listing_script", real)
+        assert prepare.prepare(c, make_plan(c), pool, listing=request).listed == {"me": {"net.py": None}}
