@@ -59,7 +59,12 @@ class Measured:
 
 def measure(argv: list[str], *, env: dict | None = None, cwd: str | os.PathLike | None = None,
             timeout: float = 600) -> Measured:
-    """Run argv to completion; stdout/stderr go to temporary files (no pipe can stall it)."""
+    """Run argv to completion; stdout/stderr go to temporary files (no pipe can stall it).
+
+    Dirty pages are written back first (os.sync): the lab hosts share this machine's disk, and
+    the writeback of what the previous command wrote (a first sync to 8 hosts writes 432 MB) would
+    otherwise land in whatever is timed next."""
+    os.sync()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
