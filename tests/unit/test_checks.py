@@ -282,6 +282,35 @@ def test_mesh_runs_from_the_launch_host_in_plan_order(tmp_path):
     assert checks.make_check_plan(c, full_mesh=True).mesh_from == {"a", "b", "c", "d"}
 
 
+def test_mesh_section_for_real_spends_processes_only_on_an_ssh_that_said_something(tmp_path):
+    """The mesh section with a stand-in ssh: each target's line is `NAME\tRC\tWORDS`, its words
+    one line of at most 300 characters; an ssh that said nothing (the usual case) costs no
+    `tr`/`cut` (processes on the launch host, 31 of them at 32 hosts)."""
+    from orchestrator.checks.mesh import mesh_body
+    from orchestrator.probes import MeshTarget
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "spawned"
+    (bin_ / "ssh").write_text("#!/bin/sh\n[ \"$1\" = -G ] && exit 0\nfor a; do t=$a; done\n"
+                              "for a; do [ \"$a\" = true ] && break; t=$a; done\n"
+                              "case $t in bad) printf 'Permission denied\\t(publickey).\\nsecond line%0400d\\n' 0 >&2;"
+                              " exit 255;; esac\nexit 0\n")
+    for tool in ("tr", "cut"):
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (bin_ / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    body = mesh_body([MeshTarget("h2", "good"), MeshTarget("h3", "bad"), MeshTarget("h4", "good")], 2, 30)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+    out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, env=env, timeout=60).stdout
+    got = probes.parse_mesh(out)
+    words = "Permission denied (publickey). second line" + "0" * 400
+    assert got == {"h2": (0, ""), "h3": (255, words[:300].strip()), "h4": (0, "")}
+    assert sorted(out.splitlines()) == ["h2\t0\t", f"h3\t255\t{words[:300]}", "h4\t0\t"]
+    assert sorted(log.read_text().split()) == ["cut", "tr"]   # for h3 only
+
+
 def test_probe_quotes_hostile_values(tmp_path):
     c = cluster(tmp_path, workdir="/data/it's; rm -rf /", env={"PATH": "/opt/$(reboot)/bin"},
                 command=("python3", "x.py"))
