@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -707,6 +708,52 @@ def test_the_others_wait_for_the_launch_host_only_when_it_tests_the_mesh(tmp_pat
     checks.run_checks(c, FakePool(ts))
     lag = min(started["hs-h2"], started["hs-h3"]) - started["hs-h1"]
     assert (lag >= 0.35) if waits else (lag < 0.3), lag
+
+
+class FirstOutputLate(FakeTransport):
+    """The launch host: connects at once, its probe's first output comes back `delay` later, the
+    rest once every other host has connected (or after 5 s)."""
+
+    def __init__(self, h: Host, events: dict, others: threading.Event, delay: float):
+        super().__init__(h, fx("probe-mpi-h1.txt"))
+        self.events, self.others, self.delay = events, others, delay
+
+    def _exec(self, script, *, stdin, sink, timeout):
+        self.scripts.append(script)
+        time.sleep(self.delay)
+        head, rest = self.output.encode().split(b"\n", 1)
+        self.events["first output"] = time.monotonic()
+        sink.write(head + b"\n")
+        self.events["others came"] = self.others.wait(5)
+        sink.write(rest)
+        return 0, b"", b""
+
+
+class NotesConnect(FakeTransport):
+    def __init__(self, h: Host, events: dict, all_in: threading.Event, n: int):
+        super().__init__(h, fx("probe-mpi-h1.txt"))
+        self.events, self.all_in, self.n = events, all_in, n
+
+    def connect(self):
+        self.events.setdefault("others", []).append(time.monotonic())
+        if len(self.events["others"]) == self.n:
+            self.all_in.set()
+
+
+def test_the_others_start_once_the_launch_hosts_probe_runs_not_when_it_connected(tmp_path):
+    """The mesh source's probe is the longest: the others connect once its first output is back
+    (its probe runs on the host), not as soon as its connection is up (their handshakes would
+    delay its start); and without waiting for its end."""
+    hs = [Host(name=f"fo-h{i}", address=f"198.18.16.{10 + i}", user="root") for i in (1, 2, 3)]
+    c = cluster(tmp_path, hosts=hs, checks_=Checks(skip=("reach",)))
+    events: dict = {}
+    all_in = threading.Event()
+    ts = [FirstOutputLate(hs[0], events, all_in, delay=0.3)] + [NotesConnect(h, events, all_in, 2) for h in hs[1:]]
+    rep = checks.run_checks(c, FakePool(ts))
+    assert min(events["others"]) >= events["first output"]
+    assert events["others came"]   # ... while the launch host's probe still ran
+    mine = [r for r in rep.results if r.host == "fo-h1"]   # its whole output read, from both writes
+    assert {r.check for r in mine} >= {"ssh", "mesh", "clock"} and not [r for r in mine if r.status == "error"]
 
 
 def test_report_folding():
