@@ -246,6 +246,44 @@ def test_probe_script_is_pure_valid_sh_and_runs(tmp_path):
     assert probes.parse_workdir(s["workdir"].body).writable
 
 
+def _counting(tmp_path: Path, tools: tuple[str, ...]) -> tuple[dict, Path]:
+    """An environment whose PATH runs `tools` through wrappers that note each start in a log."""
+    bin_, log = tmp_path / "counting-bin", tmp_path / "spawned"
+    bin_.mkdir()
+    for tool in tools:
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (bin_ / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
+        (bin_ / tool).chmod(0o755)
+    return {"PATH": f"{bin_}:/usr/bin:/bin"}, log
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_workdir_section_for_real_reads_every_parents_mode_with_one_stat(tmp_path, link):
+    """The workdir's and each parent's mode and owner (of the real path, a link followed), in that
+    order, read by one `stat` (not a stat and a dirname per directory: processes on every host)."""
+    import os
+
+    from orchestrator.checks.workdir import WORKDIR
+
+    real = tmp_path / "a b" / "wd"
+    real.mkdir(parents=True)
+    (tmp_path / "a b").chmod(0o750)
+    wd = real
+    if link:
+        wd = tmp_path / "link"
+        wd.symlink_to(real)
+    c = cluster(tmp_path, workdir=str(wd))
+    plan = checks.make_check_plan(c)
+    (name, body), = WORKDIR.shell(plan, c.hosts[0])
+    env, log = _counting(tmp_path, ("stat", "dirname"))
+    out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, env=env, timeout=30).stdout
+    w = probes.parse_workdir(out)
+    want = [real, *real.parents]
+    assert [p for _, _, p in w.perms] == [str(p) for p in want]
+    assert [(m, u) for m, u, _ in w.perms] == [(os.stat(p).st_mode & 0o7777, os.stat(p).st_uid) for p in want]
+    assert w.writable and w.existed and log.read_text().split() == ["stat"]
+
+
 def test_probe_script_sections_follow_checks_and_roles(tmp_path):
     c = cluster(tmp_path, launcher="msrun", platform="ascend")
     plan = checks.make_check_plan(c)
@@ -290,20 +328,14 @@ def test_mesh_section_for_real_spends_processes_only_on_an_ssh_that_said_somethi
     from orchestrator.checks.mesh import mesh_body
     from orchestrator.probes import MeshTarget
 
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    log = tmp_path / "spawned"
+    env, log = _counting(tmp_path, ("tr", "cut"))
+    bin_ = Path(env["PATH"].split(":")[0])
     (bin_ / "ssh").write_text("#!/bin/sh\n[ \"$1\" = -G ] && exit 0\nfor a; do t=$a; done\n"
                               "for a; do [ \"$a\" = true ] && break; t=$a; done\n"
                               "case $t in bad) printf 'Permission denied\\t(publickey).\\nsecond line%0400d\\n' 0 >&2;"
                               " exit 255;; esac\nexit 0\n")
-    for tool in ("tr", "cut"):
-        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
-        (bin_ / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
-    for f in bin_.iterdir():
-        f.chmod(0o755)
+    (bin_ / "ssh").chmod(0o755)
     body = mesh_body([MeshTarget("h2", "good"), MeshTarget("h3", "bad"), MeshTarget("h4", "good")], 2, 30)
-    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
     out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, env=env, timeout=60).stdout
     got = probes.parse_mesh(out)
     words = "Permission denied (publickey). second line" + "0" * 400
