@@ -38,24 +38,34 @@ MAX_CAP = 300.0     # seconds: the listener's longest life, however many rounds 
 ENV_IN, ENV_OUT = "ORCH_REACH_IN", "ORCH_REACH_OUT"  # the tokens, in the environment (never a command line)
 
 # Both programs compare tokens with hmac.compare_digest's own C function (_operator's): importing
-# hmac loads hashlib and OpenSSL, ~30 ms of every start.
+# hmac loads hashlib and OpenSSL, ~30 ms of every start. They use the C modules under socket and
+# threading (_socket, _thread) for the same reason: `import socket` loads enum, selectors and io's
+# wrappers, ~8 ms of CPU on every host (python3 -S alone starts in ~9 ms); and an address that is
+# an IP needs no getaddrinfo (glibc's asks the kernel which address families it has and loads
+# its resolver: another ~8 ms). AI is that lookup, getaddrinfo's answer for an IP made here.
+AI_PY = r"""def ai(a,p):
+ for f in (S.AF_INET,S.AF_INET6):
+  try:S.inet_pton(f,a);return [(f,S.SOCK_STREAM,0,"",(a,p) if f==S.AF_INET else (a,p,0,0))]
+  except OSError:pass
+ return S.getaddrinfo(a,p,0,S.SOCK_STREAM)
+"""
 #
 # The listener: bind one port on each address it is given (the ones the hosts will test: the
 # run's first address, argv, and the host's global addresses ADDRS_SH printed, on stdin), never on
 # the wildcard; print the port, detach (a new session, stdio on /dev/null: the probe's output ends
 # without it), then answer until every one of N hosts came (+GRACE) or CAP seconds passed.
 # argv: N CAP GRACE PEER_TIMEOUT READ_LIMIT ADDRESS.
-LISTEN_PY = r"""import os,sys,socket,select,time
+LISTEN_PY = r"""import os,sys,_socket as S,select,time
 from _operator import _compare_digest as eq
-n,cap,grace,pt,lim=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]),int(sys.argv[5])
+%(ai)sn,cap,grace,pt,lim=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]),int(sys.argv[5])
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode()
 want=sys.argv[6:]+[l.split()[1] for l in sys.stdin.read(65536).splitlines() if l.startswith("addr ")]
 ss,p=[],0
 for a in want:
  try:
-  for f,_,_,_,sa in socket.getaddrinfo(a,p,0,socket.SOCK_STREAM):
-   x=socket.socket(f)
-   try:x.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);x.bind(sa);x.listen(128);ss.append(x);p=x.getsockname()[1]
+  for f,_,_,_,sa in ai(a,p):
+   x=S.socket(f,S.SOCK_STREAM)
+   try:x.setsockopt(S.SOL_SOCKET,S.SO_REUSEADDR,1);x.bind(sa);x.listen(128);ss.append(x);p=x.getsockname()[1]
    except OSError:x.close()
  except OSError:pass
 if not ss:sys.exit("cannot listen on "+(" ".join(want) or "any address"))
@@ -73,7 +83,7 @@ while 1:
  if not r:break
  c=None
  try:
-  c,_=r[0].accept();c.settimeout(pt);b=b""
+  k,_=r[0]._accept();c=S.socket(r[0].family,S.SOCK_STREAM,0,k);c.settimeout(pt);b=b""
   while b"\n" not in b and len(b)<lim:
    x=c.recv(lim-len(b))
    if not x:break
@@ -85,34 +95,45 @@ while 1:
  except OSError:pass
  finally:
   if c is not None:c.close()
-""" % {"in": ENV_IN, "out": ENV_OUT}
+""" % {"in": ENV_IN, "out": ENV_OUT, "ai": AI_PY}
 
 # A host's test: connect to every address at once, present the token with this host's index, read
 # the listener's token back; print `to ADDR ok|WHY` in the given order. argv: INDEX PORT TIMEOUT ADDR...
-CONNECT_PY = r"""import os,sys,socket,threading
+# (connect: socket.create_connection's loop, the last address family's error kept)
+CONNECT_PY = r"""import os,sys,_socket as S,_thread
 from _operator import _compare_digest as eq
-i,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
+%(ai)si,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode();r={}
-def one(x):
- try:c=socket.create_connection((x,p),timeout=t)
- except socket.timeout:r[x]="timed out after %%gs"%%t;return
- except OSError as e:r[x]=(e.strerror or str(e)).lower();return
+def conn(x):
+ e=OSError("getaddrinfo returns an empty list")
+ for f,k,q,_,sa in ai(x,p):
+  c=S.socket(f,k,q)
+  try:c.settimeout(t);c.connect(sa);return c
+  except OSError as y:e=y;c.close()
+ raise e
+def one(x,l):
  try:
-  c.settimeout(t);c.sendall(ti+b" "+i.encode()+b"\n");b=b""
-  while b"\n" not in b and len(b)<%(lim)d:
-   y=c.recv(%(lim)d-len(b))
-   if not y:break
-   b+=y
-  r[x]="ok" if eq(b.split(b"\n")[0],to) else "connected, but "+("something else answers on the port" if b else
-   "closed without an answer")
- except socket.timeout:r[x]="connected, but no answer within %%gs"%%t
- except OSError as e:r[x]="connected, then "+(e.strerror or str(e)).lower()
- finally:c.close()
-h=[threading.Thread(target=one,args=(x,),daemon=True) for x in a]
-for x in h:x.start()
-for x in h:x.join(2*t+1)
+  try:c=conn(x)
+  except S.timeout:r[x]="timed out after %%gs"%%t;return
+  except OSError as e:r[x]=(e.strerror or str(e)).lower();return
+  try:
+   c.settimeout(t);c.sendall(ti+b" "+i.encode()+b"\n");b=b""
+   while b"\n" not in b and len(b)<%(lim)d:
+    y=c.recv(%(lim)d-len(b))
+    if not y:break
+    b+=y
+   r[x]="ok" if eq(b.split(b"\n")[0],to) else "connected, but "+("something else answers on the port" if b else
+    "closed without an answer")
+  except S.timeout:r[x]="connected, but no answer within %%gs"%%t
+  except OSError as e:r[x]="connected, then "+(e.strerror or str(e)).lower()
+  finally:c.close()
+ finally:l.release()
+h=[]
+for x in a:
+ l=_thread.allocate_lock();l.acquire();h.append(l);_thread.start_new_thread(one,(x,l))
+for l in h:l.acquire(True,2*t+1)
 for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
-""" % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT}
+""" % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT, "ai": AI_PY}
 
 # The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
 ADDRS_SH = ("if command -v ip >/dev/null 2>&1; then\n"

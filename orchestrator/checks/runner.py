@@ -111,31 +111,42 @@ class _Watch:
         pass
 
 
-def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], None] | None = None, *,
+def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None] | None = None, *,
                watch: Callable[[str], bool] | None = None,
                plan_for: Callable[[Host], CheckPlan] | None = None) -> ProbeRun:
     """Connect (once) and run the probe. Never raises an OrchError: it becomes part of the ProbeRun.
-    `on_connected` is called once the connection is up or has failed; `watch` is shown the
-    output as it comes (the launch host's: the reach listener); `plan_for`, once connected, gives
-    the plan to make the script from (the other hosts': with the reach listener)."""
+    `on_started` is called once the probe runs on the host (its first output came back), or once
+    it cannot (the connection or the probe failed); `watch` is shown the output as it comes (the
+    launch host's: the reach listener); `plan_for`, once connected, gives the plan to make the
+    script from (the other hosts': with the reach listener)."""
     transport = pool[host]
     addresses = resolve_address(host.cluster_address)
+    script = probe_script(plan, host) if plan_for is None else None  # ready before the connection is
+    started = _Once(on_started)
     c0 = time.monotonic()
     try:
-        transport.connect()
-    except OrchError as exc:
-        return ProbeRun(host, None, exc, "connect", connect_time=time.monotonic() - c0, addresses=addresses)
+        try:
+            transport.connect()
+        except OrchError as exc:
+            return ProbeRun(host, None, exc, "connect", connect_time=time.monotonic() - c0, addresses=addresses)
+        connect_time = time.monotonic() - c0
+        if script is None:
+            assert plan_for is not None  # the script is made here only when it waits for plan_for
+            script = probe_script(plan_for(host), host)
+        t_send = time.time()
+        sink = None
+        if watch is not None or on_started is not None:
+            def seen(text: str) -> bool:
+                started()
+                return watch is None or watch(text)
+
+            sink = _Watch(seen)
+        try:
+            res = transport.run(script, sink=sink)  # a script of any size goes on stdin
+        except OrchError as exc:
+            return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
     finally:
-        if on_connected is not None:
-            on_connected()
-    connect_time = time.monotonic() - c0
-    script = probe_script(plan_for(host) if plan_for is not None else plan, host)
-    t_send = time.time()
-    sink = _Watch(watch) if watch is not None else None
-    try:
-        res = transport.run(script, sink=sink)  # a script of any size goes on stdin
-    except OrchError as exc:
-        return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
+        started()
     t_recv = time.time()
     out = (sink.buf.decode("utf-8", "replace") if sink is not None else "") + res.out
     sections = probes.split_sections(out)
@@ -145,6 +156,19 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_connected: Callable[[], Non
                                               f"{res.exit_code}){': ' + tail if tail else ''}"),
                         "probe", connect_time=connect_time, addresses=addresses)
     return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses)
+
+
+class _Once:
+    """Calls `fn` the first time it is called (from any thread), never again; returns None."""
+
+    def __init__(self, fn: Callable[[], None] | None):
+        self.fn, self.lock = fn, threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
 
 
 def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
@@ -177,10 +201,13 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
         runs[outcome.host.name] = run
         emit(judge_host(plan, run))
 
-    # The mesh sources' probes (ssh to every other host) take longest: they connect first, alone, so
-    # that their handshakes do not queue behind every other host's (the others wait at most
-    # HEAD_START seconds for them). At 64 hosts that took ~0.6 s off the launch host's probe,
-    # which is the whole check's wall time. With check mesh skipped nobody waits: no probe is longer.
+    # The mesh sources' probes (ssh to every other host) take longest: they start first, alone, so
+    # that their handshakes and their probes' start do not queue behind every other host's (the
+    # others wait until the sources' probes run, their first output back: at most HEAD_START
+    # seconds). At 64 hosts connecting first took ~0.6 s off the launch host's probe, which is the
+    # whole check's wall time; at 32, waiting for the probe to run rather than for the connection
+    # took ~0.25 s more (the launch host's probe began 0.36 s after its connection, behind 31
+    # handshakes). With check mesh skipped nobody waits: no probe is longer.
     first = plan.mesh_from if "mesh" in plan.checks else frozenset()
     waiting = {h.name for h in plan.hosts if h.name in first}
     heads_up = threading.Event()
@@ -188,7 +215,7 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
         heads_up.set()
     lock = threading.Lock()
 
-    def connected(name: str) -> None:
+    def started(name: str) -> None:
         with lock:
             waiting.discard(name)
             if not waiting:
@@ -199,22 +226,22 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     relay = reach.Relay.of(plan)
     plan_for = relay.plan_for if relay is not None else None
 
-    def launch_probe(h: Host, on_connected) -> ProbeRun:
+    def launch_probe(h: Host, on_started) -> ProbeRun:
         assert relay is not None  # probe() calls it only when there is a relay
         run = None
         try:
-            run = probe_host(plan, pool, h, on_connected=on_connected, watch=relay.feed)
+            run = probe_host(plan, pool, h, on_started=on_started, watch=relay.feed)
             return run
         finally:  # the others wait for nothing more
             relay.done(f"the launch host {h.name}'s probe did not run: {str(run.error).splitlines()[0]}"
                        if run is not None and run.error else f"the launch host {h.name}'s probe printed no listener")
 
     def probe(h: Host) -> ProbeRun:
-        on_connected = (lambda: connected(h.name)) if h.name in first else None
+        on_started = (lambda: started(h.name)) if h.name in first else None
         if relay is not None and h.name == plan.launch.name:
-            return launch_probe(h, on_connected)
+            return launch_probe(h, on_started)
         if h.name in first:
-            return probe_host(plan, pool, h, on_connected=on_connected, plan_for=plan_for)
+            return probe_host(plan, pool, h, on_started=on_started, plan_for=plan_for)
         heads_up.wait(HEAD_START)
         return probe_host(plan, pool, h, plan_for=plan_for)
 

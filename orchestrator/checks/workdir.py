@@ -19,10 +19,16 @@ WORKDIR = Probe("workdir", lambda plan, host: [("workdir", (
     "  if f=$(mktemp -- \"$W/.orch-check.XXXXXXXX\" 2>&1); then rm -f -- \"$f\"; echo write=ok; "
     "else echo \"write=$f\"; fi; fi\n"
     # who could change what runs: the owner and mode of the workdir and of every parent
-    # (of its real path: a link's own mode says nothing)
-    "echo uid=$(id -u)\nd=$(readlink -f -- \"$W\" 2>/dev/null) || d=\"$W\"\nwhile :; do\n"
+    # (of its real path: a link's own mode says nothing). A real path (readlink -f: absolute, no
+    # `//`, `.` or trailing `/`) has its parents by cutting at `/`, and one stat reads them all
+    # (the existing ones, in that order); otherwise dirname and stat, a directory at a time
+    "echo uid=$(id -u)\n"
+    "if d=$(readlink -f -- \"$W\" 2>/dev/null) && [ \"${d#/}\" != \"$d\" ]; then set -- \"$d\"\n"
+    "  while [ \"$d\" != / ]; do d=${d%/*}; d=${d:-/}; set -- \"$@\" \"$d\"; done\n"
+    "  stat -c 'perm=%a %u %n' -- \"$@\" 2>/dev/null\n"
+    "else d=\"$W\"\nwhile :; do\n"
     "  [ -e \"$d\" ] && echo \"perm=$(stat -c '%a %u' -- \"$d\") $d\"\n"
-    "  [ \"$d\" = / ] && break; d=$(dirname -- \"$d\"); done"))])
+    "  [ \"$d\" = / ] && break; d=$(dirname -- \"$d\"); done; fi"))])
 
 
 def judge_workdir(cluster: Cluster, host: Host, sec: Section) -> CheckResult:

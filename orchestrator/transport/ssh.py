@@ -1,4 +1,5 @@
-"""SshTransport: paramiko (its SSHClient, directly). The only module that imports it.
+"""SshTransport: paramiko (its SSHClient, directly). The only module that uses it (sshconfig.py
+imports it, without invoke, and reads ssh_config with it).
 
 One connection per host for the whole orch invocation; every operation opens a
 channel on it. Never prompts. Host keys are checked against the inventory's
@@ -25,13 +26,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-import paramiko
-from paramiko.hostkeys import HostKeyEntry, HostKeys
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from .sshconfig import import_paramiko
 
-from ..errors import AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError
-from ..model import Host, SshSettings
-from .base import CHUNK, Transport
+import_paramiko()  # without invoke (see there)
+
+import paramiko  # noqa: E402 - once import_paramiko has loaded it
+from paramiko.hostkeys import HostKeyEntry, HostKeys  # noqa: E402 - as above
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential  # noqa: E402 - as above
+
+from ..errors import (  # noqa: E402 - as above
+    AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError,
+)
+from ..model import Host, SshSettings  # noqa: E402 - as above
+from .base import CHUNK, Transport  # noqa: E402 - as above
 
 # paramiko logs what it catches (a host that never sends its SSH banner: 60 lines of traceback);
 # orch reports each failure itself, once, as an error naming the host. With no handler

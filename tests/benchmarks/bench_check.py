@@ -1,6 +1,7 @@
 """Preflight at scale: `orch check` against pdsh and Ansible running the SAME probe script.
 
     python tests/benchmarks/bench_check.py [--sizes 8,32,64] [--repeat 3] [--keep] [--tools orch,pdsh-c25519]
+        [--before SRC] [--lab NAME]
 
 On 8, 32 and 64 lab hosts (one lab, `pbchk`), each repetition runs, in rotating order:
 
@@ -24,6 +25,9 @@ every tool (the table says so), and pdsh runs once per lab (each lab has its own
 
 - orch-1proc (only with --tools): orch with ORCH_FANOUT_PROCS=1, the fan-out in one process
            whatever the host count (orch itself uses one process per 128 hosts, up to one per core).
+- before (with --before SRC): `orch check` from another copy of the package (SRC: the directory
+           holding its `orchestrator/`), in the same rotation: a before/after comparison in one
+           lab, alternating. Its probes are its own (its --print-probe is not asked).
 
 Probes come from `orch check FILE --print-probe HOST`. Reported: median wall time,
 controller CPU (user+sys of the command and its children) per host, for orch also its main
@@ -56,7 +60,7 @@ from orchestrator.lab.model import MAX_HOSTS
 from orchestrator.shards import HOSTS_PER_PROC
 
 END = b"@@orch:end clock1 "
-TOOLS = ("orch", "pdsh", "pdsh-c25519", "ansible", "orch-1proc")  # the last: only when asked for (--tools)
+TOOLS = ("orch", "pdsh", "pdsh-c25519", "ansible", "orch-1proc", "before")  # the last two: only when asked for
 PROJECT_TO = 1000
 
 
@@ -68,8 +72,10 @@ def probes(cluster: Path, names: list[str]) -> dict[str, str]:
     return out
 
 
-def run_orch(cluster: Path, n: int, procs: str | None = None):
+def run_orch(cluster: Path, n: int, procs: str | None = None, src: str | None = None):
     env = base_env(**({"ORCH_FANOUT_PROCS": procs} if procs else {}))
+    if src:  # another copy of the package (--before) in place of this tree's
+        env["PYTHONPATH"] = ":".join([src] + env["PYTHONPATH"].split(":")[1:])
     m = measure(ORCH + ["check", str(cluster), "--json"], env=env, timeout=300)
     try:
         report = json.loads(m.stdout)
@@ -136,11 +142,13 @@ def bench_hosts(labs: list, n: int) -> list:
 
 
 def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk",
-          only: list[str] | None = None) -> tuple[str, list[dict]]:
+          only: list[str] | None = None, before: str | None = None) -> tuple[str, list[dict]]:
     labs = bench_labs(max(sizes), lab_name)
     mesh = len(labs) == 1  # the labs' bridges do not route to each other: no ssh from one lab's host to another's
     tools = ["orch"] + (["pdsh", "pdsh-c25519"] if pdsh_available() else []) + (["ansible"] if ansible_bin() else [])
     tools = [t for t in tools + ["orch-1proc"] if (only is None and t != "orch-1proc") or (only and t in only)]
+    if before:
+        tools.insert(1, "before")
     rows, records = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-check-") as tmp:
@@ -155,8 +163,9 @@ def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk",
                     order = tools[rep % len(tools):] + tools[:rep % len(tools)]
                     for tool in order:
                         counter = SshdCounter(hosts).start()
-                        if tool in ("orch", "orch-1proc"):
-                            m, complete = run_orch(cluster, n, "1" if tool == "orch-1proc" else None)
+                        if tool in ("orch", "orch-1proc", "before"):
+                            m, complete = run_orch(cluster, n, "1" if tool == "orch-1proc" else None,
+                                                   before if tool == "before" else None)
                         elif tool == "pdsh":
                             m, complete = run_pdsh(hosts, launch_probe, other_probe)
                         elif tool == "pdsh-c25519":
@@ -185,7 +194,8 @@ def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk",
                     ratio = rec["wall_s"] / ref["wall_s"] if ref and ref["wall_s"] else None
                     rows.append([str(n), rec["tool"], fmt(rec["wall_s"], " s"), fmt(ratio, "x"),
                                  fmt(rec["cpu_ms_per_host"], " ms", 1),
-                                 fmt(rec["main_cpu_ms_per_host"], " ms", 1) if rec["tool"].startswith("orch") else "-",
+                                 fmt(rec["main_cpu_ms_per_host"], " ms", 1)
+                                 if rec["tool"].startswith(("orch", "before")) else "-",
                                  fmt(rec["cpu_s"], " s"),
                                  rec["conns_per_host"], "yes" if rec["complete"] else "NO",
                                  " ".join(f"{w:.2f}" for w in rec["walls"])])
@@ -195,6 +205,8 @@ def bench(sizes: list[int], repeat: int, keep: bool, lab_name: str = "pbchk",
                 lab.down()
     text = table(["hosts", "tool", "wall (median)", "vs pdsh-c25519", "CPU/host", "main process CPU/host",
                   "CPU total", "conns/host", "complete", "walls"], rows)
+    if before:
+        text += f"\n(before: orch from {before})"
     if not mesh:
         text += ("\n(two labs: check `mesh`, the launch host's ssh to every other host, skipped at every size "
                  "and by every tool)")
@@ -230,11 +242,17 @@ def verdicts(records: list[dict]) -> list[str]:
     by = {(r["hosts"], r["tool"]): r for r in records}
     for n in sorted({r["hosts"] for r in records}):
         o, p = by.get((n, "orch")), by.get((n, "pdsh"))
+        c = by.get((n, "pdsh-c25519"))
+        for tool in ("before", "orch"):
+            t = by.get((n, tool))
+            if t and c and n >= 32:  # issue 25: orch check at 32 hosts <= 1.0x pdsh with orch's key exchange
+                ok = t["wall_s"] <= c["wall_s"]
+                out.append(f"{'MET ' if ok else 'MISS'} {tool} wall <= 1.0x pdsh-c25519 wall at {n} hosts: "
+                           f"{t['wall_s']:.2f} s vs {c['wall_s']:.2f} s ({t['wall_s'] / c['wall_s']:.2f}x)")
         if o and p and n >= 32:
             ok = o["wall_s"] <= p["wall_s"]
             out.append(f"{'MET ' if ok else 'MISS'} orch wall <= pdsh wall at {n} hosts: "
                        f"{o['wall_s']:.2f} s vs {p['wall_s']:.2f} s")
-        c = by.get((n, "pdsh-c25519"))
         if o and c and n >= 64:
             ok = o["wall_s"] <= 0.8 * c["wall_s"]
             out.append(f"{'MET ' if ok else 'MISS'} orch wall <= 0.8x pdsh-c25519 wall at {n} hosts: "
@@ -258,13 +276,16 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="8,32,64")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
-    ap.add_argument("--tools", default=",".join(TOOLS), help="which of them to run (those installed)")
+    ap.add_argument("--tools", default=",".join(TOOLS[:4]), help="which of them to run (those installed)")
+    ap.add_argument("--before", default=None, metavar="SRC",
+                    help="also run `orch check` from this copy of the package (a before/after comparison)")
+    ap.add_argument("--lab", default="pbchk", help="the lab's name (reused when it is up with enough hosts)")
     a = ap.parse_args(argv)
     only = [t.strip() for t in a.tools.split(",") if t.strip()]
     unknown = sorted(set(only) - set(TOOLS))
     if unknown:
         ap.error(f"unknown tool(s) {', '.join(unknown)}: choose from {', '.join(TOOLS)}")
-    text, records = bench([int(x) for x in a.sizes.split(",")], a.repeat, a.keep, only=only)
+    text, records = bench([int(x) for x in a.sizes.split(",")], a.repeat, a.keep, a.lab, only=only, before=a.before)
     print(text)
     print("\n".join(verdicts(records)))
     proj = projection(records)

@@ -96,6 +96,17 @@ def test_spec_does_not_import_the_checks_probes_or_paramiko():
     assert out.strip() == "[]"
 
 
+def test_the_device_health_module_loads_only_with_deep():
+    """orchestrator/health.py (~12 ms) is loaded by `orch check --deep`, not by every check's start."""
+    code = ("import sys\n"
+            "from orchestrator.checks.base import registered\n"
+            "registered()\n"
+            "print('orchestrator.health' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}).stdout
+    assert out.strip() == "False"
+
+
 @pytest.mark.parametrize("name", names.KNOWN_CHECKS)
 def test_check_sections_are_pinned(name):
     """The shell each check puts into the probe, for two fixed clusters (launch host and another),

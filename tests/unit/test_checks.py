@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -245,6 +246,44 @@ def test_probe_script_is_pure_valid_sh_and_runs(tmp_path):
     assert probes.parse_workdir(s["workdir"].body).writable
 
 
+def _counting(tmp_path: Path, tools: tuple[str, ...]) -> tuple[dict, Path]:
+    """An environment whose PATH runs `tools` through wrappers that note each start in a log."""
+    bin_, log = tmp_path / "counting-bin", tmp_path / "spawned"
+    bin_.mkdir()
+    for tool in tools:
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (bin_ / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
+        (bin_ / tool).chmod(0o755)
+    return {"PATH": f"{bin_}:/usr/bin:/bin"}, log
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_workdir_section_for_real_reads_every_parents_mode_with_one_stat(tmp_path, link):
+    """The workdir's and each parent's mode and owner (of the real path, a link followed), in that
+    order, read by one `stat` (not a stat and a dirname per directory: processes on every host)."""
+    import os
+
+    from orchestrator.checks.workdir import WORKDIR
+
+    real = tmp_path / "a b" / "wd"
+    real.mkdir(parents=True)
+    (tmp_path / "a b").chmod(0o750)
+    wd = real
+    if link:
+        wd = tmp_path / "link"
+        wd.symlink_to(real)
+    c = cluster(tmp_path, workdir=str(wd))
+    plan = checks.make_check_plan(c)
+    (name, body), = WORKDIR.shell(plan, c.hosts[0])
+    env, log = _counting(tmp_path, ("stat", "dirname"))
+    out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, env=env, timeout=30).stdout
+    w = probes.parse_workdir(out)
+    want = [real, *real.parents]
+    assert [p for _, _, p in w.perms] == [str(p) for p in want]
+    assert [(m, u) for m, u, _ in w.perms] == [(os.stat(p).st_mode & 0o7777, os.stat(p).st_uid) for p in want]
+    assert w.writable and w.existed and log.read_text().split() == ["stat"]
+
+
 def test_probe_script_sections_follow_checks_and_roles(tmp_path):
     c = cluster(tmp_path, launcher="msrun", platform="ascend")
     plan = checks.make_check_plan(c)
@@ -280,6 +319,29 @@ def test_mesh_runs_from_the_launch_host_in_plan_order(tmp_path):
     assert "ssh -o BatchMode=yes -o ConnectTimeout=2 -p 2222 192.168.0.12 true" in s
     assert "_b mesh" not in checks.probe_script(plan, c.host("b"))
     assert checks.make_check_plan(c, full_mesh=True).mesh_from == {"a", "b", "c", "d"}
+
+
+def test_mesh_section_for_real_spends_processes_only_on_an_ssh_that_said_something(tmp_path):
+    """The mesh section with a stand-in ssh: each target's line is `NAME\tRC\tWORDS`, its words
+    one line of at most 300 characters; an ssh that said nothing (the usual case) costs no
+    `tr`/`cut` (processes on the launch host, 31 of them at 32 hosts)."""
+    from orchestrator.checks.mesh import mesh_body
+    from orchestrator.probes import MeshTarget
+
+    env, log = _counting(tmp_path, ("tr", "cut"))
+    bin_ = Path(env["PATH"].split(":")[0])
+    (bin_ / "ssh").write_text("#!/bin/sh\n[ \"$1\" = -G ] && exit 0\nfor a; do t=$a; done\n"
+                              "for a; do [ \"$a\" = true ] && break; t=$a; done\n"
+                              "case $t in bad) printf 'Permission denied\\t(publickey).\\nsecond line%0400d\\n' 0 >&2;"
+                              " exit 255;; esac\nexit 0\n")
+    (bin_ / "ssh").chmod(0o755)
+    body = mesh_body([MeshTarget("h2", "good"), MeshTarget("h3", "bad"), MeshTarget("h4", "good")], 2, 30)
+    out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, env=env, timeout=60).stdout
+    got = probes.parse_mesh(out)
+    words = "Permission denied (publickey). second line" + "0" * 400
+    assert got == {"h2": (0, ""), "h3": (255, words[:300].strip()), "h4": (0, "")}
+    assert sorted(out.splitlines()) == ["h2\t0\t", f"h3\t255\t{words[:300]}", "h4\t0\t"]
+    assert sorted(log.read_text().split()) == ["cut", "tr"]   # for h3 only
 
 
 def test_probe_quotes_hostile_values(tmp_path):
@@ -716,6 +778,52 @@ def test_the_others_wait_for_the_launch_host_only_when_it_tests_the_mesh(tmp_pat
     checks.run_checks(c, FakePool(ts))
     lag = min(started["hs-h2"], started["hs-h3"]) - started["hs-h1"]
     assert (lag >= 0.35) if waits else (lag < 0.3), lag
+
+
+class FirstOutputLate(FakeTransport):
+    """The launch host: connects at once, its probe's first output comes back `delay` later, the
+    rest once every other host has connected (or after 5 s)."""
+
+    def __init__(self, h: Host, events: dict, others: threading.Event, delay: float):
+        super().__init__(h, fx("probe-mpi-h1.txt"))
+        self.events, self.others, self.delay = events, others, delay
+
+    def _exec(self, script, *, stdin, sink, timeout):
+        self.scripts.append(script)
+        time.sleep(self.delay)
+        head, rest = self.output.encode().split(b"\n", 1)
+        self.events["first output"] = time.monotonic()
+        sink.write(head + b"\n")
+        self.events["others came"] = self.others.wait(5)
+        sink.write(rest)
+        return 0, b"", b""
+
+
+class NotesConnect(FakeTransport):
+    def __init__(self, h: Host, events: dict, all_in: threading.Event, n: int):
+        super().__init__(h, fx("probe-mpi-h1.txt"))
+        self.events, self.all_in, self.n = events, all_in, n
+
+    def connect(self):
+        self.events.setdefault("others", []).append(time.monotonic())
+        if len(self.events["others"]) == self.n:
+            self.all_in.set()
+
+
+def test_the_others_start_once_the_launch_hosts_probe_runs_not_when_it_connected(tmp_path):
+    """The mesh source's probe is the longest: the others connect once its first output is back
+    (its probe runs on the host), not as soon as its connection is up (their handshakes would
+    delay its start); and without waiting for its end."""
+    hs = [Host(name=f"fo-h{i}", address=f"198.18.16.{10 + i}", user="root") for i in (1, 2, 3)]
+    c = cluster(tmp_path, hosts=hs, checks_=Checks(skip=("reach",)))
+    events: dict = {}
+    all_in = threading.Event()
+    ts = [FirstOutputLate(hs[0], events, all_in, delay=0.3)] + [NotesConnect(h, events, all_in, 2) for h in hs[1:]]
+    rep = checks.run_checks(c, FakePool(ts))
+    assert min(events["others"]) >= events["first output"]
+    assert events["others came"]   # ... while the launch host's probe still ran
+    mine = [r for r in rep.results if r.host == "fo-h1"]   # its whole output read, from both writes
+    assert {r.check for r in mine} >= {"ssh", "mesh", "clock"} and not [r for r in mine if r.status == "error"]
 
 
 def test_report_folding():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import orchestrator
 
@@ -46,3 +48,19 @@ def test_load_takes_orch_inventory_like_the_cli(tmp_path, monkeypatch):
     assert [h.address for h in orchestrator.load(tmp_path / "c.yaml").hosts] == ["10.0.0.7", "10.0.0.8"]
     monkeypatch.delenv("ORCH_INVENTORY")
     assert [h.address for h in orchestrator.load(tmp_path / "c.yaml").hosts] == ["10.0.0.1"]
+
+
+def test_a_cluster_without_slurm_does_not_load_the_slurm_client(tmp_path):
+    """slurm_nodes passes a listed inventory through without importing orchestrator.slurm (~30 ms
+    of every `orch check`'s start)."""
+    (tmp_path / "c.yaml").write_text("inventory: {hosts: [{address: 198.18.0.1}]}\njob: {workdir: /w, command: x}\n")
+    code = ("import sys\n"
+            "from orchestrator import api\n"
+            f"c = api.load({str(tmp_path / 'c.yaml')!r})\n"
+            "with api.slurm_nodes(c) as got:\n"
+            "    assert got is c\n"
+            "print('orchestrator.slurm' in sys.modules)\n")
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.stdout.strip() == "False", out.stderr

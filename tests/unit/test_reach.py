@@ -444,3 +444,38 @@ def test_the_listener_binds_only_the_addresses_the_hosts_test_never_the_wildcard
     assert hello(port, b"a" * 32 + b" 1\n") == b"b" * 32 + b"\n"   # and it ends (n=1)
     bad = subprocess.run([*argv, "192.0.2.254"], input="", env=env, capture_output=True, text=True, timeout=10)
     assert bad.returncode != 0 and "cannot listen on 192.0.2.254" in bad.stderr
+
+
+# Runs a program as `python3 -S -c PROG ARGS` would, with the costly modules made unimportable and
+# getaddrinfo counted: `import socket`/`threading` (~8 ms of every host's start) and glibc's
+# getaddrinfo (~8 ms more) are what the test on every host must do without.
+_LEAN = ("import sys,_socket\n"
+         "class _No:\n"
+         " def find_spec(self,name,path=None,target=None):\n"
+         "  if name in ('socket','threading','selectors'):raise ImportError('lean: '+name)\n"
+         "sys.meta_path.insert(0,_No())\n"
+         "_g=_socket.getaddrinfo\n"
+         "def _count(*a,**k):\n"
+         " sys.stderr.write('getaddrinfo %s\\n'%(a[0],));return _g(*a,**k)\n"
+         "_socket.getaddrinfo=_count\n"
+         "_p,sys.argv=sys.argv[1],['-c']+sys.argv[2:]\n"
+         "exec(compile(_p,'<prog>','exec'),{'__name__':'__main__'})\n")
+
+
+def lean(prog: str, *args: str, env: dict, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(["python3", "-S", "-c", _LEAN, prog, *args], input=stdin, env=env, capture_output=True,
+                          text=True, timeout=20)
+
+
+def test_the_listener_and_the_test_start_lean_and_look_up_only_names():
+    """Neither program imports socket or threading, nor asks getaddrinfo about an IP address (a
+    name is still looked up): each would cost every host ~8 ms of CPU more."""
+    env = {**os.environ, reach.ENV_IN: "a" * 32, reach.ENV_OUT: "b" * 32}
+    out = lean(reach.LISTEN_PY, "1", "20", "0.3", "1", str(reach.READ_LIMIT), "127.0.0.1", env=env)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    port = out.stdout.strip()
+    got = lean(reach.CONNECT_PY, "1", port, "2", "127.0.0.1", "localhost", env=env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines()[0] == "to 127.0.0.1 ok"
+    assert got.stderr.splitlines() == ["getaddrinfo localhost"]   # the name only
+    assert gone(int(port), reach.GRACE + 3)

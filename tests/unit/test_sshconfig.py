@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -203,3 +206,20 @@ def test_type_errors_name_the_field_without_pydantic_tags(tmp_path):
     with pytest.raises(SpecError) as exc:
         load_cluster(p)
     assert "job.command:" in str(exc.value) and "job.command.str" not in str(exc.value)
+
+
+def test_paramiko_comes_without_invoke_unless_a_config_has_match_exec():
+    """paramiko imports invoke only to run `Match exec` commands: half its import time, at the
+    start of every command that connects. It is loaded when a config has a Match exec."""
+    code = ("import sys\n"
+            "import orchestrator.transport.ssh\n"
+            "print('invoke' in sys.modules)\n"
+            "from orchestrator.transport.sshconfig import SshConfig\n"
+            "SshConfig('/c', 'Host a\\n  Port 2\\n')\n"
+            "print('invoke' in sys.modules)\n"
+            "SshConfig('/c', 'Match exec \"true\"\\n  Port 2\\n')\n"
+            "import paramiko.config\n"
+            "print('invoke' in sys.modules, paramiko.config.invoke is sys.modules.get('invoke'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}).stdout
+    assert out.split("\n") == ["False", "False", "True True", ""]
