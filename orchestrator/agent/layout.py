@@ -4,7 +4,6 @@ The controller (orchestrator.launchers, supervisor, logs, ...) and the superviso
 both read these; nothing here does I/O but the two small file helpers at the end.
 """
 
-import json
 import os
 
 # environment
@@ -87,6 +86,7 @@ def write_atomic(path, text, mode=0o600):
 
 def read_json(path, limit=64 << 20):
     """A JSON document from a file (None when missing, unreadable, too large or not JSON)."""
+    import json   # here, not at the top: the rank wrapper (rank.py) imports this module and no json
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)
