@@ -34,6 +34,7 @@ STATE = "state.json"        # this host's view of the run (the head's: the run's
 INFO = "agent.json"         # how local clients (watch, stop) reach the head: address, port, token (0600)
 AGENT_LOG = "agent.log"
 SECRETS = "secrets.json"    # the run's secret env values for `agent.py rank` (0600, removed at the end)
+WAKE = "wake"               # a FIFO (0600): `agent.py rank` writes a byte to it once it wrote a rank's pid or end
 CONFIG = "config.{node}.json"  # a Slurm job step's supervisor configuration (0600, removed once read)
 
 

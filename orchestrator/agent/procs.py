@@ -113,6 +113,7 @@ class Local:
         self.stopping = None      # [reason, deadline, killed]
         self.last_output = 0.0
         self.sizes = {}
+        self.grew = False         # the last poll found a rank's output grown (the loop turns quickly then)
         self.changed = True
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
         self.secrets_path = None
@@ -311,7 +312,9 @@ class Local:
                                 _number(ex.get("end")) or now())
 
     def watch_output(self):
+        """Each rank's log: when it last grew, and what it grew by (progress). `grew`: some did."""
         adir = attempt_dir(self.rundir, self.attempt)
+        self.grew = False
         for rank in self.ranks:
             path = rank_log(adir, rank, self.launcher)
             try:
@@ -321,6 +324,7 @@ class Local:
             if size != self.sizes.get(rank):
                 self.sizes[rank] = size
                 self.last_output = now()
+                self.grew = True
                 self.progress.read(rank, path, size, self.last_output)
 
     def live(self):

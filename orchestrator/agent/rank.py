@@ -18,7 +18,7 @@ try:   # the C module that `signal` wraps in enums: importing enum is a third of
 except ImportError:   # not CPython
     import signal
 
-from .layout import (ATTEMPT_VAR, DIR_VAR, RANK_DIRS_VAR, RANK_OUTPUT_VAR, SECRETS, SECRETS_VAR, attempt_dir,
+from .layout import (ATTEMPT_VAR, DIR_VAR, RANK_DIRS_VAR, RANK_OUTPUT_VAR, SECRETS, SECRETS_VAR, WAKE, attempt_dir,
                      rank_log, read_json, write_atomic)
 
 now = time.time
@@ -131,6 +131,22 @@ def start(argv, env, cwd=None, out=None):
     return pid
 
 
+def wake(rundir):
+    """Tell this host's supervisor a rank's pid or end is written (it reads them at once instead of
+    at its next turn): a byte into the run directory's FIFO, never waiting. Nothing when there is
+    no supervisor reading (it reads the files on its own then, each second)."""
+    try:
+        fd = os.open(os.path.join(rundir, WAKE), os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"!")
+    except OSError:   # full: the supervisor has a wake-up waiting already
+        pass
+    finally:
+        os.close(fd)
+
+
 def _number_json(v):
     return "null" if v is None else repr(v)
 
@@ -170,6 +186,7 @@ def run_rank(argv):
             try:
                 write_atomic(os.path.join(adir, "rank.%s.pid" % rank),
                              '{"pid": %d, "start": %r}' % (pid, start_time))
+                wake(rundir)
             except OSError:
                 pass
         _, status = os.waitpid(pid, 0)   # retried after a forwarded signal (PEP 475)
@@ -184,6 +201,7 @@ def run_rank(argv):
             write_atomic(os.path.join(adir, "rank.%s.exit" % rank),
                          '{"exit_code": %s, "signal": %s, "start": %r, "end": %r}'
                          % (_number_json(code), _number_json(sig), start_time, now()))
+            wake(rundir)
         except OSError:
             pass
     if sig:  # die of the same signal, so mpirun/msrun see what the rank saw
