@@ -112,7 +112,7 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
 # start: a script run as `python3 agent.py` is compiled on every start (~30 ms of CPU for each
 # rank's wrapper, each status, watch and sweep). The stub puts its own directory first on
 # sys.path (PYTHONSAFEPATH would leave it out). A rank's wrapper imports rank.py alone, not the
-# whole supervisor (~15 ms of CPU per rank instead of ~85: mpirun starts them all at once).
+# whole supervisor (~16 ms of CPU per rank instead of ~44: mpirun starts them all at once).
 AGENT_MODULE = layout.PACKAGE
 AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
               f"if sys.argv[1:2] == ['rank']:\n    from {AGENT_MODULE}.rank import main\n"
