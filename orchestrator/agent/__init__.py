@@ -12,7 +12,8 @@ sides need (states, message formats, file layout) exists once.
               authentication, frame limits
     head      decide(state, events, now) -> actions: fail-fast, lost hosts, stalls, time-out,
               restarts, pure (no I/O, no clock)
-    procs     this host's processes: start, reap, stop, stacks; the rank wrapper
+    procs     this host's processes: start, reap, stop, stacks
+    rank      the rank wrapper (`agent.py rank`), imported alone: light to start
     server    the event loop (selectors): listeners, connections, the handshake, limits
     cli       agent.py's commands: start, batch, rank, watch, stop, status
 

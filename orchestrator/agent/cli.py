@@ -27,7 +27,8 @@ from . import protocol as proto
 from .delta import DeltaError, Follower
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
                      STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
-from .procs import pid_of_run, run_pids, run_rank
+from .procs import pid_of_run, run_pids
+from .rank import main as rank_main
 from .server import HEARTBEAT, TICK, Supervisor, listen, note, open_client, read_info, write_info
 from .states import RunState, run_state
 
@@ -426,11 +427,8 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     cmd = argv[1]
-    if cmd == "rank":
-        rest = argv[2:]
-        if rest[:1] == ["--"]:
-            rest = rest[1:]
-        return run_rank(rest)
+    if cmd == "rank":   # agent.py imports rank.py alone for it (AGENT_STUB); this for any other caller
+        return rank_main(argv)
     if len(argv) < 3:
         sys.stderr.write(__doc__)
         return 2

@@ -4,7 +4,6 @@ The controller (orchestrator.launchers, supervisor, logs, ...) and the superviso
 both read these; nothing here does I/O but the two small file helpers at the end.
 """
 
-import json
 import os
 
 # environment
@@ -35,6 +34,7 @@ STATE = "state.json"        # this host's view of the run (the head's: the run's
 INFO = "agent.json"         # how local clients (watch, stop) reach the head: address, port, token (0600)
 AGENT_LOG = "agent.log"
 SECRETS = "secrets.json"    # the run's secret env values for `agent.py rank` (0600, removed at the end)
+WAKE = "wake"               # a FIFO (0600): `agent.py rank` writes a byte to it once it wrote a rank's pid or end
 CONFIG = "config.{node}.json"  # a Slurm job step's supervisor configuration (0600, removed once read)
 
 
@@ -87,6 +87,7 @@ def write_atomic(path, text, mode=0o600):
 
 def read_json(path, limit=64 << 20):
     """A JSON document from a file (None when missing, unreadable, too large or not JSON)."""
+    import json   # here, not at the top: the rank wrapper (rank.py) imports this module and no json
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)

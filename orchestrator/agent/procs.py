@@ -1,7 +1,7 @@
 """This host's processes of a run: start them (as the supervisor's own children, so exit
 codes and signals come from waitpid), read what `agent.py rank` reports of the ranks that
 mpirun/msrun/torchrun start, follow their output's progress, stop them (TERM, then KILL),
-capture their stacks. And the rank wrapper itself (`agent.py rank`).
+capture their stacks. The rank wrapper itself (`agent.py rank`) is rank.py.
 
 Nothing here forces a umask: the ranks, their logs and checkpoints get the user's own.
 """
@@ -13,13 +13,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 from . import load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
-                     RANK_OUTPUT_VAR, RUN_VAR, SECRETS, SECRETS_VAR, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
+                     RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, rank_log, read_json, write_atomic)
+from .rank import die_with_parent, enter_rank_dir
 from .states import RankState
 
 now = time.time
@@ -89,22 +89,6 @@ def pid_runs_python(pid):
         return False
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig):
-    """A preexec_fn: the child gets `sig` when the process that started it dies, whatever kills
-    it (SIGKILL, the OOM killer): a supervisor that cannot clean up still leaves no rank behind.
-    Linux only; elsewhere nothing."""
-    def setup():
-        try:
-            import ctypes
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        except (OSError, AttributeError, ImportError):
-            pass
-    return setup
-
-
 def substitute(value, adir, head_address):
     return value.replace(ATTEMPT_DIR_TOKEN, adir).replace(HEAD_ADDR_TOKEN, head_address or "")
 
@@ -129,6 +113,7 @@ class Local:
         self.stopping = None      # [reason, deadline, killed]
         self.last_output = 0.0
         self.sizes = {}
+        self.grew = False         # the last poll found a rank's output grown (the loop turns quickly then)
         self.changed = True
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
         self.secrets_path = None
@@ -327,7 +312,9 @@ class Local:
                                 _number(ex.get("end")) or now())
 
     def watch_output(self):
+        """Each rank's log: when it last grew, and what it grew by (progress). `grew`: some did."""
         adir = attempt_dir(self.rundir, self.attempt)
+        self.grew = False
         for rank in self.ranks:
             path = rank_log(adir, rank, self.launcher)
             try:
@@ -337,6 +324,7 @@ class Local:
             if size != self.sizes.get(rank):
                 self.sizes[rank] = size
                 self.last_output = now()
+                self.grew = True
                 self.progress.read(rank, path, size, self.last_output)
 
     def live(self):
@@ -471,97 +459,3 @@ class Local:
 
 def _number(v):
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def enter_rank_dir(workdir, rank):
-    """job.rank_dirs: the rank's own directory, workdir/rank_<N>, holding a link to each top-level
-    entry of workdir (the synced code and data), so that the command runs as from workdir while
-    what the rank writes at fixed relative paths (checkpoints, ms_log/, kernel_meta/) stays its
-    own. Links already there (a restart) are kept. Returns the directory."""
-    d = os.path.join(workdir, "rank_%d" % rank)
-    try:
-        os.mkdir(d)
-    except FileExistsError:
-        pass
-    have = set(os.listdir(d))
-    for name in os.listdir(workdir):
-        if name.startswith((".", "rank_")) or name in have:
-            continue
-        try:
-            os.symlink(os.path.join("..", name), os.path.join(d, name))
-        except OSError:
-            pass
-    return d
-
-
-def read_secrets(rundir):
-    """The run's secret env values for a rank (`agent.py rank`, mpirun): {} when there are none."""
-    path = os.environ.get(SECRETS_VAR) or os.path.join(rundir, SECRETS)
-    doc = read_json(path, 1 << 20) if rundir else None
-    if not isinstance(doc, dict):
-        return {}
-    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def run_rank(argv):
-    """`agent.py rank -- CMD...`: run one rank under mpirun/msrun/torchrun: its pid and its end
-    (exit code or signal) go to files the host's supervisor reads. Signals are passed on to the
-    rank; its exit status is passed up. With ORCH_RANK_OUTPUT (torchrun, which keeps no per-rank
-    files of its own) the rank's output goes to its log, as mpirun lays it out; with
-    ORCH_RANK_DIRS it starts in its own directory (enter_rank_dir); the run's secret env values
-    come from the host's supervisor (read_secrets), never from the launcher."""
-    rundir = os.environ.get(DIR_VAR, "")
-    attempt = os.environ.get(ATTEMPT_VAR, "1")
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID") or os.environ.get("RANK") or ""
-    adir = attempt_dir(rundir, int(attempt) if attempt.isdigit() else 1)
-    out, cwd = None, None
-    if rank.isdigit() and os.environ.get(RANK_DIRS_VAR):
-        cwd = enter_rank_dir(os.getcwd(), int(rank))
-    if rank.isdigit() and rundir and os.environ.get(RANK_OUTPUT_VAR):
-        log = rank_log(adir, int(rank), "mpirun")
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
-    env = dict(os.environ)
-    env.update(read_secrets(rundir))
-    code: int | None
-    sig: int | None
-    try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out is not None else None,
-                                preexec_fn=die_with_parent(signal.SIGKILL))
-    except OSError as exc:
-        msg = "orch: cannot start %s: %s\n" % (argv[0] if argv else "(nothing)", exc.strerror)
-        os.write(out, msg.encode()) if out is not None else sys.stderr.write(msg)
-        code, sig, start = 127, None, now()
-    else:
-        start = now()
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(s, lambda n, f: proc.send_signal(n))
-        if rank.isdigit() and rundir:
-            try:
-                write_atomic(os.path.join(adir, "rank.%s.pid" % rank), json.dumps({"pid": proc.pid, "start": start}))
-            except OSError:
-                pass
-        while True:
-            try:
-                rc = proc.wait()
-                break
-            except InterruptedError:
-                continue
-        code, sig = (rc, None) if rc >= 0 else (None, -rc)
-    if out is not None:
-        os.close(out)
-    if rank.isdigit() and rundir:
-        try:
-            write_atomic(os.path.join(adir, "rank.%s.exit" % rank),
-                         json.dumps({"exit_code": code, "signal": sig, "start": start, "end": now()}))
-        except OSError:
-            pass
-    if sig:  # die of the same signal, so mpirun/msrun see what the rank saw
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass    # SIGKILL, SIGSTOP: always the default
-        os.kill(os.getpid(), sig)
-        return 128 + sig
-    return code if code is not None else 1

@@ -111,10 +111,12 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
 # that python caches its bytecode (orch_agent/__pycache__ in the run directory) after the first
 # start: a script run as `python3 agent.py` is compiled on every start (~30 ms of CPU for each
 # rank's wrapper, each status, watch and sweep). The stub puts its own directory first on
-# sys.path (PYTHONSAFEPATH would leave it out).
+# sys.path (PYTHONSAFEPATH would leave it out). A rank's wrapper imports rank.py alone, not the
+# whole supervisor (~16 ms of CPU per rank instead of ~44: mpirun starts them all at once).
 AGENT_MODULE = layout.PACKAGE
 AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
-              f"from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
+              f"if sys.argv[1:2] == ['rank']:\n    from {AGENT_MODULE}.rank import main\n"
+              f"else:\n    from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
 
 
 # The package travels compressed (base64 of zlib of {file name: source}) and is unpacked by the

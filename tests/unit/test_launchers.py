@@ -109,6 +109,47 @@ def test_wrapper_tells_a_signal_from_an_exit_code(tmp_path):
     assert res.returncode == 137 and ex["exit_code"] == 137 and ex["signal"] is None
 
 
+def test_wrapper_starts_light_importing_no_part_of_the_supervisor(tmp_path):
+    """mpirun starts every rank's wrapper at once (128 at 64 hosts x 2): `agent.py rank` imports
+    rank.py alone, not the supervisor nor the heavy standard modules (subprocess, json, enum)."""
+    install_agent(tmp_path)
+    (tmp_path / "a1").mkdir()
+    res = subprocess.run(["python3", "-S", "-X", "importtime", str(tmp_path / "agent.py"), "rank", "--", "true"],
+                         env={"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1",
+                              "OMPI_COMM_WORLD_RANK": "0"}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines() if line.count("|") == 2}
+    assert "orch_agent.rank" in imported
+    assert not imported & {"orch_agent.cli", "orch_agent.server", "orch_agent.procs", "subprocess", "json",
+                           "enum", "threading", "selectors"}, sorted(imported)
+    assert json.loads((tmp_path / "a1" / "rank.0.exit").read_text())["exit_code"] == 0
+
+
+def test_wrapper_gives_the_rank_default_signals_no_stray_descriptors_and_says_what_cannot_start(tmp_path):
+    """The rank gets SIGPIPE's default action (python ignores it), none of the descriptors the
+    launcher left open beyond 0-2, and a command that cannot start is exit code 127, said."""
+    import os
+
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        install_agent(tmp_path)
+        (tmp_path / "a1").mkdir()
+        res = subprocess.run(["python3", str(tmp_path / "agent.py"), "rank", "--", "sh", "-c",
+                              "grep SigIgn /proc/self/status; ls /proc/self/fd"], pass_fds=(w,),
+                             env={"PATH": "/usr/bin:/bin", "ORCH_RUN_DIR": str(tmp_path), "ORCH_ATTEMPT": "1",
+                                  "RANK_ID": "1"}, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(r)
+        os.close(w)
+    ignored = int(res.stdout.split()[1], 16)
+    assert not ignored & (1 << (13 - 1)), res.stdout   # SIGPIPE (13) not ignored
+    assert str(w) not in res.stdout.split()[2:] or w <= 3, res.stdout
+    res = run_rank(tmp_path, {"RANK_ID": "2"}, ["/no/such/program", "x"])
+    assert res.returncode == 127 and "orch: cannot start /no/such/program: No such file or directory" in res.stderr
+    assert json.loads((tmp_path / "a1" / "rank.2.exit").read_text())["exit_code"] == 127
+
+
 def test_msrun_scheduler_runs_unwrapped(tmp_path):
     install_agent(tmp_path)
     task = launchers.msrun_task(["python3", "train.py"])
