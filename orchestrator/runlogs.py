@@ -4,8 +4,9 @@ On a host, attempt K of a run writes rank N's output to <workdir>/.orch/<run>/a<
 (mpirun's layout; msrun: a<K>/worker_N.log), and <workdir>/<log_dir> points at the latest
 attempt. On the controller, `.orch/runs/<run>/logs/rank.N/stdout` holds attempt 1 (the only
 one unless job.restarts) and `logs/attempt-K/rank.N/stdout` attempt K > 1. Copies grow
-incrementally (only new bytes move) under a lock per rank, so two commands gathering one
-run never duplicate bytes. Reading streams blocks: memory stays bounded whatever the size.
+incrementally (only new bytes are written; a host's logs of which little is here yet travel
+whole, as one tar stream) under a lock per rank, so two commands gathering one run never
+duplicate bytes. Reading streams blocks: memory stays bounded whatever the size.
 """
 
 from __future__ import annotations
