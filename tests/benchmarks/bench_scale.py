@@ -66,6 +66,8 @@ def wrap(owner, name, label):
 wrap(checks, "run_checks", "check")
 for name in ("distribute", "start", "follow", "gather", "finish"):
     wrap(lifecycle.Lifecycle, name, name)
+from orchestrator import runs
+wrap(runs.Run, "save", "save")
 real_parse = supervisor.parse_start
 def parse_start(text):   # called as each host's supervisor start answers (the head's first)
     mark("started host")
@@ -130,6 +132,10 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str) -> dict:
         "finish + gather": last["exit"] - last["follow end"],
     }
     out["started and joined"] = out["ranks started"]
+    # run.json written during the start step (after the head's start, after the members')
+    saves = [t for what, t, _ in marks if what in ("save begin", "save end")]
+    pairs = [(a, b) for a, b in zip(saves[::2], saves[1::2]) if s <= a and b <= last["start end"]]
+    out["run.json saves in start"] = sum(b - a for a, b in pairs)
     out.update({"cpu: check": cpu["check end last"] - cpu["check begin"],
                 "cpu: sync": cpu["distribute end last"] - cpu["distribute begin"],
                 "cpu: start": cpu["start end last"] - cpu["start begin"],
@@ -162,8 +168,8 @@ def run_hand(hosts, dest: Path, n: int) -> tuple[float, int]:
 
 
 STEPS = ["python start", "check", "prepare + render", "sync", "head started", "members started", "first join",
-         "all joined", "ranks started", "start step", "run (ranks started -> follow end)", "follow", "gather",
-         "finish + gather", "cpu: check", "cpu: sync", "cpu: start", "cpu: follow", "cpu: gather"]
+         "all joined", "ranks started", "start step", "run.json saves in start", "run (ranks started -> follow end)",
+         "follow", "gather", "finish + gather", "cpu: check", "cpu: sync", "cpu: start", "cpu: follow", "cpu: gather"]
 
 
 def main(argv=None) -> int:
