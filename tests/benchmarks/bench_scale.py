@@ -40,7 +40,7 @@ from orchestrator.agent.layout import INFO
 SLOTS = 8
 SLEEP = 5
 KEX = "-o KexAlgorithms=curve25519-sha256"
-WORKDIR = "/data/bench-scale"
+WORKDIR = "/data/bench-scale"     # --before's runs: WORKDIR-before (its own: each tree's files stay as it left them)
 HAND_WORKDIR = "/data/bench-scale-hand"
 
 # `orch up` in this process, the wall clock noted around the lifecycle's steps: a JSON list of
@@ -84,7 +84,7 @@ def job_command() -> list[str]:
     return ["sh", "-c", f'echo "rank $RANK_ID device $DEVICE_ID"; sleep {SLEEP}']
 
 
-def run_orch(cluster: Path, cwd: Path, hosts, src: str) -> dict:
+def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
     steps = cwd / "steps.json"
     env = {**os.environ, "PYTHONPATH": src, "ORCH_BENCH_STEPS": str(steps)}
     m = measure([sys.executable, "-c", DRIVER, "up", str(cluster), "-q"], env=env, cwd=cwd, timeout=900)
@@ -108,7 +108,7 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str) -> dict:
     # each member's info.json is rewritten as it joins the head: its mtime is the join
     joins = []
     for h in hosts[1:]:
-        p = h.lab.host_dir(h.index) / "data" / WORKDIR.split("/data/", 1)[1] / ".orch" / run["id"] / INFO
+        p = h.lab.host_dir(h.index) / "data" / workdir.split("/data/", 1)[1] / ".orch" / run["id"] / INFO
         try:
             joins.append(p.stat().st_mtime)
         except OSError:
@@ -194,15 +194,16 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="orch-bench-scale-") as tmp:
             work = Path(tmp)
             dirs = {}
+            workdirs = {"orch": WORKDIR, "before": WORKDIR + "-before"}
             for tree, src in trees:
                 d = work / tree
                 d.mkdir()
                 write_cluster(d / "cluster.yaml", hosts, slots=SLOTS, ssh={"fanout": 128},
                               job={"launcher": "ranktable", "platform": "ascend", "command": job_command(),
-                                   "workdir": WORKDIR, "timeout": 300, "sync": ["train.py"]},
+                                   "workdir": workdirs[tree], "timeout": 300, "sync": ["train.py"]},
                               checks={"versions": ["python"]})
                 (d / "train.py").write_text("print('train')\n")
-                first = run_orch(d / "cluster.yaml", d, hosts, src)
+                first = run_orch(d / "cluster.yaml", d, hosts, src, workdirs[tree])
                 print(f"  {tree} first (syncs): wall {first['wall']:.2f}s sync {first['sync']:.2f}s "
                       f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
                 dirs[tree] = (d, src)
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
                               file=sys.stderr, flush=True)
                         continue
                     d, src = dirs[tool]
-                    r = run_orch(d / "cluster.yaml", d, hosts, src)
+                    r = run_orch(d / "cluster.yaml", d, hosts, src, workdirs[tree])
                     samples[tool].append(r)
                     print(f"  {tool} rep {rep + 1}: " + " ".join(f"{k}={fmt(v)}" for k, v in r.items())
                           + f" (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
