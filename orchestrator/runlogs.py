@@ -4,8 +4,9 @@ On a host, attempt K of a run writes rank N's output to <workdir>/.orch/<run>/a<
 (mpirun's layout; msrun: a<K>/worker_N.log), and <workdir>/<log_dir> points at the latest
 attempt. On the controller, `.orch/runs/<run>/logs/rank.N/stdout` holds attempt 1 (the only
 one unless job.restarts) and `logs/attempt-K/rank.N/stdout` attempt K > 1. Copies grow
-incrementally (only new bytes move) under a lock per rank, so two commands gathering one
-run never duplicate bytes. Reading streams blocks: memory stays bounded whatever the size.
+incrementally (only new bytes are written; a host's logs of which little is here yet travel
+whole, as one tar stream) under a lock per rank, so two commands gathering one run never
+duplicate bytes. Reading streams blocks: memory stays bounded whatever the size.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import posixpath
 import re
+import shlex
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Mapping
@@ -278,18 +281,143 @@ class _Gathered:
         pass
 
 
-def gather_script(run: Run, cluster, ranks, launcher_log: str | None = None) -> list[str]:
-    """The argv of one host's gather (GATHER_PY): its ranks' logs from the sizes here on."""
+# A host's logs as one tar stream (`tar c`: no python start there, a tenth of GATHER_PY's CPU,
+# what 1,024 logs at 128 hosts come back through in under a second) when nothing or little of
+# them is here yet (a run's gather at its end: only the followed rank's bytes are); else, or with
+# no tar on the host, GATHER_PY (only new bytes). The tar stream is told from GATHER_PY's frames by
+# its first line, `T`; _Untar turns its members into the same frames for _Gathered.
+TAR_SLACK = 64 << 10   # bytes of a host's logs here up to which they are sent whole (tar)
+
+
+def _have(run: Run, ranks) -> dict[str, int]:
+    """{"attempt:rank": bytes here} of the ranks' logs that have a copy here."""
     have = {}
     for rank in ranks:
         for attempt in range(1, _latest_local_attempt(run, [rank]) + 1):
             p = run.local_log(rank, attempt)
             if p.exists():
                 have[f"{attempt}:{rank}"] = p.stat().st_size
-    req = {"dir": run_dir(cluster, run.id), "ranks": sorted(ranks), "have": have, "launcher": launcher_log,
-           "pattern": _LOG.pattern}
+    return have
 
-    return [*PY, "-c", GATHER_PY, json.dumps(req, separators=(",", ":"))]
+
+def tar_name(run: Run, cluster, path: str | None) -> str | None:
+    """A file of the run's directory on a host as its tar stream names it."""
+    return posixpath.relpath(path, run_dir(cluster, run.id)) if path else None
+
+
+def gather_script(run: Run, cluster, ranks, launcher_log: str | None = None,
+                  have: Mapping[str, int] | None = None) -> str:
+    """One host's gather (sh): its ranks' logs from the sizes here on (`have`, default: read
+    here), as GATHER_PY frames or (little here yet, tar on the host) a `T` line and a tar stream
+    of its logs (_Untar reads both)."""
+    have = _have(run, ranks) if have is None else have
+    rdir = run_dir(cluster, run.id)
+    req = {"dir": rdir, "ranks": sorted(ranks), "have": have, "launcher": launcher_log, "pattern": _LOG.pattern}
+    py = "exec " + shlex.join([*PY, "-c", GATHER_PY, json.dumps(req, separators=(",", ":"))])
+    if sum(have.values()) > TAR_SLACK:
+        return py
+    q = shlex.quote
+    launcher = tar_name(run, cluster, launcher_log)
+    return (f"cd {q(rdir)} 2>/dev/null && command -v tar >/dev/null 2>&1 || {py}\n"
+            "set --\nfor f in a*/1/rank.*/stdout a*/worker_*.log"
+            + (f" {q(launcher)}" if launcher else "") + '; do [ -f "$f" ] && set -- "$@" "$f"; done\n'
+            'echo T\n[ $# -gt 0 ] || exit 0\nexec tar cf - -- "$@"\n')
+
+
+class _Untar:
+    """The sink of a host's gather: GATHER_PY's frames go to _Gathered as they are; after a `T`
+    line, a tar stream, each of whose members (a rank's log of this host, or the launcher's)
+    becomes the frames GATHER_PY would have sent: `D attempt rank 0 size` (_Gathered keeps only
+    the bytes past its copy), after `R attempt rank` when the log is shorter there than here."""
+
+    def __init__(self, sink: _Gathered, ranks, have: Mapping[str, int], launcher: str | None):
+        self.sink = sink
+        self.mine = set(ranks)
+        self.have = have
+        self.launcher = launcher     # the launcher log's name in the stream
+        self.mode: str | None = None  # "frames" | "tar", from the first line
+        self.buf = bytearray()
+        self.left = 0                # the current member's bytes still to come
+        self.keep = False            # ... whether they go to the sink
+        self.pad = 0                 # then this many bytes of padding
+        self.ended = False           # the tar stream's end (a zero block) was seen
+        self.members = 0
+
+    def write(self, data: bytes) -> int:
+        if self.mode == "frames":
+            return self.sink.write(data)
+        self.buf += data
+        if self.mode is None:
+            if len(self.buf) < 2:
+                return len(data)
+            if self.buf[:2] != b"T\n":
+                self.mode = "frames"
+                rest, self.buf = bytes(self.buf), bytearray()
+                self.sink.write(rest)
+                return len(data)
+            self.mode = "tar"
+            del self.buf[:2]
+        while self.buf and not self.ended:
+            if self.left:
+                n = min(self.left, len(self.buf))
+                if self.keep:
+                    self.sink.write(bytes(self.buf[:n]))
+                del self.buf[:n]
+                self.left -= n
+                continue
+            if self.pad:
+                n = min(self.pad, len(self.buf))
+                del self.buf[:n]
+                self.pad -= n
+                continue
+            if len(self.buf) < 512:
+                break
+            block = bytes(self.buf[:512])
+            del self.buf[:512]
+            if not block.strip(b"\0"):
+                self.ended = True
+                break
+            self._member(block)
+        return len(data)
+
+    def _member(self, block: bytes) -> None:
+        self.members += 1
+        raw = block[124:136]
+        if raw[0] & 0x80:   # GNU base-256, past 8 GiB
+            size = int.from_bytes(raw[1:], "big")
+        else:
+            try:
+                size = int(raw.strip(b"\0 ") or b"0", 8)
+            except ValueError:
+                raise OrchError(f"unreadable gather stream: a tar header {block[:100]!r}") from None
+        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if block[257:262] == b"ustar" and block[345:500].strip(b"\0"):
+            name = block[345:500].split(b"\0", 1)[0].decode("utf-8", "replace") + "/" + name
+        self.left, self.pad, self.keep = size, -size % 512, False
+        if block[156:157] not in (b"0", b"\0"):   # not a file (a directory, GNU/pax extra headers): skipped
+            return
+        m = _LOG.search("/" + name)
+        if name == self.launcher:
+            self.sink.write(b"L %d\n" % size)
+        elif m and int(m.group(2) or m.group(3)) in self.mine:
+            a, r = int(m.group(1)), int(m.group(2) or m.group(3))
+            if size < self.have.get(f"{a}:{r}", 0):
+                self.sink.write(b"R %d %d\n" % (a, r))
+            self.sink.write(b"D %d %d 0 %d\n" % (a, r, size))
+        else:
+            return
+        self.keep = True
+
+    def complete(self, rc: int) -> bool:
+        """Did the host send everything, given its exit status: GATHER_PY's frames (0), or a tar
+        stream to its end (0, or GNU tar's 1: a file changed while it was read; what it sent of
+        it is whole), or none at all (no log there)."""
+        if self.mode != "tar":
+            return rc == 0
+        return (self.ended and rc in (0, 1)) or (rc == 0 and not self.members and not self.buf)
+
+    def flush(self) -> None:
+        pass
 
 
 def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | None = None) -> dict[str, str]:
@@ -307,11 +435,14 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
         if h.name in launchers:
             assert launcher_attempt is not None  # launchers is empty otherwise
             remote, local = launcher_log(run, cluster, plan, h, launcher_attempt)
+        ranks = ran.get(h.name, [])
+        have = _have(run, ranks)
         sink = _Gathered(run, local)
+        untar = _Untar(sink, ranks, have, tar_name(run, cluster, remote))
         ok = False
         try:
-            res = pool[h].run(gather_script(run, cluster, ran.get(h.name, []), remote), sink=sink)
-            ok = res.ok
+            res = pool[h].run(gather_script(run, cluster, ranks, remote, have), sink=untar)
+            ok = untar.complete(res.exit_code)
         finally:
             sink.close(ok)
         if not ok and remote is not None:
@@ -319,7 +450,9 @@ def gather(run: Run, cluster, plan, pool, hosts=None, launcher_attempt: int | No
                 pool[h].get(remote, local)
             except (OrchError, OSError):
                 pass  # left out, silently: the ranks' logs say what matters
-        res.check("gathering logs")
+        if not ok:
+            res.check("gathering logs")
+            raise OrchError(f"{h.name}: gathering logs: the tar stream ended early")
 
     hosts = [h for h in (plan.all_hosts if hosts is None else hosts) if h.name in ran or h.name in launchers]
     res = fan_out(hosts, one, limit=cluster.ssh.fanout)

@@ -1,6 +1,6 @@
 """Pure: the shell text orch sends to hosts for environments, exit codes and a run's processes,
-and the Secret values that text may carry. (Log listings and gathering are one python program,
-logs.GATHER_PY.)
+and the Secret values that text may carry. (Log listings and gathering are runlogs.gather_script's:
+a tar stream, or one python program, runlogs.GATHER_PY.)
 
 Every function returns a POSIX sh snippet with every value `shlex.quote`d; nothing here runs
 anything. (The hosts' supervisor, orchestrator/agent, runs alone there, stdlib only: it keeps its own Python

@@ -1,8 +1,9 @@
 """orch's run supervisor: the one program orch runs on the cluster for a run.
 
-Standard library only, python3 >= 3.8: this package is copied, as it is, into every run's
-directory on every host (`<workdir>/.orch/<run-id>/orch_agent/`) and run there with the host's
-own python3; the controller imports the same modules (`orchestrator.agent`), so every rule both
+Standard library only, python3 >= 3.8: this package is copied, as it is, once per version into
+the workdir on every host (`<workdir>/.orch/agent-<hash>/orch_agent/`, shared by the runs started
+from that workdir, its bytecode too; each run's `agent.py` imports it) and run there with the
+host's own python3; the controller imports the same modules (`orchestrator.agent`), so every rule both
 sides need (states, message formats, file layout) exists once.
 
     layout    names: environment variables, files and directories of a run on a host

@@ -427,7 +427,7 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     cmd = argv[1]
-    if cmd == "rank":   # agent.py imports rank.py alone for it (AGENT_STUB); this for any other caller
+    if cmd == "rank":   # agent.py imports rank.py alone for it (supervisor.agent_stub); this for any other caller
         return rank_main(argv)
     if len(argv) < 3:
         sys.stderr.write(__doc__)

@@ -28,8 +28,8 @@ WRAPPING_LAUNCHERS = ("mpirun", "msrun", "torchrun")  # their ranks run under `a
 # files and directories
 ORCH_DIR = ".orch"          # in a workdir: one directory per run, the lock, Slurm's go files (0700)
 LOCK = "lock"               # ORCH_DIR's file a run's supervisor holds locked for the run's life (0600)
-PACKAGE = "orch_agent"      # this package, as copied into a run directory
-AGENT = "agent.py"          # the stub the hosts run: imports PACKAGE from beside itself
+PACKAGE = "orch_agent"      # this package, as copied into <workdir>/.orch/agent-<hash>/
+AGENT = "agent.py"          # the stub the hosts run (one per run): imports PACKAGE from the workdir's copy
 STATE = "state.json"        # this host's view of the run (the head's: the run's)
 INFO = "agent.json"         # how local clients (watch, stop) reach the head: address, port, token (0600)
 AGENT_LOG = "agent.log"

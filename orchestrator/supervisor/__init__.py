@@ -107,63 +107,100 @@ def configs(cluster: Cluster, plan: RankPlan, run_id: str, launch: Launch) -> di
     return out
 
 
-# agent.py on the hosts is this stub; the code is the agent package beside it (orch_agent/), so
-# that python caches its bytecode (orch_agent/__pycache__ in the run directory) after the first
-# start: a script run as `python3 agent.py` is compiled on every start (~30 ms of CPU for each
-# rank's wrapper, each status, watch and sweep). The stub puts its own directory first on
-# sys.path (PYTHONSAFEPATH would leave it out). A rank's wrapper imports rank.py alone, not the
-# whole supervisor (~16 ms of CPU per rank instead of ~44: mpirun starts them all at once).
+# The agent package lives once per version in the workdir, <workdir>/.orch/agent-<hash>/orch_agent/
+# (content-addressed: the hash of what is shipped), shared by every run started from it: python
+# caches its bytecode there (orch_agent/__pycache__), so only the first start of a version on a
+# host compiles it (a start: ~50 ms of CPU, ~90 ms when it compiles). Each
+# run's directory holds agent.py, a stub importing the package from there (every command on
+# the hosts runs `python3 -S <rundir>/agent.py ...`: rank wrappers, status, watch, stop). A rank's
+# wrapper imports rank.py alone, not the whole supervisor (~16 ms of CPU per rank instead of ~44:
+# mpirun starts them all at once).
 AGENT_MODULE = layout.PACKAGE
-AGENT_STUB = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
-              f"if sys.argv[1:2] == ['rank']:\n    from {AGENT_MODULE}.rank import main\n"
-              f"else:\n    from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
 
 
-# The package travels compressed (base64 of zlib of {file name: source}) and is unpacked by the
-# host's python3: a script goes to the host as one `sh -c` argument, which Linux caps at 128 KiB
-# (MAX_ARG_STRLEN), and the sources alone are more than that; compressed they are a third of it.
-_UNPACK_PY = ("import base64,json,os,sys,zlib\n"
-              "for n,t in json.loads(zlib.decompress(base64.b64decode(sys.stdin.read()))).items():\n"
-              " f=os.open(os.path.join(sys.argv[1],n),os.O_WRONLY|os.O_CREAT|os.O_TRUNC|os.O_NOFOLLOW,0o600)\n"
-              " with os.fdopen(f,'w') as fh:\n  fh.write(t)\n")
+@lru_cache(maxsize=1)
+def agent_home_name() -> str:
+    """The package's directory name under <workdir>/.orch: agent-<the first 16 hex digits of
+    the SHA-256 of agent_blob()>."""
+    import hashlib
+
+    return "agent-" + hashlib.sha256(agent_blob().encode()).hexdigest()[:16]
+
+
+def agent_stub(home: str) -> str:
+    """agent.py of a run: the package from `home` (<workdir>/.orch/agent-<hash>), then its main."""
+    return (f"import sys\nsys.path.insert(0, {home!r})\n"
+            f"if sys.argv[1:2] == ['rank']:\n    from {AGENT_MODULE}.rank import main\n"
+            f"else:\n    from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
+
+
+# The package travels compressed (base64 of zlib of {file name: source}, one line on stdin) and is
+# unpacked by the host's python3 (a script goes to the host as one `sh -c` argument, which Linux
+# caps at 128 KiB, MAX_ARG_STRLEN; the sources alone are more than that) into a new directory
+# renamed into place: the package's directory exists whole or not at all, whoever wins a race
+# (two runs starting at once, hosts sharing the workdir). When it exists, the line is skipped.
+# `_BOOT_PY HOME [AGENT.PY start RUNDIR]`: with the start's arguments, the same process goes on
+# to start the supervisor (its configuration: the rest of stdin), one python start a host.
+_BOOT_PY = ("import os,sys\n"
+            "h=sys.argv[1]\nline=sys.stdin.readline()\n"
+            "if not os.path.isdir(h):\n"
+            " import base64,json,zlib\n"
+            " t='%s.%d.tmp'%(h,os.getpid())\n"
+            " os.mkdir(t,0o700)\n"
+            f" os.mkdir(os.path.join(t,{AGENT_MODULE!r}),0o700)\n"
+            " for n,s in json.loads(zlib.decompress(base64.b64decode(line))).items():\n"
+            f"  f=os.open(os.path.join(t,{AGENT_MODULE!r},n),os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600)\n"
+            "  with os.fdopen(f,'w') as fh:\n   fh.write(s)\n"
+            " try:\n  os.rename(t,h)\n"
+            " except OSError:\n"   # another start put it there first
+            "  import shutil\n  shutil.rmtree(t,True)\n  if not os.path.isdir(h):\n   raise\n"
+            "if len(sys.argv)>2:\n"
+            " sys.path.insert(0,h)\n"
+            f" from {AGENT_MODULE}.cli import main\n"
+            " sys.exit(main(sys.argv[2:]))\n")
 
 
 @lru_cache(maxsize=1)
 def agent_blob() -> str:
-    """The agent package as _UNPACK_PY reads it: one line of base64."""
+    """The agent package as _BOOT_PY reads it: one line of base64."""
     raw = json.dumps(agent_sources(), separators=(",", ":")).encode()
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
-def _write_agent(rdir: str) -> str:
+def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | None = None) -> str:
     """Shell: make orch's directory in the workdir and the run's directory in it, both the user's
-    alone (0700; never through a planted link, never one another user owns), and write the
-    supervisor (agent.py and its package, orch_agent/) into it. No umask is forced: what the
-    run writes gets the user's own."""
+    alone (0700; never through a planted link, never one another user owns), write the run's
+    agent.py and make sure the package is in <workdir>/.orch/agent-<hash> (_BOOT_PY). With `conf`
+    (a configuration: JSON on one line), the same python process then starts the supervisor, with
+    `env`, its configuration on stdin after the package's line. No umask is forced: what the run
+    writes gets the user's own."""
     q = shlex.quote
     base = rdir.rsplit("/", 1)[0]
-    pkg = f"{rdir}/{AGENT_MODULE}"
+    home = f"{base}/{agent_home_name()}"
     lines = [f"mkdir -p {q(base.rsplit('/', 1)[0] or '/')} || exit 1"]
-    for d in (base, rdir, pkg):
+    for d in (base, rdir):
         lines.append(f"mkdir -m 700 {q(d)} 2>/dev/null || {{ [ -d {q(d)} ] && [ ! -L {q(d)} ] && [ -O {q(d)} ]; }} "
                      f"|| {{ printf 'orch: %s is not a directory of this user (a link, or another user owns it)\\n' "
                      f"{q(d)} >&2; exit 1; }}")
         lines.append(f"chmod 700 {q(d)} || exit 1")
-    lines.append(f"{' '.join(PY)} -c {q(_UNPACK_PY)} {q(pkg)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF")
-    lines.append(f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF'\n{AGENT_STUB}ORCH_AGENT_EOF")
+    lines.append(f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_stub(home)}ORCH_AGENT_EOF")
+    boot = f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)}"
+    if conf is None:
+        lines.append(f"{boot} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF")
+    else:
+        assert "\n" not in conf
+        lines.append(f"{sh.assignments(env or {})} exec {boot} {q(rdir + '/' + AGENT)} start {q(rdir)} "
+                     f"<<'ORCH_AGENT_EOF'\n{agent_blob()}\n{conf}\nORCH_AGENT_EOF")
     return "\n".join(lines) + "\n"
 
 
 def start_script(cfg: Mapping) -> str:
-    """Write the supervisor into the run directory and start it (detached). The configuration,
-    secret env values included, goes on its stdin (never a command line, never a file).
-    Prints `ok PID PORT`, or `busy RUN` when another live run holds the workdir."""
-    rdir = cfg["rundir"]
-    q = shlex.quote
-    conf = json.dumps(cfg, separators=(",", ":"))
-    return (_write_agent(rdir)
-            + f"{sh.assignments({RUN_VAR: cfg['run_id'], 'ORCH_AGENT': '1'})} exec {' '.join(PY)} "
-            f"{q(rdir + '/' + AGENT)} start {q(rdir)} <<'ORCH_CFG_EOF'\n{conf}\nORCH_CFG_EOF\n")
+    """Write the supervisor (the run's agent.py; the package unless the workdir has it) and start
+    it, detached, in the python process that wrote it. The configuration, secret env values
+    included, goes on its stdin after the package's line (never a command line, never a file).
+    Prints `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
+    return _write_agent(cfg["rundir"], {RUN_VAR: cfg["run_id"], "ORCH_AGENT": "1"},
+                        json.dumps(cfg, separators=(",", ":")))
 
 
 def stage_script(cfg: Mapping) -> str:

@@ -1,7 +1,8 @@
 """Every benchmark, one table each, and the targets met or missed.
 
     python tests/benchmarks/run_all.py [--repeat 3] [--keep] [--json results.json]
-        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale,spares,relay,status,sessions]
+        [--only check,up,gather,fanout,plan,startup,sync,supervision,slurm,jump,scale,spares,relay,status,sessions,
+                scale128]
 
 Needs root and the lab (orch lab: network namespaces, sshd, openmpi-bin); the baselines need
 `pdsh` (apt) and `ansible-core` in a separate venv (default /opt/orch-bench-venv, or
@@ -11,8 +12,8 @@ ORCH_BENCH_VENV), e.g.:
     python3 -m venv /opt/orch-bench-venv && /opt/orch-bench-venv/bin/pip install ansible-core
 
 A missing baseline is left out of the tables, not faked. Labs are named pb*: pbchk (64 hosts),
-pbup (4), pbgat (4), pbfa + pbfb (128 each), pbrelay (8, plus a controller namespace shaped with
-`tc`); each is removed after its benchmark unless --keep.
+pbup (4), pbgat (4), pbfa + pbfb (128 each), pbsc128 (128), pbrelay (8, plus a controller
+namespace shaped with `tc`); each is removed after its benchmark unless --keep.
 Numbers are medians of --repeat runs; every host is on this machine, so the hosts' sshd and
 probes share its cores with the controller. The last six (bench_startup, bench_sync,
 bench_supervision, bench_slurm, bench_jump, and bench_check at 64/128/256 hosts on two labs,
@@ -70,13 +71,15 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
                "bench_status.py", ["32"]),
     "sessions": ("15. SSH sessions per host of one `orch up -q` at 4 hosts x 2 ranks, mpirun and ranktable "
                  "(bench_sessions.py)", "bench_sessions.py", ["4"]),
+    "scale128": ("16. Start-up at scale: `orch up -q` at 128 hosts x 8 ranks (ranktable, 5 s job) vs pdsh + ssh tar "
+                 "with curve25519, by steps (bench_scale.py)", "bench_scale.py", ["128"]),
 }
 
 
 def script_bench(name: str, repeat: int) -> str:
     _, script, argv = SCRIPTS[name]
     argv = [*argv]
-    if name in ("sync", "jump", "scale"):
+    if name in ("sync", "jump", "scale", "scale128"):
         argv += ["--repeat", str(repeat)]
     res = subprocess.run([sys.executable, str(HERE / script), *argv], capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:

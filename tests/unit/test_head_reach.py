@@ -117,7 +117,7 @@ class StartHost(Transport):
 
     def _exec(self, script, *, stdin, sink, timeout):
         text = stdin.decode() if isinstance(stdin, bytes) else script
-        conf = text.split("<<'ORCH_CFG_EOF'\n", 1)[1].split("\nORCH_CFG_EOF", 1)[0]
+        conf = text.rsplit("\nORCH_AGENT_EOF", 1)[0].rsplit("\n", 1)[1]   # the heredoc's last line (the package's first)
         self.cfgs.append(json.loads(conf))
         return 0, self.answer.encode(), b""
 

@@ -23,7 +23,7 @@ def install_agent(rdir: Path) -> Path:
     pkg.mkdir(parents=True, exist_ok=True)
     for name, src in supervisor.agent_sources().items():
         (pkg / name).write_text(src)
-    (rdir / "agent.py").write_text(supervisor.AGENT_STUB)
+    (rdir / "agent.py").write_text(supervisor.agent_stub(str(rdir)))
     return rdir / "agent.py"
 
 
@@ -233,7 +233,8 @@ def test_wrapper_keeps_a_torchrun_ranks_output_and_enters_its_rank_dir(tmp_path)
 def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
     """agent.py on a host is a stub importing the orch_agent package, so python caches the supervisor's
     bytecode after its first start (a script run as itself is compiled on every start: each
-    rank's wrapper, status, watch); it works with PYTHONSAFEPATH set too."""
+    rank's wrapper, status, watch); the package is the workdir's, shared by runs (its bytecode
+    too); it works with PYTHONSAFEPATH set too."""
     import os
     import sys
 
@@ -249,7 +250,8 @@ def test_the_hosts_supervisor_is_byte_code_cached(tmp_path, safe_path):
         res = subprocess.run([sys.executable, "-S", str(rdir / "agent.py"), "status", str(rdir)], env=env,
                              capture_output=True, text=True, timeout=30)
         assert res.returncode == 0 and isinstance(json.loads(res.stdout), dict), res.stderr
-    cached = sorted(p.name.split(".")[0] for p in (rdir / "orch_agent" / "__pycache__").iterdir())
+    home = rdir.parent / supervisor.agent_home_name()
+    cached = sorted(p.name.split(".")[0] for p in (home / "orch_agent" / "__pycache__").iterdir())
     assert {"cli", "server", "procs", "protocol", "states", "layout"} <= set(cached), cached
     assert oct((rdir).stat().st_mode & 0o777) == "0o700" and oct(rdir.parent.stat().st_mode & 0o777) == "0o700"
 
@@ -282,7 +284,8 @@ def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tm
                          text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert not list(tmp_path.glob("pwned*")) and (rdir / "agent.py").is_file()
-    assert oct(rdir.stat().st_mode & 0o777) == "0o700" and (rdir / "orch_agent" / "cli.py").is_file()
+    assert oct(rdir.stat().st_mode & 0o777) == "0o700"
+    assert (rdir.parent / supervisor.agent_home_name() / "orch_agent" / "cli.py").is_file()
     other = tmp_path / "w2"
     other.mkdir()
     os.symlink(tmp_path / "elsewhere", other / ".orch")
@@ -307,3 +310,40 @@ def test_the_files_the_probe_lists_are_the_launchers_own_files(launcher, platfor
     written = launchers.build(c, make_plan(c), "r1", root={}, device_ips={h.name: {d: f"10.9.0.{d + 1}" for d in h.devices}
                                                                          for h in c.hosts}).files
     assert {n for f in written.values() for n in f} == set(names)
+
+
+def test_runs_share_the_workdirs_package_unpacked_once_and_whole(tmp_path):
+    """The supervisor's package is the workdir's, one per version (<workdir>/.orch/agent-<hash>):
+    a second run's start finds it and writes nothing there (its bytecode is kept: no compiling
+    again); starts racing each other each end with the package whole, no temporary left."""
+    import os
+    import sys
+
+    from orchestrator import supervisor
+
+    wd = tmp_path / "wd"
+    home = wd / ".orch" / supervisor.agent_home_name()
+    subprocess.run(["sh"], input=supervisor._write_agent(str(wd / ".orch" / "R1")).encode(), check=True, timeout=30)
+    marker = home / "orch_agent" / "__pycache__" / "kept"
+    marker.parent.mkdir()
+    marker.write_text("")
+    before = {p: p.stat().st_mtime_ns for p in (home / "orch_agent").iterdir()}
+    # the package's line is not even decoded: garbage in its place changes nothing
+    script = supervisor._write_agent(str(wd / ".orch" / "R2")).replace(supervisor.agent_blob(), "garbage")
+    subprocess.run(["sh"], input=script.encode(), check=True, timeout=30)
+    assert {p: p.stat().st_mtime_ns for p in (home / "orch_agent").iterdir()} == before and marker.exists()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    res = subprocess.run([sys.executable, "-S", str(wd / ".orch" / "R2" / "agent.py"), "status", str(wd / ".orch" / "R2")],
+                         env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and isinstance(json.loads(res.stdout), dict), res.stderr
+
+    wd2 = tmp_path / "wd2"
+    procs = [subprocess.Popen(["sh"], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(6)]
+    for i, p in enumerate(procs):
+        p.stdin.write(supervisor._write_agent(str(wd2 / ".orch" / f"R{i}")).encode())   # type: ignore[union-attr]  # a pipe
+        p.stdin.close()   # type: ignore[union-attr]  # a pipe
+    assert [p.wait(timeout=60) for p in procs] == [0] * 6, [p.stderr.read() for p in procs]   # type: ignore[union-attr]  # a pipe
+    home2 = wd2 / ".orch" / supervisor.agent_home_name()
+    assert sorted(p.name for p in (home2 / "orch_agent").iterdir()) == sorted(supervisor.agent_sources())
+    assert sorted(p.name for p in (wd2 / ".orch").iterdir()) == sorted([home2.name] + [f"R{i}" for i in range(6)])
