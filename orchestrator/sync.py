@@ -128,7 +128,8 @@ def excluded(rules: list[_Rule], rel: str, is_dir: bool) -> bool:
 
 def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tuple[str, ...] = (),
              hashed: bool = False) -> list[Entry]:
-    """Everything under the `sync` paths (relative to `base`), in a stable order (parents first)."""
+    """Everything under the `sync` paths (relative to `base`), in a stable order: the directories
+    (parents first), then the files and links."""
     entries: dict[str, Entry] = {}
     problems: list[tuple[Location, str]] = []
     base = base.resolve()
@@ -161,7 +162,13 @@ def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tupl
             entries[top] = _file_entry(real, top, hashed)
     if problems:
         raise SpecError(problems, hint="fix job.sync (or job.sync_exclude), or the files")
-    return [entries[k] for k in sorted(entries)]
+    # every directory before any file (parents first): a host then makes the whole tree before it
+    # writes a file. Interleaved (a directory, its files, the next directory), 8 receivers making
+    # 3,000 files spent 3x the kernel time of rsync in ext4's inode allocation on the lab's disk
+    # (15-17 s against 5.5-6); directories first, 5.0 s
+    ordered = sorted(entries)
+    return [entries[k] for k in ordered if entries[k].kind == "dir"] + \
+        [entries[k] for k in ordered if entries[k].kind != "dir"]
 
 
 def job_manifest(cluster: Cluster) -> list[Entry]:
