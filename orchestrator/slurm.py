@@ -420,6 +420,13 @@ _ENDED_HOW = {"TIMEOUT": "its time limit was reached", "DEADLINE": "its deadline
 
 
 _REASON_ENDED = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "DeadLine": "DEADLINE"}
+_SIGNALLED_ALL = ("TIMEOUT", "DEADLINE", "PREEMPTED")  # Slurm SIGTERMs every process of the job itself
+
+
+def _killed_by_sigterm(ranks) -> bool:
+    """Did every failed rank die of SIGTERM (its signal, or the 143 of a shell whose child did)?"""
+    failed = [r for r in ranks if r.get("state") == "failed"]
+    return bool(failed) and all(r.get("signal") == 15 or r.get("exit_code") == 143 for r in failed)
 
 
 def apply(view, info: JobInfo) -> None:
@@ -432,8 +439,12 @@ def apply(view, info: JobInfo) -> None:
     if state in LIVE or not state:
         return
     # Slurm's SIGTERM at a time limit reaches the supervisors as "stop": they say `stopped`
-    # (or nothing, if killed first: `lost`); Slurm knows better.
-    overrule = state in _ENDED_HOW and (view.state == "lost" or (view.state == "stopped" and state != "CANCELLED"))
+    # (or nothing, if killed first: `lost`); Slurm knows better. It reaches the ranks at the same
+    # moment: a supervisor that saw its ranks end before its own SIGTERM says `failed`, every
+    # failed rank killed by SIGTERM (or a shell's 143 for it): Slurm's doing too.
+    overrule = state in _ENDED_HOW and (view.state == "lost" or (view.state == "stopped" and state != "CANCELLED")
+                                        or (view.state == "failed" and state in _SIGNALLED_ALL
+                                            and _killed_by_sigterm(view.ranks)))
     if not view.final or overrule:
         view.state = RUN_STATE.get(state, "lost")
         view.message = f"Slurm job {info.job_id} ended {state}" + (

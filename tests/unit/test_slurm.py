@@ -115,6 +115,21 @@ def test_slurms_word_on_a_run_its_supervisors_could_not_finish(slurm_state, befo
         assert {r["state"] for r in view.ranks} == {after if after in ("timeout", "lost") else "stopped"}
 
 
+@pytest.mark.parametrize("slurm_state, ends, after", [
+    ("TIMEOUT", [(None, 15), (143, None)], "timeout"),   # the ranks got Slurm's SIGTERM before their supervisor did
+    ("TIMEOUT", [(None, 15), (1, None)], "failed"),      # one failed on its own: the run's word stands
+    ("CANCELLED", [(None, 15), (None, 15)], "failed"),   # scancel: not a limit Slurm reached
+    ("NODE_FAIL", [(None, 15), (None, 15)], "failed"),
+])
+def test_ranks_killed_by_slurms_own_sigterm_are_its_time_limit(slurm_state, ends, after):
+    view = RunView(state="failed", ranks=[{"rank": i, "host": "n1", "state": "failed", "exit_code": code, "signal": sig}
+                                          for i, (code, sig) in enumerate(ends)])
+    slurm.apply(view, slurm.JobInfo("5", slurm_state))
+    assert view.state == after
+    if after == "timeout":
+        assert "Slurm job 5 ended TIMEOUT: its time limit was reached" in view.message
+
+
 def test_a_time_limit_seen_while_the_job_is_still_completing_is_a_timeout():
     view = _view("stopped")
     slurm.apply(view, slurm.JobInfo("5", "COMPLETING", reason="TimeLimit"))
