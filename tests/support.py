@@ -142,6 +142,20 @@ def host_procs(lab, i: int, run_id: str) -> list[str]:
     return res.stdout.split()
 
 
+def kill_run_on(lab, i: int, run_id: str) -> None:
+    """kill -9 every process of the run on lab host i, its supervisor included (as a power cut
+    would), until none is left; there must be some. One listed a moment ago may have ended by
+    itself already (a start's parent once did), which is not a failure."""
+    pids = [p.split("/")[2] for p in host_procs(lab, i, run_id)]   # /proc/PID/environ
+    assert pids, f"no process of run {run_id} on host {i}"
+    for _ in range(20):
+        lab.exec(i, ["sh", "-c", 'kill -9 "$@" 2>/dev/null; true', "kill", *pids])
+        pids = [p.split("/")[2] for p in host_procs(lab, i, run_id)]
+        if not pids:
+            return
+    raise AssertionError(f"processes of run {run_id} still on host {i}: {pids}")
+
+
 def remote_ls(lab, i: int, pattern: str) -> list[str]:
     """Paths matching a shell glob on lab host i (empty if none)."""
     res = lab.exec(i, ["sh", "-c", f"for f in {pattern}; do [ -e \"$f\" ] && echo \"$f\"; done; exit 0"])

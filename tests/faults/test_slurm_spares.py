@@ -11,7 +11,7 @@ import yaml
 
 from tests.faults.test_slurm import job_state, queue
 from tests.faults.test_spares import SHOW
-from tests.support import host_procs, leftovers, orch, run_record, wait_until
+from tests.support import kill_run_on, leftovers, orch, run_record, wait_until
 
 pytestmark = pytest.mark.lab
 
@@ -35,9 +35,7 @@ def test_a_lost_node_is_replaced_by_the_spare_node_of_the_allocation(sw, tmp_pat
         return json.loads(orch("status", "--json", cwd=tmp_path).stdout)
 
     assert wait_until(lambda: sum(r["state"] == "running" for r in status()["ranks"]) == 4, 60), status()
-    pids = [p.split("/")[2] for p in host_procs(sw, 2, run_id)]
-    assert pids
-    sw.exec(2, ["kill", "-9", *pids])
+    kill_run_on(sw, 2, run_id)
     assert wait_until(lambda: status()["state"] in ("succeeded", "failed", "lost"), 90)
     st = status()
     n1, n2, n3 = (sw.host(i).name for i in (1, 2, 3))

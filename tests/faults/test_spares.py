@@ -13,7 +13,7 @@ import yaml
 from orchestrator.launchers import ranktable
 from orchestrator.rankplan import make_plan, replaced
 from orchestrator.spec import load_cluster
-from tests.support import host_procs, leftovers, orch, wait_until, write_fault_cluster
+from tests.support import host_procs, kill_run_on, leftovers, orch, wait_until, write_fault_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -46,18 +46,11 @@ def _status(cwd) -> dict:
     return json.loads(orch("status", "--json", cwd=cwd, check_rc=None).stdout)
 
 
-def _kill_host(lab, i: int, run_id: str) -> None:
-    """Every process of the run on host i, its supervisor included: kill -9 (as a power cut would)."""
-    pids = [p.split("/")[2] for p in host_procs(lab, i, run_id)]   # /proc/PID/environ
-    assert pids
-    lab.exec(i, ["kill", "-9", *pids])
-
-
 def _replace_mid_run(lab, tmp_path: Path, ranks: int) -> tuple[str, dict]:
     run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
     assert wait_until(lambda: len(host_procs(lab, 2, run_id)) >= 2 and _status(tmp_path)["state"] == "running", 40)
     assert wait_until(lambda: sum(r["state"] == "running" for r in _status(tmp_path)["ranks"]) == ranks, 30)
-    _kill_host(lab, 2, run_id)
+    kill_run_on(lab, 2, run_id)
     assert wait_until(lambda: _status(tmp_path)["state"] in ("succeeded", "failed", "lost"), 60)
     st = _status(tmp_path)
     assert wait_until(lambda: not leftovers(run_id), 20), leftovers(run_id)
@@ -122,10 +115,10 @@ def test_no_spare_left_the_run_ends_naming_the_failed_host_and_the_spares(sp, tm
     _cluster(sp, tmp_path, "/data/sp-none", slots=1, launcher="ranktable")
     run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
     assert wait_until(lambda: sum(r["state"] == "running" for r in _status(tmp_path)["ranks"]) == 2, 40)
-    _kill_host(sp, 3, run_id)
+    kill_run_on(sp, 3, run_id)
     time.sleep(1)
     assert _status(tmp_path)["state"] == "running"
-    _kill_host(sp, 2, run_id)
+    kill_run_on(sp, 2, run_id)
     assert wait_until(lambda: _status(tmp_path)["state"] == "lost", 60)
     res = orch("status", "--json", cwd=tmp_path, check_rc=1)
     st = json.loads(res.stdout)

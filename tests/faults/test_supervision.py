@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import (budget, host_procs, leftovers, orch, run_ids, run_record, running, spawn_orch,
+from tests.support import (budget, host_procs, kill_run_on, leftovers, orch, run_ids, run_record, running, spawn_orch,
                            sshd_lines, timed, up_then_kill_controller, wait_until, write_fault_cluster)
 
 pytestmark = pytest.mark.lab
@@ -136,17 +136,6 @@ def test_link_cut_without_controller_is_a_lost_run_and_the_rest_stop(sup, tmp_pa
     assert f"lost contact with host {sup.host(4).name} (rank 3)" in st["message"]
 
 
-def kill_all(lab, i: int, run_id: str) -> None:
-    """kill -9 every process of the run on lab host i, until none is left: one listed a moment
-    ago may have ended by itself already (a start's parent once did), which is not a failure."""
-    for _ in range(20):
-        pids = [p.split("/")[2] for p in host_procs(lab, i, run_id)]
-        if not pids:
-            return
-        lab.exec(i, ["sh", "-c", 'kill -9 "$@" 2>/dev/null; true', "kill", *pids])
-    raise AssertionError(f"processes of run {run_id} still on host {i}: {host_procs(lab, i, run_id)}")
-
-
 def test_lost_hosts_are_described_by_what_was_seen(sup, tmp_path):
     """Every process of the run on a host killed with kill -9 (its supervisor too): its
     connection closed, and the message says that, not that it was silent. Then the launch host
@@ -156,7 +145,7 @@ def test_lost_hosts_are_described_by_what_was_seen(sup, tmp_path):
              hosts=3, ssh={"connect_timeout": 2, "retries": 1})
     run_id = orch("up", "-q", "--detach", cwd=tmp_path, check_rc=0).stdout.decode().strip()
     assert wait_until(lambda: len(host_procs(sup, 3, run_id)) >= 2, 20)
-    kill_all(sup, 3, run_id)
+    kill_run_on(sup, 3, run_id)
     assert wait_until(lambda: leftovers(run_id) == [], 30), leftovers(run_id)
     st = _status(tmp_path, rc=1)
     assert st["state"] == "lost" and st["lost"] == [sup.host(3).name], st
