@@ -5,12 +5,11 @@ sync listing (size and modification time, as sync compares them: nothing hashed 
 from __future__ import annotations
 
 import shlex
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .. import probes
 from ..probes import Section, SyncFile
 from ..model import Host
-from ..sync import LISTING_SECTION, parse_listing
 from .base import Check, CheckResult, Probe, register, result, section
 from .workdir import WORKDIR
 
@@ -59,11 +58,10 @@ def judge_files(host: Host, sec: Section, manifest: Sequence[SyncFile]) -> Check
     return _verdict(host, manifest, len(compared), current, stale)
 
 
-def judge_listed(host: Host, sec: Section | None, plan) -> CheckResult:
-    """`orch up`'s probe: the files against the host's sync listing (sync.parse_listing), by size
-    and mtime, as sync decides what to send. A listing that did not come back whole: a warning
-    (sync lists the host again itself), never a failure."""
-    listed = parse_listing(plan.listing, sec.body) if sec is not None and sec.rc == 0 else None
+def judge_listed(host: Host, listed: Mapping[str, list | None] | None, plan) -> CheckResult:
+    """`orch up`'s probe: the files against the host's sync listing (ProbeRun.listed), by size
+    and mtime, as sync decides what to send. A listing that did not come back whole (None): a
+    warning (sync lists the host again itself), never a failure."""
     if listed is None:
         return result("files", host, "warn", "could not compare the synced files: the host's listing of "
                                              f"{plan.cluster.job.workdir} did not come back whole (orch up lists "
@@ -104,7 +102,7 @@ def _local(plan) -> list[CheckResult]:
 
 
 register(Check("files", applies=lambda plan, host: bool(plan.manifest), probes=(WORKDIR, FILES),
-               judge=lambda plan, run: [judge_listed(run.host, (run.sections or {}).get(LISTING_SECTION), plan)
+               judge=lambda plan, run: [judge_listed(run.host, run.listed, plan)
                                         if plan.listing else
                                         judge_files(run.host, section(run.sections, "files"), plan.manifest)],
                local=_local))

@@ -10,7 +10,7 @@ import ipaddress
 import socket
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import probes
 from ..errors import HostError, OrchError, PlanError
@@ -155,7 +155,13 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
         return ProbeRun(host, None, HostError(host.name, f"the probe printed nothing usable (exit code "
                                               f"{res.exit_code}){': ' + tail if tail else ''}"),
                         "probe", connect_time=connect_time, addresses=addresses)
-    return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses)
+    return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses, listed(plan, sections))
+
+
+def listed(plan: CheckPlan, sections: Mapping[str, probes.Section]) -> dict | None:
+    """What a host's probe listed of the sync (sync.parse_listing), when its section ended well."""
+    s = sections.get(LISTING_SECTION)
+    return parse_listing(plan.listing, s.body) if plan.listing and s is not None and s.rc == 0 else None
 
 
 class _Once:
@@ -267,18 +273,12 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     hccn = {n: c for n, c in hccn_confs(ordered).items() if c is not None}
     prepared = {r.host.name: f for r in ordered if (f := facts(plan, r.sections)) is not None} if prepare else {}
     return Report(results, tuple(h.name for h in plan.hosts), time.monotonic() - t0, hccn, prepared,
-                  listings(plan, ordered))
+                  listings(ordered))
 
 
-def listings(plan: CheckPlan, runs: Sequence[ProbeRun]) -> dict[str, dict]:
-    """{host: what its probe listed for sync (sync.parse_listing)}, the hosts whose section ended
-    well only (pure)."""
-    out = {}
-    for r in runs:
-        s = (r.sections or {}).get(LISTING_SECTION)
-        if plan.listing and s is not None and s.rc == 0 and (got := parse_listing(plan.listing, s.body)) is not None:
-            out[r.host.name] = got
-    return out
+def listings(runs: Sequence[ProbeRun]) -> dict[str, dict]:
+    """{host: what its probe listed for sync (ProbeRun.listed)}, the hosts that listed it whole."""
+    return {r.host.name: r.listed for r in runs if r.listed is not None}
 
 
 def encode_run(run: ProbeRun) -> dict:
@@ -286,7 +286,7 @@ def encode_run(run: ProbeRun) -> dict:
     return {"sections": None if run.sections is None else [[x.name, x.body, x.rc] for x in run.sections.values()],
             "error": None if run.error is None else encode_error(run.error), "stage": run.stage,
             "t_send": run.t_send, "t_recv": run.t_recv, "connect_time": run.connect_time,
-            "addresses": None if run.addresses is None else sorted(run.addresses)}
+            "addresses": None if run.addresses is None else sorted(run.addresses), "listed": run.listed}
 
 
 def decode_run(host: Host, rec: dict) -> ProbeRun:
@@ -294,7 +294,7 @@ def decode_run(host: Host, rec: dict) -> ProbeRun:
     return ProbeRun(host, None if secs is None else {n: probes.Section(n, body, rc) for n, body, rc in secs},
                     None if rec["error"] is None else decode_error(rec["error"]), rec["stage"], rec["t_send"],
                     rec["t_recv"], rec["connect_time"],
-                    None if rec["addresses"] is None else frozenset(rec["addresses"]))
+                    None if rec["addresses"] is None else frozenset(rec["addresses"]), rec["listed"])
 
 
 def resolve_address(address: str) -> frozenset[str] | None:

@@ -687,15 +687,19 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
             "pkg/b.py": ["file", st["b.py"].st_size, st["b.py"].st_mtime_ns + 1, 0o644, None]}
     body = json.dumps([have.get(rel) for rel, _ in plan.listing])
     h = c.hosts[0]
-    r = checks.files.judge_listed(h, sec("synclist", body), plan)
+
+    def listed(body, rc=0):
+        return checks.runner.listed(plan, {"synclist": sec("synclist", body, rc)})
+
+    r = checks.files.judge_listed(h, listed(body), plan)
     assert r.status == "warn" and "stale code on the host: pkg/b.py differ from this machine's (size or " \
         "modification time)" in r.message, r
     del have["pkg/b.py"]
-    r = checks.files.judge_listed(h, sec("synclist", json.dumps([have.get(rel) for rel, _ in plan.listing])), plan)
+    r = checks.files.judge_listed(h, listed(json.dumps([have.get(rel) for rel, _ in plan.listing])), plan)
     assert r.status == "pass" and "1 file(s) up to date, 2 not there yet" in r.message, r
-    r = checks.files.judge_listed(h, sec("synclist", json.dumps([None for _ in plan.listing])), plan)
+    r = checks.files.judge_listed(h, listed(json.dumps([None for _ in plan.listing])), plan)
     assert r.status == "pass" and "not synced yet: orch up copies 3 file(s)" in r.message, r
-    for garbled in (sec("synclist", "[1, 2"), sec("synclist", "[]"), sec("synclist", body, rc=1), None):
+    for garbled in (listed("[1, 2"), listed("[]"), listed(body, rc=1), checks.runner.listed(plan, {})):
         r = checks.files.judge_listed(h, garbled, plan)
         assert r.status == "warn" and "did not come back whole" in r.message, (garbled, r)
     # `orch check` (no prepare) still hashes
