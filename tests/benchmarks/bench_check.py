@@ -73,9 +73,8 @@ def probes(cluster: Path, names: list[str]) -> dict[str, str]:
 
 
 def run_orch(cluster: Path, n: int, procs: str | None = None, src: str | None = None):
-    env = base_env(**({"ORCH_FANOUT_PROCS": procs} if procs else {}))
-    if src:  # another copy of the package (--before) in place of this tree's
-        env["PYTHONPATH"] = ":".join([src] + env["PYTHONPATH"].split(":")[1:])
+    # src: another copy of the package (--before) in place of this tree's
+    env = base_env(src, **({"ORCH_FANOUT_PROCS": procs} if procs else {}))
     m = measure(ORCH + ["check", str(cluster), "--json"], env=env, timeout=300)
     try:
         report = json.loads(m.stdout)

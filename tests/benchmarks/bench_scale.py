@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ROOT, fmt, lab_hosts, lab_up, measure, median, pdsh_available, pdsh_env, ssh_base, table, write_cluster
+from benchlib import ROOT, base_env, fmt, lab_hosts, lab_up, measure, median, pdsh_available, pdsh_env, ssh_base, table, write_cluster
 from orchestrator.agent.layout import INFO
 
 SLOTS = 8
@@ -86,7 +86,7 @@ def job_command() -> list[str]:
 
 def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
     steps = cwd / "steps.json"
-    env = {**os.environ, "PYTHONPATH": src, "ORCH_BENCH_STEPS": str(steps)}
+    env = base_env(src, ORCH_BENCH_STEPS=steps)
     m = measure([sys.executable, "-c", DRIVER, "up", str(cluster), "-q"], env=env, cwd=cwd, timeout=900)
     m.check("orch up")
     marks = json.loads(steps.read_text())

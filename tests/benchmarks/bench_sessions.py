@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ROOT, Lab, SshdCounter, lab_hosts, measure, table, write_cluster
+from benchlib import ROOT, Lab, base_env, SshdCounter, lab_hosts, measure, table, write_cluster
 
 # `orch up` in this process, each SSH session (SshTransport._exec) recorded with the orch function
 # that asked for it: {host: [function, ...]} as JSON in $ORCH_BENCH_SESSIONS at exit
@@ -54,7 +54,7 @@ def up_once(d: Path, hosts, argv: list[str], src: str) -> tuple[list[int], list[
     counter = SshdCounter(hosts).start()
     log = d / "sessions.json"
     m = measure([sys.executable, "-c", DRIVER, "up", "-q", *argv],
-                env={**os.environ, "PYTHONPATH": src, "ORCH_BENCH_SESSIONS": str(log)}, cwd=d
+                env=base_env(src, ORCH_BENCH_SESSIONS=log), cwd=d
                 ).check("orch up " + " ".join(argv))
     got = counter.counts()
     conns = [got[h.name][h.controller] for h in hosts]

@@ -79,7 +79,6 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args(argv)
     env = benchlib.base_env()
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PATH"] = os.path.dirname(os.path.realpath(sys.executable)) + os.pathsep + env.get("PATH", "")
     with tempfile.TemporaryDirectory(prefix="orch-bench-startup-") as d:
         (Path(d) / "cluster.yaml").write_text(CLUSTER.replace("WORKDIR", str(Path(d) / "wd")))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ORCH, ROOT, Lab, SshdCounter, lab_hosts, measure, median, write_cluster
+from benchlib import ORCH, ROOT, Lab, base_env, SshdCounter, lab_hosts, measure, median, write_cluster
 from tests.support import leftovers, wait_until
 
 REPEAT = 5
@@ -28,7 +28,7 @@ REPEAT = 5
 
 def statuses(d: Path, hosts, src: str) -> tuple[float, float, str]:
     """Median wall and CPU seconds of `orch status` (PYTHONPATH=src), and the connections it made."""
-    env = {**os.environ, "PYTHONPATH": src}
+    env = base_env(src)
     walls, cpus, conns = [], [], []
     for _ in range(REPEAT):
         counter = SshdCounter(hosts).start()
@@ -49,7 +49,7 @@ def main(n: int) -> None:
             d = Path(tmp)
             write_cluster(d / "cluster.yaml", hosts, slots=1,
                           job={"launcher": "ranktable", "command": "true", "workdir": "/data/bench-status"})
-            measure([*ORCH, "up", "-q", "--skip-checks"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+            measure([*ORCH, "up", "-q", "--skip-checks"], env=base_env(),
                     cwd=d).check("orch up")
             run_id = sorted(p.name for p in (d / ".orch" / "runs").iterdir())[-1]
             assert wait_until(lambda: leftovers(run_id) == [], 60)

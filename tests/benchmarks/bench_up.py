@@ -50,9 +50,7 @@ NO_TREE_SPAWN = ["-mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None, follow: bool = False, head=None):
-    env = base_env()
-    if src:  # another copy of the package (--before) in place of this tree's
-        env["PYTHONPATH"] = ":".join([src] + env["PYTHONPATH"].split(":")[1:])
+    env = base_env(src)   # src: another copy of the package (--before) in place of this tree's
     m = measure(ORCH + ["up", str(cluster)] + ([] if follow else ["-q"]), env=env, cwd=cwd, timeout=600)
     runs = sorted((cwd / ".orch" / "runs").glob("*/logs"), key=lambda p: p.stat().st_mtime)
     logs = runs[-1] if runs else None

@@ -119,11 +119,15 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def base_env(**extra) -> dict:
-    """This environment, with orch imported from this tree (or from ORCH_BENCH_SRC: a before/after
-    comparison runs the same benchmark against another copy of the package)."""
+def base_env(src: str | None = None, **extra) -> dict:
+    """This environment, with orch imported from this tree (or from `src`, else ORCH_BENCH_SRC: a
+    before/after comparison runs the same benchmark against another copy of the package)."""
     env = dict(os.environ)
-    src = os.environ.get("ORCH_BENCH_SRC") or str(ROOT)
+    # bytecode cached, as on a user's machine (pip compiles it; an editable install writes it at
+    # the first run): with PYTHONDONTWRITEBYTECODE every orch command compiled its ~70 modules
+    # anew, ~0.1-0.2 s of CPU that no user pays and no hand-run has
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    src = src or os.environ.get("ORCH_BENCH_SRC") or str(ROOT)
     env["PYTHONPATH"] = src + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({k: str(v) for k, v in extra.items()})
     return env
