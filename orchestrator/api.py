@@ -300,7 +300,8 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         run.hold_controller()  # `orch down` from elsewhere can tell this process still follows the run
         launch = launchers.build(cluster, rp, run.id, root=prepared.root, device_ips=device_ips,
                                  interfaces=prepared.interfaces, aarch64=prepared.aarch64,
-                                 head_interface_address=prepared.addresses.get(rp.launch_host.name))
+                                 head_interface_address=prepared.addresses.get(rp.launch_host.name),
+                                 share=prepared.share)
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
         outcome, stop_reason = None, None
         try:

@@ -58,10 +58,10 @@ def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, 
 
 def parse_prepare(text: str) -> dict[str, Any]:
     """prepare_script's output (or the up probe's sections that read the same facts, joined) ->
-    {uid, arch, interface, python, live}; None for what the text does not say (python: "" when
+    {uid, arch, interface, python, live, share}; None for what the text does not say (python: "" when
     there is no python3)."""
     out: dict[str, Any] = {"uid": None, "python": supervisor.parse_python(text), "live": None, "arch": None,
-                           "interface": probes.parse_interface(text)}
+                           "interface": probes.parse_interface(text), "share": None}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         rest = rest.strip()
@@ -119,6 +119,9 @@ def facts(plan: Any, sections: Mapping[str, probes.Section] | None) -> dict[str,
             return None
     if src["interface"] == "iface":
         out["interface"] = probes.parse_interface(bodies["iface"])
+    # the launch host's mesh test left its connections open for mpirun's ssh (checks/mesh.py)
+    mesh = sections.get("mesh")
+    out["share"] = plan.share if plan.share and mesh is not None and probes.mesh_shared(mesh.body) else None
     return out
 
 
@@ -135,6 +138,7 @@ class Prepared:
     addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
     live: dict[str, list[str]] = field(default_factory=dict)   # {another run live in the workdir: its hosts} (force)
     listed: dict[str, dict] = field(default_factory=dict)      # {host: what it listed for sync} (the hosts asked here)
+    share: str | None = None  # the launch host's ControlPath for mpirun's ssh (logins.share_path), if its mesh test left one
 
     @property
     def aarch64(self) -> bool:
@@ -202,7 +206,8 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                               hint=f"stop it with `orch down --run {run_id}` (from the directory that started "
                                    "it), wait for it to end, or pass --force to stop it first")
     return Prepared({n: is_root(uid=f["uid"]) for n, f in got.items()}, interfaces,
-                    {n: f["arch"] for n, f in got.items()}, addresses, live, listed)
+                    {n: f["arch"] for n, f in got.items()}, addresses, live, listed,
+                    got[plan.launch_host.name].get("share"))
 
 
 # --------------------------------------------------------------------------- device IPs, super devices

@@ -576,6 +576,14 @@ def parse_sha256sum(text: str) -> dict[str, str]:
     return out
 
 
+SHARED = "orch:share"  # the mesh section's line: its connections stay open for mpirun (logins.share_path)
+
+
+def mesh_shared(text: str) -> bool:
+    """Did the mesh test keep its connections open for mpirun (its SHARED line)?"""
+    return SHARED in text.splitlines()
+
+
 def parse_mesh(text: str) -> dict[str, tuple[int, str]] | None:
     """Mesh lines `TARGET\\tRC\\tSTDERR` -> {target: (exit code, error)}; None if no ssh client."""
     if _not_installed(text):

@@ -11,6 +11,7 @@ from typing import Sequence
 from .. import probes
 from ..errors import OrchError, PlanError, SpecError
 from ..launchers import launcher
+from ..logins import share_path
 from ..rankplan import RankPlan, make_plan, order_hosts
 from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
@@ -111,6 +112,9 @@ class CheckPlan:
     # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
     # job.sync cannot be read here: sync then asks in its own round trip)
     listing: tuple[tuple[str, bool], ...] = ()
+    # `orch up` of a launcher that needs the mesh (mpirun): the ControlPath the launch host's mesh
+    # test keeps its connections open on, for the launcher's own ssh (logins.share_path)
+    share: str = ""
 
 
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
@@ -132,7 +136,8 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      manifest=tuple(manifest), missing_sync=tuple(missing),
                      mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
-                     listing=listing)
+                     listing=listing,
+                     share=share_path(secrets.token_hex(4)) if prepare and launcher(cluster).needs_mesh else "")
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

@@ -8,10 +8,10 @@ import shlex
 from typing import Sequence
 
 from .. import probes
-from ..probes import NOT_INSTALLED, MeshTarget, Section
+from ..probes import NOT_INSTALLED, SHARED, MeshTarget, Section
 from ..hostsets import fold
 from ..launchers import launcher
-from ..logins import HOST_KEX, ssh_args
+from ..logins import HOST_KEX, SHARE_DIR, SHARE_PERSIST, ssh_args
 from ..model import Host
 from .base import Check, CheckResult, Probe, register, result, section
 
@@ -20,7 +20,11 @@ def _applies(plan, host: Host) -> bool:
     return host.name in plan.mesh_from
 
 
-def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_timeout: float) -> str:
+def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_timeout: float,
+              share: str = "") -> str:
+    """`share`: the ControlPath (logins.share_path) each test's connection stays open on for
+    mpirun, when the launch user's directory for it is theirs alone (else no master, and no
+    SHARED line: probes.mesh_shared)."""
     ct = max(1, round(connect_timeout))
     limit = max(ct + 10, int(command_timeout * 0.8))
     jobs = []
@@ -36,10 +40,20 @@ def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_tim
     # connection (minutes of CPU for a thousand hosts): a test that runs `true` puts curve25519
     # first (mpirun's own ssh keeps its defaults; a server without curve25519 still gets the rest).
     # An ssh that does not know `^` (< 8.2) is left as it is.
+    shared = ""
+    if share:
+        # made here (0700) or made before by this user: anything else (planted by another user, a
+        # link, other modes) and the sockets would not be theirs alone: no master then
+        d = SHARE_DIR.format(uid="$(id -u)")
+        shared = (f'D={d}; mkdir -m 700 -- "$D" 2>/dev/null\n'
+                  'if [ -d "$D" ] && [ ! -h "$D" ] && [ "$(stat -c \'%u %a\' -- "$D" 2>/dev/null)" = "$(id -u) 700" ]; '
+                  f"then K=\"$K -o ControlMaster=auto -o ControlPersist={SHARE_PERSIST} "
+                  f"-o ControlPath={shlex.quote(share)}\"; echo {SHARED}; fi\n")
     return (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {limit}'\n"
             f"K=; ssh -G -o {HOST_KEX} localhost >/dev/null 2>&1 && K='-o {HOST_KEX}'\n"
-            "S=$(command -v ssh)\nssh() { $M \"$S\" $K \"$@\"; }\n"
+            + shared
+            + "S=$(command -v ssh)\nssh() { $M \"$S\" $K \"$@\"; }\n"
             + "\n".join(jobs) + "\nwait")
 
 
@@ -55,7 +69,8 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     if not targets:
         return []
     ssh = plan.cluster.ssh
-    return [("mesh", mesh_body(targets, ssh.connect_timeout, ssh.command_timeout))]
+    share = plan.share if host.name == plan.launch.name else ""
+    return [("mesh", mesh_body(targets, ssh.connect_timeout, ssh.command_timeout, share))]
 
 
 MESH = Probe("mesh", _shell, place="background")

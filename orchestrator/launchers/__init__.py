@@ -60,17 +60,20 @@ def planned_interfaces(cluster: Cluster, plan: RankPlan) -> dict[str, tuple[str,
 def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, bool],
           device_ips: Mapping[str, Mapping[int, str]] | None = None,
           interfaces: Mapping[str, tuple[str, str | None]] | None = None, aarch64: bool = False,
-          head_interface_address: str | None = None, only: str | None = None, spares: bool = True) -> Launch:
+          head_interface_address: str | None = None, only: str | None = None, spares: bool = True,
+          share: str | None = None) -> Launch:
     """interfaces: {host: (job.interface there, its network)}, as `up`'s prepare step found them
     (default: a name the cluster file gives; `auto` is only known on the hosts);
     head_interface_address: the launch host's address on job.interface, as prepare read it.
     `only`: that host's processes alone, no files, no spares (what a spare runs in a host's place);
-    `spares=False`: the launch without what the spares are given (spare_launch)."""
+    `spares=False`: the launch without what the spares are given (spare_launch). `share`: the
+    launch host's ssh connections to the others that its launcher may share (prepare.Prepared.share)."""
     if spares and only is None and plan.spares:
         ready = spare_launch(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
                              aarch64=aarch64, head_interface_address=head_interface_address)
         return replace(build(cluster, plan, run_id, root=root, device_ips=device_ips, interfaces=interfaces,
-                             aarch64=aarch64, head_interface_address=head_interface_address, spares=False),
+                             aarch64=aarch64, head_interface_address=head_interface_address, spares=False,
+                             share=share),
                        spares=ready)
     job = cluster.job
     head_at = head_reach(cluster, plan.launch_host, plan.all_hosts, head_interface_address)
@@ -85,7 +88,7 @@ def build(cluster: Cluster, plan: RankPlan, run_id: str, *, root: Mapping[str, b
                   for h in plan.hosts if h.name in names}
     ctx = Context(cluster, plan, run_id, root, device_ips, interfaces, aarch64, head_at.rendered,
                   run_dir(cluster, run_id), added, host_added,
-                  {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}, only)
+                  {"PYTHONFAULTHANDLER": "1"} if job.stall_timeout else {}, only, share)
     kind = launcher(cluster)
     procs, files = kind.procs(ctx), kind.files(ctx)
     return Launch({h.name: tuple(procs.get(h.name, ())) for h in mine}, {h.name: files.get(h.name, {}) for h in mine},

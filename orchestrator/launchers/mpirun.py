@@ -77,13 +77,15 @@ def mpirun_interface(chosen: Mapping[str, tuple[str, str | None]]) -> tuple[str,
 def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: bool,
                 interface: str | None = None, output_dir: str | None = None,
                 pass_env: tuple[str, ...] = (), command: list[str] | None = None,
-                tag: tuple[str, str] | None = None, exports: Mapping[str, str] | None = None) -> list[str]:
+                tag: tuple[str, str] | None = None, exports: Mapping[str, str] | None = None,
+                share: str | None = None) -> list[str]:
     """The one mpirun command, run on the plan's launch host from any directory.
 
     Ranks start in workdir (--wdir) and write workdir/log_dir/1/rank.N/stdout. Environment:
     `-x NAME=VALUE` for `exports` (default `mpirun_exports`: job.env + host env, the same on every
     host, and the device selection) but the secrets: their values reach the ranks through the
-    supervisors (mpirun_secrets)."""
+    supervisors (mpirun_secrets). `share`: the ControlPath of the launch host's open connections to
+    the others (logins.share_path), which mpirun's ssh uses where one is open."""
     job = cluster.job
     argv = ["mpirun", "-n", str(plan.size), "--hostfile", hostfile_path, "--wdir", job.workdir,
             "--output-filename", output_dir or log_dir_path(cluster), "--merge-stderr-to-stdout"]
@@ -94,7 +96,7 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
         argv += ["--bind-to", "none"]
     if job.on_failure == "continue":
         argv += ["-mca", "orte_abort_on_non_zero_status", "0"]
-    rsh = mpirun_ssh_args(plan)
+    rsh = mpirun_ssh_args(plan) + (["-o", f"ControlPath={share}"] if share else [])
     if rsh and "plm_rsh_args" not in user_args:  # mpirun's own ssh to the other hosts: the inventory's port/user
         argv += ["-mca", "plm_rsh_args", " ".join(rsh)]
     if len(plan.hosts) > TREE_SPAWN_HOSTS and "tree_spawn" not in user_args:
@@ -153,7 +155,7 @@ class Mpirun(Launcher):
         argv = mpirun_argv(cluster, plan, hostfile_path=hostfile_path(cluster), root=ctx.root.get(head.name, False),
                            interface=mca, output_dir=ATTEMPT_DIR, pass_env=(RUN_VAR, DIR_VAR, ATTEMPT_VAR, REPLACED_VAR),
                            command=wrapped(ctx.rdir, cluster.job.command), tag=(RUN_VAR, ctx.run_id),
-                           exports=self._exports(ctx))
+                           exports=self._exports(ctx), share=ctx.share)
         return {head.name: [Proc("mpirun", tuple(argv), _path_env(cluster, head.name), cluster.job.workdir,
                                  "mpirun.log")]}
 
