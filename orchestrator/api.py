@@ -306,7 +306,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         outcome, stop_reason = None, None
         try:
             run_lifecycle.distribute(launch, entries, {**(report.listed if report is not None else {}),
-                                                       **prepared.listed})
+                                                       **prepared.listed}, prepared.share)
             run_lifecycle.start(launch)
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:

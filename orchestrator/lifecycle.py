@@ -119,9 +119,11 @@ class Lifecycle:
         return _fan(self.cluster, self.plan.all_hosts if hosts is None else hosts, fn)
 
     # ---- steps
-    def distribute(self, launch: Launch, entries: list, listed: Mapping[str, Mapping] | None = None) -> None:
+    def distribute(self, launch: Launch, entries: list, listed: Mapping[str, Mapping] | None = None,
+                   share: str | None = None) -> None:
         """Sync `entries` (sync.job_manifest) and the rendered files to every host; `listed`: what
-        up's check probe (or prepare) listed on each: those hosts are not asked again."""
+        up's check probe (or prepare) listed on each: those hosts are not asked again; `share`:
+        the launch host's open ssh connections a relay uses (prepare.Prepared.share)."""
         job = self.cluster.job
         from .sync import relayed, sync_hosts  # lazy: only `orch up` syncs; status and down of a recorded run do not
 
@@ -133,7 +135,7 @@ class Lifecycle:
                          + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via) else ""))
         results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
                              via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts),
-                             listed=listed)
+                             listed=listed, share=share)
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
         resent = sorted({rel for o in results.values() for rel in o.value.resent})

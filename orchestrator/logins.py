@@ -11,14 +11,14 @@ from .model import Host
 HOST_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 
 
-# `orch up` of an mpirun job: the launch host's mesh test leaves each of its ssh connections open
-# for a while (a master, ControlPersist), and mpirun's own ssh to the same host shares it
-# (ControlPath in plm_rsh_args): the key exchange and the login happen once, not twice (at 4
-# hosts, mpirun's start 0.38 -> 0.14 s). The sockets live in the launch user's own directory,
+# `orch up`: the launch host's mesh test (mpirun's jobs, the sync relay's) leaves each of its ssh
+# connections open for a while (a master, ControlPersist), and mpirun's own ssh to the same host
+# (ControlPath in plm_rsh_args) and the sync relay's share it: the key exchange and the login
+# happen once, not two or three times (at 4 hosts, mpirun's start 0.38 -> 0.14 s). The sockets live in the launch user's own directory,
 # SHARE_DIR with the uid (the shell's `$(id -u)`, ssh's `%i`), made private (0700) by the
 # test, or not used: a socket there lets whoever can reach it log in as that user.
 SHARE_DIR = "/tmp/orch-ssh-{uid}"
-SHARE_PERSIST = 30  # seconds a master outlives its last session (the check's, then mpirun's ssh)
+SHARE_PERSIST = 30  # seconds a master outlives its last session (the check's, the relay's, mpirun's)
 
 
 def share_path(token: str) -> str:

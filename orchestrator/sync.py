@@ -902,11 +902,12 @@ def relayed(hosts: Sequence[Host], launch: Host, via: str) -> list[Host]:
 
 def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, list[tuple[Entry, str]]]], *,
                   connect_timeout: float, timeout: float, own: Sequence[tuple[Entry, str]] = (),
-                  fanout: int = RELAY_FANOUT) -> dict:
+                  fanout: int = RELAY_FANOUT, share: str | None = None) -> dict:
     """The launch host's relay request (cmd_relay), pure: every entry once, rendered files once
     per content, each target with its ssh command (as mpirun reaches it: logins.ssh_args) and
     what it lacks; `own`: the launch host's own stream, which follows the request (the files in
-    it are passed on as they arrive)."""
+    it are passed on as they arrive); `share`: the ControlPath of the launch host's open connections
+    to the others (its mesh test's, logins.share_path), used where one is open."""
     index: dict[tuple, int] = {}
     entries: list[list] = []
     blobs: dict[str, str] = {}
@@ -926,7 +927,7 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
                 entries.append([e.rel, e.kind, e.mode, e.size, e.mtime_ns, extra, blob])
             items.append([index[key], what])
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
-                *ssh_args(launch, host), host.cluster_address]
+                *(["-o", f"ControlPath={share}"] if share else []), *ssh_args(launch, host), host.cluster_address]
         targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items})
     return {"entries": entries, "blobs": blobs, "targets": targets, "code": RECEIVER, "py": list(PY),
             "timeout": timeout, "fanout": fanout, "ssh_options": [HOST_KEX, RELAY_CIPHERS],
@@ -963,10 +964,12 @@ def relay_errors(launch: Host, todos: Mapping[str, tuple[Host, list]], answer: M
     return out
 
 
-def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh: SshSettings, hop: str) -> dict:
+def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh: SshSettings, hop: str,
+           share: str | None = None) -> dict:
     """One request to the launch host: its own stream (`own`), and what it passes on (`todos`)."""
     timeout = _relay_timeout(ssh.command_timeout, own, todos)
-    req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout, own=own)
+    req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout, own=own,
+                        share=share)
     res = t.run(_receiver_argv("relay", workdir), stdin=_Frames(own, json.dumps(req).encode() + b"\n"),
                 timeout=timeout + ssh.command_timeout)
     if not res.ok:
@@ -982,7 +985,7 @@ def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh:
 def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries: list[Entry],
                extras: Mapping[str, Mapping[str, bytes]], *, via: str, ssh: SshSettings,
                fan: Callable[[Sequence[Host], Callable[[Host], Any]], Results],
-               listed: Mapping[str, Mapping[str, list | None]] | None = None) -> Results:
+               listed: Mapping[str, Mapping[str, list | None]] | None = None, share: str | None = None) -> Results:
     """Bring every host's workdir up to date: {host name: Outcome(SyncReport)}.
 
     job.sync_via: controller: each host from here (sync_host). launch-host: every host lists what
@@ -992,7 +995,8 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     this machine's link once.
 
     `listed`: {host name: what up's check probe listed there} (parse_listing): a host it covers
-    is not asked again."""
+    is not asked again. `share`: the launch host's open connections the relay's ssh uses
+    (relay_request)."""
     listed = listed or {}
     via_launch = relayed(hosts, launch, via)
     if not via_launch:
@@ -1013,7 +1017,7 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     if todos and launch.name not in done:
         t = pool[launch]
         try:
-            answer = _relay(t, workdir, lists[launch.name].value, todos, ssh, hop)
+            answer = _relay(t, workdir, lists[launch.name].value, todos, ssh, hop, share)
         except OrchError as exc:
             done[launch.name] = Outcome(launch, error=exc)
         else:
@@ -1023,7 +1027,7 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
                     # here, then pass them on (once)
                     healed = tuple(answer["bad"])
                     _send(t, workdir, [(e, "send") for e in entries if e.rel in answer["bad"]], f"{hop}: cannot write")
-                    answer = _relay(t, workdir, [], todos, ssh, hop)
+                    answer = _relay(t, workdir, [], todos, ssh, hop, share)
                     if answer.get("bad"):
                         rel, why = next(iter(answer["bad"].items()))
                         raise HostError(launch.name, f"sync: {posixpath.join(workdir, rel)} on the launch host, "

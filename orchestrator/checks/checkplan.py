@@ -112,8 +112,8 @@ class CheckPlan:
     # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
     # job.sync cannot be read here: sync then asks in its own round trip)
     listing: tuple[tuple[str, bool], ...] = ()
-    # `orch up` of a launcher that needs the mesh (mpirun): the ControlPath the launch host's mesh
-    # test keeps its connections open on, for the launcher's own ssh (logins.share_path)
+    # `orch up` whose launch host tests the mesh (mpirun, the sync relay): the ControlPath its test
+    # keeps the connections open on, for mpirun's and the relay's own ssh (logins.share_path)
     share: str = ""
 
 
@@ -131,13 +131,13 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
         manifest, missing, listing = up_files(cluster, entries)
     else:
         manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
+    mesh_from = frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh))
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
-                     manifest=tuple(manifest), missing_sync=tuple(missing),
-                     mesh_from=frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh)),
+                     manifest=tuple(manifest), missing_sync=tuple(missing), mesh_from=mesh_from,
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
                      listing=listing,
-                     share=share_path(secrets.token_hex(4)) if prepare and launcher(cluster).needs_mesh else "")
+                     share=share_path(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "")
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

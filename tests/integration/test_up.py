@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -54,6 +55,42 @@ def test_mpirun_2x2_succeeds_and_gathers_every_rank(lab, job, tmp_path):
     assert every == [f"[rank {r}] rank {r} on {names[r]}" for r in range(4)]
     assert (tmp_path / ".orch" / "runs" / rec["id"] / "hostfile").read_text().count("slots=2") == 2
     assert leftovers(rec["id"]) == []
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["shared", "planted"])
+def test_the_launch_host_logs_in_to_each_host_once_sharing_its_mesh_tests_connection(lab, job, tmp_path, planted):
+    """`orch up` of an mpirun job: the sync relay's ssh and mpirun's own share the connection the
+    launch host's mesh test opened to each other host: each accepts one login from it, not three.
+    A directory for those sockets that another user made (here: nobody's, mode 777) is not used:
+    the run succeeds all the same, with a login each."""
+    job("/data/up-share", hosts=3, sync=["rank.py"])
+    (tmp_path / "rank.py").write_text(RANK_PY + "# changed: the relay passes it on\n")
+    head = lab.host(1)
+    share_dir = lab.host_dir(1) / "tmp" / "orch-ssh-0"
+    aside = share_dir.with_name("orch-ssh-0.aside")
+    if planted:
+        if share_dir.exists():
+            share_dir.rename(aside)
+        share_dir.mkdir()
+        share_dir.chmod(0o777)
+        os.chown(share_dir, 65534, 65534)
+    logins = [lab.sshd_log(i).read_text(errors="replace").count(f"Accepted publickey for root from {head.address} ")
+              for i in (2, 3)]
+    try:
+        orch("up", cwd=tmp_path, check_rc=0)
+    finally:
+        if planted:
+            share_dir.rmdir()
+            if aside.exists():
+                aside.rename(share_dir)
+    rec = run_record(tmp_path)
+    assert rec["state"] == "succeeded"
+    after = [lab.sshd_log(i).read_text(errors="replace").count(f"Accepted publickey for root from {head.address} ")
+             for i in (2, 3)]
+    # planted: the mesh test, the relay and mpirun each log in (no master to share)
+    assert [a - b for a, b in zip(after, logins)] == ([3, 3] if planted else [1, 1])
+    mpirun = json.dumps(rec["commands"])
+    assert ("ControlPath=/tmp/orch-ssh-%i/" in mpirun) is not planted
 
 
 LIVE_PY = """\

@@ -908,3 +908,97 @@ def test_the_background_section_needs_a_private_temp_file(tmp_path, tmpdir, want
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=30, cwd=tmp_path).stdout
     mesh = probes.split_sections(out)["mesh"]
     assert want[0] in mesh.body and mesh.rc == want[1], out
+
+
+@pytest.mark.parametrize("found", ["none", "ours", "loose", "link", "other-owner"])
+def test_mesh_keeps_its_connections_open_for_mpirun_only_in_the_users_private_directory(tmp_path, monkeypatch,
+                                                                                        found):
+    """`orch up` of an mpirun job: the launch host's mesh test makes its ssh connections masters
+    (ControlPath, for mpirun's ssh to share) only in the user's own 0700 directory, made here or
+    made before by the same user; one with other modes, a link, or another user's: no master, no
+    SHARED line (a socket there would let someone else log in as this user)."""
+    import os
+
+    from orchestrator.checks import mesh
+    from orchestrator.probes import MeshTarget
+
+    monkeypatch.setattr(mesh, "SHARE_DIR", str(tmp_path / "share-{uid}"))
+    d = tmp_path / f"share-{os.getuid()}"
+    if found in ("ours", "loose", "other-owner"):
+        d.mkdir(mode=0o700 if found != "loose" else 0o755)
+        d.chmod(0o700 if found != "loose" else 0o755)
+    elif found == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "elsewhere")
+    if found == "other-owner":
+        if os.geteuid() != 0:   # only root can give it away; the other cases still run
+            found = "ours"
+        else:
+            os.chown(d, 65534, 65534)
+    bin_, log = tmp_path / "bin", tmp_path / "ssh-args"
+    bin_.mkdir()
+    (bin_ / "ssh").write_text(f"#!/bin/sh\n[ \"$1\" = -G ] && exit 0\necho \"$*\" >> {log}\nexit 0\n")
+    (bin_ / "ssh").chmod(0o755)
+    body = mesh.mesh_body([MeshTarget("h2", "10.0.0.2"), MeshTarget("h3", "10.0.0.3")], 2, 30,
+                          share="/tmp/orch-ssh-%i/ab12cd34-%C")
+    out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, timeout=60,
+                         env={"PATH": f"{bin_}:/usr/bin:/bin"}).stdout
+    shared = found in ("none", "ours")
+    assert probes.mesh_shared(out) is shared
+    assert probes.parse_mesh(out) == {"h2": (0, ""), "h3": (0, "")}   # the SHARED line is no target's
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    for call in calls:
+        assert ("-o ControlMaster=auto -o ControlPersist=30 -o ControlPath=/tmp/orch-ssh-%i/ab12cd34-%C" in call) \
+            is shared
+    if found == "none":
+        assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o700
+    # without `share` (orch check, other launchers) nothing of it
+    plain = mesh.mesh_body([MeshTarget("h2", "10.0.0.2")], 2, 30)
+    assert "Control" not in plain and mesh.SHARE_DIR.format(uid="") not in plain
+
+
+def test_only_ups_mpirun_probe_on_the_launch_host_shares_its_mesh_connections(tmp_path):
+    """The ControlPath: one per `orch up` (its own token), on the launch host's mesh test only,
+    when up tests the mesh (mpirun, the sync relay); `orch check` and a job without it: none."""
+    from orchestrator import prepare
+
+    c = cluster(tmp_path, launcher="mpirun")
+    up, again = checks.make_check_plan(c, prepare=True, entries=[]), checks.make_check_plan(c, prepare=True, entries=[])
+    assert up.share.startswith("/tmp/orch-ssh-%i/") and up.share.endswith("-%C") and up.share != again.share
+    head, member = up.launch, next(h for h in up.hosts if h.name != up.launch.name)
+    assert f"ControlPath={up.share}" in checks.probe_script(up, head)
+    assert "ControlPath" not in checks.probe_script(up, member)
+    assert checks.make_check_plan(c).share == ""   # orch check
+    assert checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend"), prepare=True,
+                                  entries=[]).share == ""   # no mesh test ...
+    relay = checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend", sync_via="launch-host"),
+                                   prepare=True, entries=[])
+    assert relay.share and f"ControlPath={relay.share}" in checks.probe_script(relay, relay.launch)  # ... the relay's
+    # the fact: from the launch host's mesh section, when it says SHARED
+    base = {name: Section(name, "existed=yes\nwrite=ok\nuid=0\n" if name == "workdir" else "", 0)
+            for name in set(prepare.sources(up).values())}
+    said = prepare.facts(up, {**base, "mesh": Section("mesh", f"{probes.SHARED}\nh2\t0\t\n", 0)})
+    assert said is not None and said["share"] == up.share
+    quiet = prepare.facts(up, {**base, "mesh": Section("mesh", "h2\t0\t\n", 0)})
+    assert quiet is not None and quiet["share"] is None
+    silent = prepare.facts(up, base)   # no mesh section at all
+    assert silent is not None and silent["share"] is None
+
+
+def test_mpirun_shares_the_launch_hosts_connections_named_by_prepare(tmp_path):
+    """mpirun's ssh gets the ControlPath (plm_rsh_args) only when prepare found one."""
+    from orchestrator import launchers
+    from orchestrator.rankplan import make_plan
+
+    c = cluster(tmp_path, launcher="mpirun")
+    rp = make_plan(c)
+
+    def argv(share):
+        launch = launchers.build(c, rp, "r1", root={h.name: False for h in rp.all_hosts}, share=share)
+        return list(launch.procs[rp.launch_host.name][0].argv)
+
+    with_share = argv("/tmp/orch-ssh-%i/ab12cd34-%C")
+    i = with_share.index("plm_rsh_args")
+    assert with_share[i + 1] == "-o ControlPath=/tmp/orch-ssh-%i/ab12cd34-%C"
+    assert "plm_rsh_args" not in argv(None)

@@ -53,7 +53,7 @@ class BeforeSync(Exception):
 def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
     """api.up up to its sync (distribute raises, `runs` then holds up's round trips before it):
     what up learnt before writing anything (prepare.Prepared)."""
-    def stop(self, launch, entries, listed=None):
+    def stop(self, launch, entries, listed=None, share=None):
         captured["before_sync"] = dict(runs)
         raise BeforeSync
 
