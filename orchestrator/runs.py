@@ -33,7 +33,10 @@ def new_run_id(now: float | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S", t) + "-" + secrets.token_hex(3)
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, durable: bool = True) -> None:
+    """Write `path` whole or not at all (a temporary file renamed over it); `durable`: on the disk
+    before the rename (fsync), not only in the page cache, which a crash of this process keeps
+    as well but a crash of the machine may not."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +44,8 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
@@ -146,11 +150,12 @@ class Run:
     def secret(self) -> bool:
         return bool(self.data.get("has_secrets"))
 
-    def save(self) -> None:
+    def save(self, durable: bool = True) -> None:
+        """Write run.json (`durable=False`: see write_atomic; for a save on the way to another)."""
         # Any Secret put in the record (a Slurm allocation's login host, say) is masked here; the
         # file is not world-readable when it holds (masked) secret-bearing commands or env.
         write_atomic(self.dir / "run.json", json.dumps(shown_tree(self.data), indent=2, sort_keys=False) + "\n",
-                     0o600 if self.secret else 0o644)
+                     0o600 if self.secret else 0o644, durable)
 
     def write_file(self, name: str, text: str) -> Path:
         path = self.dir / name

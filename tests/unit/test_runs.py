@@ -64,3 +64,42 @@ def test_a_record_of_a_newer_format_names_the_orch_that_wrote_it(tmp_path):
     assert "recorded by orch 7.0.0" in str(exc.value) and "orch 7.0.0 or newer" in exc.value.hint
     (d / "run.json").write_text(_json.dumps({"id": d.name, "started": 1, "name": "old"}))   # before versioning
     assert load_run(cwd=tmp_path).data["name"] == "old"
+
+
+def test_only_a_durable_write_waits_for_the_disk(tmp_path, monkeypatch):
+    """write_atomic: whole or not at all either way; fsync only when `durable` (the default: the
+    record that ends a run), not for a save on the way to another (the start's)."""
+    import os
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(runs.os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    runs.write_atomic(tmp_path / "a.json", "{}", 0o600)
+    assert len(synced) == 1
+    runs.write_atomic(tmp_path / "a.json", '{"b": 1}', 0o600, durable=False)
+    assert len(synced) == 1 and (tmp_path / "a.json").read_text() == '{"b": 1}'
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]   # no temporary file left
+
+
+def test_distribute_keeps_one_copy_of_each_rendered_file_here(tmp_path, monkeypatch):
+    """The run directory here gets each rendered file once, not once per host that has it (a rank
+    table is every host's: 128 durable writes of it at 128 hosts)."""
+    from orchestrator import lifecycle, sync
+    from orchestrator.fanout import Results
+    from orchestrator.launchers import Launch
+    from orchestrator.rankplan import make_plan
+    from tests.unit.test_checks import cluster
+
+    c = cluster(tmp_path, n=3, launcher="mpirun")
+    written: list[str] = []
+
+    class FakeRun:
+        def write_file(self, name, text):
+            written.append(name)
+
+    monkeypatch.setattr(sync, "sync_hosts", lambda *a, **k: Results())
+    files = {h.name: {"rank_table.json": b"{}", "x.sh": h.name.encode()} for h in c.hosts}
+    launch = Launch({h.name: () for h in c.hosts}, files)
+    lifecycle.Lifecycle(c, make_plan(c), FakeRun(), None).distribute(launch, [])  # type: ignore[arg-type]  # a stand-in run and no pool: sync is faked
+    assert sorted(written) == ["rank_table.json", "x.sh"]
