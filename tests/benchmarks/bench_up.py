@@ -49,14 +49,19 @@ MANUAL_WORKDIR = "/data/benchup-manual"
 NO_TREE_SPAWN = ["-mca", "plm_rsh_no_tree_spawn", "1"]
 
 
-def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None, follow: bool = False, head=None):
+def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None, follow: bool = False, head=None,
+             counter=None):
+    """`orch up`; then, its connections counted (`counter`, SshdCounter) and only then, the head's
+    record of the attempt read (that ssh is this benchmark's, not orch's)."""
     env = base_env(src)   # src: another copy of the package (--before) in place of this tree's
     m = measure(ORCH + ["up", str(cluster)] + ([] if follow else ["-q"]), env=env, cwd=cwd, timeout=600)
     runs = sorted((cwd / ".orch" / "runs").glob("*/logs"), key=lambda p: p.stat().st_mtime)
     logs = runs[-1] if runs else None
     complete = logs is not None and all(
         (logs / f"rank.{r}" / "stdout").read_bytes() == b"hello\n" for r in range(n_ranks))
-    return m, complete, (attempt_times(head, logs.parent.name) if logs is not None and head is not None else {})
+    counted = (counter.from_controller(), counter.sessions_from_controller()) if counter is not None else None
+    times = attempt_times(head, logs.parent.name) if logs is not None and head is not None else {}
+    return m, complete, times, counted
 
 
 def attempt_times(head, run_id: str) -> dict:
@@ -134,14 +139,15 @@ def bench_size(lab, repeat: int, n_hosts: int, slots: int, tree_spawn: str, befo
                 v = tool.partition("+")[2]
                 counter = SshdCounter(hosts).start()
                 if tool.startswith(("orch", "before")):
-                    m, complete, times = run_orch(clusters[v], work, n_hosts * slots,
-                                                  before if tool.startswith("before") else None, follow, hosts[0])
+                    m, complete, times, (conns, trips) = run_orch(
+                        clusters[v], work, n_hosts * slots, before if tool.startswith("before") else None, follow,
+                        hosts[0], counter)
                 else:
                     n += 1
                     m, complete, times = run_manual(hosts, slots, work / f"manual{n}", f"log_output{n_hosts}x{slots}.{n}",
                                                     NO_TREE_SPAWN if v else [])
-                conns = counter.from_controller()
-                trips = counter.sessions_from_controller()
+                    conns = counter.from_controller()
+                    trips = counter.sessions_from_controller()
                 samples[tool].append((m, complete, conns, trips, times))
                 print(f"  up {n_hosts}x{slots} {tool:14s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s "
                       f"rc {m.rc} mpirun/attempt {fmt(times.get('attempt'), 's')} first rank at "
