@@ -14,6 +14,7 @@ Nothing here prints: progress goes to an `Events` object the CLI provides.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable, Mapping
@@ -101,6 +102,26 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
                    {n: doc for n, (_, doc) in res.succeeded.items()})
 
 
+def _meanwhile(fn: Callable[[], object]) -> Callable[[], BaseException | None]:
+    """Call `fn` in a thread of its own; the function returned waits for it and returns what it
+    raised (None if nothing), for the caller to raise once its own work is done."""
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            raised.append(exc)
+
+    thread = threading.Thread(target=call, name="orch-meanwhile", daemon=True)
+    thread.start()
+
+    def wait() -> BaseException | None:
+        thread.join()
+        return raised[0] if raised else None
+    return wait
+
+
 class Lifecycle:
     def __init__(self, cluster: Cluster, plan: RankPlan, run: Run, pool: Pool, events: Events | None = None,
                  follow_rank: int | None = 0):
@@ -168,10 +189,11 @@ class Lifecycle:
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
                              head_addresses=list(addresses or cfgs[head.name]["head_addresses"]),
                              procs=[{"key": "supervisor", "host": head.name, "pid": pid}])
-        # the record names the head before the members start (this process may die meanwhile);
-        # not waiting for the disk here (the members wait for it: up to seconds for a 400 KB
-        # record at 128 x 8 on a busy disk): the record that ends the run is synced
-        self.run.save(durable=False)
+        # the record names the head as the members start (this process may die meanwhile), saved
+        # while they do: at 128 x 8 on a busy machine the save (a 400 KB record) took 0.7-2.7 s
+        # when the members waited for it; not waiting for the disk either: the record that ends
+        # the run is synced
+        saved = _meanwhile(lambda: self.run.save(durable=False))
 
         def member(h):
             cfg = dict(cfgs[h.name], head_port=port, **at)
@@ -183,7 +205,12 @@ class Lifecycle:
             return mpid
 
         members = [h for h in self.plan.all_hosts if h.name != head.name]
-        results = self._fan(member, members)
+        try:
+            results = self._fan(member, members)
+        finally:
+            not_saved = saved()
+        if not_saved is not None:
+            raise not_saved
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save(durable=False)
         if results.failed:

@@ -14,17 +14,18 @@ HOST_KEX = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 # `orch up`: the launch host's mesh test (mpirun's jobs, the sync relay's) leaves each of its ssh
 # connections open for a while (a master, ControlPersist), and mpirun's own ssh to the same host
 # (ControlPath in plm_rsh_args) and the sync relay's share it: the key exchange and the login
-# happen once, not two or three times (at 4 hosts, mpirun's start 0.38 -> 0.14 s). The sockets live in the launch user's own directory,
-# SHARE_DIR with the uid (the shell's `$(id -u)`, ssh's `%i`), made private (0700) by the
+# happen once, not two or three times (at 4 hosts, mpirun's start 0.38 -> 0.14 s). The sockets
+# live in the launch user's own directory, SHARE_DIR with their uid, made private (0700) by the
 # test, or not used: a socket there lets whoever can reach it log in as that user.
 SHARE_DIR = "/tmp/orch-ssh-{uid}"
 SHARE_PERSIST = 30  # seconds a master outlives its last session (the check's, the relay's, mpirun's)
 
 
-def share_path(token: str) -> str:
-    """ssh's ControlPath for one `orch up`'s masters (`token`: that run's own, so a master is
-    never one an earlier run left; %C: a hash of both ends, user and port)."""
-    return SHARE_DIR.format(uid="%i") + f"/{token}-%C"
+def share_name(token: str) -> str:
+    """The socket's name in SHARE_DIR, as ssh's ControlPath ends (`token`: one `orch up`'s own,
+    so a master is never one an earlier run left; %C, OpenSSH >= 6.7: a hash of both ends, user
+    and port, 40 characters whatever the host's name)."""
+    return f"{token}-%C"
 
 
 def is_root(*, uid: int | None = None, user: str | None = None) -> bool:

@@ -121,7 +121,7 @@ def facts(plan: Any, sections: Mapping[str, probes.Section] | None) -> dict[str,
         out["interface"] = probes.parse_interface(bodies["iface"])
     # the launch host's mesh test left its connections open for mpirun's ssh (checks/mesh.py)
     mesh = sections.get("mesh")
-    out["share"] = plan.share if plan.share and mesh is not None and probes.mesh_shared(mesh.body) else None
+    out["share"] = probes.mesh_shared(mesh.body, plan.share) if plan.share and mesh is not None else None
     return out
 
 
@@ -138,7 +138,7 @@ class Prepared:
     addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
     live: dict[str, list[str]] = field(default_factory=dict)   # {another run live in the workdir: its hosts} (force)
     listed: dict[str, dict] = field(default_factory=dict)      # {host: what it listed for sync} (the hosts asked here)
-    share: str | None = None  # the launch host's ControlPath for mpirun's ssh (logins.share_path), if its mesh test left one
+    share: str | None = None  # the launch host's ControlPath for mpirun's ssh (probes.mesh_shared), if its mesh test left one
 
     @property
     def aarch64(self) -> bool:

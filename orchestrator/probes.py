@@ -35,6 +35,7 @@ from typing import Iterable, Literal, Mapping, Sequence, TypedDict
 
 from . import devices
 from .devices import HccnDevice
+from .logins import SHARE_DIR
 from .model import Cluster, Host
 from .interpreters import is_python
 from .supervisor import parse_python
@@ -576,12 +577,18 @@ def parse_sha256sum(text: str) -> dict[str, str]:
     return out
 
 
-SHARED = "orch:share"  # the mesh section's line: its connections stay open for mpirun (logins.share_path)
+SHARED = "orch:share"  # the mesh section's line `orch:share PATH`: its connections stay open on PATH
 
 
-def mesh_shared(text: str) -> bool:
-    """Did the mesh test keep its connections open for mpirun (its SHARED line)?"""
-    return SHARED in text.splitlines()
+def mesh_shared(text: str, name: str) -> str | None:
+    """The ControlPath the mesh test kept its connections open on (its SHARED line), if it is the
+    launch user's directory's (logins.SHARE_DIR) socket `name` (logins.share_name); else None."""
+    want = re.compile(re.escape(SHARE_DIR).replace(re.escape("{uid}"), r"\d+") + "/" + re.escape(name))
+    for line in text.splitlines():
+        kind, _, path = line.partition(" ")
+        if kind == SHARED and want.fullmatch(path):
+            return path
+    return None
 
 
 def parse_mesh(text: str) -> dict[str, tuple[int, str]] | None:

@@ -907,7 +907,7 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
     per content, each target with its ssh command (as mpirun reaches it: logins.ssh_args) and
     what it lacks; `own`: the launch host's own stream, which follows the request (the files in
     it are passed on as they arrive); `share`: the ControlPath of the launch host's open connections
-    to the others (its mesh test's, logins.share_path), used where one is open."""
+    to the others (its mesh test's: probes.mesh_shared), used where one is open."""
     index: dict[tuple, int] = {}
     entries: list[list] = []
     blobs: dict[str, str] = {}

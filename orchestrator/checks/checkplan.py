@@ -11,7 +11,7 @@ from typing import Sequence
 from .. import probes
 from ..errors import OrchError, PlanError, SpecError
 from ..launchers import launcher
-from ..logins import share_path
+from ..logins import share_name
 from ..rankplan import RankPlan, make_plan, order_hosts
 from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
@@ -112,8 +112,8 @@ class CheckPlan:
     # `orch up` (prepare): what the probe lists in workdir for sync (sync.listing_request; () when
     # job.sync cannot be read here: sync then asks in its own round trip)
     listing: tuple[tuple[str, bool], ...] = ()
-    # `orch up` whose launch host tests the mesh (mpirun, the sync relay): the ControlPath its test
-    # keeps the connections open on, for mpirun's and the relay's own ssh (logins.share_path)
+    # `orch up` whose launch host tests the mesh (mpirun, the sync relay): the name of the sockets
+    # its test keeps the connections open on, for mpirun's and the relay's own ssh (logins.share_name)
     share: str = ""
 
 
@@ -137,7 +137,7 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      manifest=tuple(manifest), missing_sync=tuple(missing), mesh_from=mesh_from,
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
                      listing=listing,
-                     share=share_path(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "")
+                     share=share_name(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "")
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

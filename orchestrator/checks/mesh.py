@@ -22,9 +22,9 @@ def _applies(plan, host: Host) -> bool:
 
 def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_timeout: float,
               share: str = "") -> str:
-    """`share`: the ControlPath (logins.share_path) each test's connection stays open on for
-    mpirun, when the launch user's directory for it is theirs alone (else no master, and no
-    SHARED line: probes.mesh_shared)."""
+    """`share`: the name of the sockets (logins.share_name, in SHARE_DIR) each test's connection
+    stays open on for mpirun, when the launch user's directory for them is theirs alone: the
+    SHARED line then says where (probes.mesh_shared); else no master, no line."""
     ct = max(1, round(connect_timeout))
     limit = max(ct + 10, int(command_timeout * 0.8))
     jobs = []
@@ -48,7 +48,7 @@ def mesh_body(targets: Sequence[MeshTarget], connect_timeout: float, command_tim
         shared = (f'D={d}; mkdir -m 700 -- "$D" 2>/dev/null\n'
                   'if [ -d "$D" ] && [ ! -h "$D" ] && [ "$(stat -c \'%u %a\' -- "$D" 2>/dev/null)" = "$(id -u) 700" ]; '
                   f"then K=\"$K -o ControlMaster=auto -o ControlPersist={SHARE_PERSIST} "
-                  f"-o ControlPath={shlex.quote(share)}\"; echo {SHARED}; fi\n")
+                  f"-o ControlPath=$D/{shlex.quote(share)}\"; echo \"{SHARED} $D/{shlex.quote(share)}\"; fi\n")
     return (f"command -v ssh >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"M=; command -v timeout >/dev/null 2>&1 && M='timeout {limit}'\n"
             f"K=; ssh -G -o {HOST_KEX} localhost >/dev/null 2>&1 && K='-o {HOST_KEX}'\n"

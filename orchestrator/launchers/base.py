@@ -136,7 +136,7 @@ class Context:
     host_added: Mapping[str, Mapping[str, str]]         # host -> interface pinning + `added`
     stall_env: Mapping[str, str]                        # for the stall detector's stack dumps
     only: str | None                                    # one spare in one host's place: that host alone
-    share: str | None = None                            # ControlPath of the ssh mpirun may share (logins.share_path)
+    share: str | None = None                            # ControlPath of the ssh mpirun may share (probes.mesh_shared)
 
     def hosts(self) -> list[Host]:
         """The plan's hosts whose processes this launch builds (`only`: that one)."""

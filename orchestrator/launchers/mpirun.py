@@ -85,7 +85,7 @@ def mpirun_argv(cluster: Cluster, plan: RankPlan, *, hostfile_path: str, root: b
     `-x NAME=VALUE` for `exports` (default `mpirun_exports`: job.env + host env, the same on every
     host, and the device selection) but the secrets: their values reach the ranks through the
     supervisors (mpirun_secrets). `share`: the ControlPath of the launch host's open connections to
-    the others (logins.share_path), which mpirun's ssh uses where one is open."""
+    the others (probes.mesh_shared), which mpirun's ssh uses where one is open."""
     job = cluster.job
     argv = ["mpirun", "-n", str(plan.size), "--hostfile", hostfile_path, "--wdir", job.workdir,
             "--output-filename", output_dir or log_dir_path(cluster), "--merge-stderr-to-stdout"]

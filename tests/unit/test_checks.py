@@ -939,18 +939,18 @@ def test_mesh_keeps_its_connections_open_for_mpirun_only_in_the_users_private_di
     bin_.mkdir()
     (bin_ / "ssh").write_text(f"#!/bin/sh\n[ \"$1\" = -G ] && exit 0\necho \"$*\" >> {log}\nexit 0\n")
     (bin_ / "ssh").chmod(0o755)
-    body = mesh.mesh_body([MeshTarget("h2", "10.0.0.2"), MeshTarget("h3", "10.0.0.3")], 2, 30,
-                          share="/tmp/orch-ssh-%i/ab12cd34-%C")
+    body = mesh.mesh_body([MeshTarget("h2", "10.0.0.2"), MeshTarget("h3", "10.0.0.3")], 2, 30, share="ab12cd34-%C")
     out = subprocess.run(["sh", "-c", body], capture_output=True, text=True, timeout=60,
                          env={"PATH": f"{bin_}:/usr/bin:/bin"}).stdout
     shared = found in ("none", "ours")
-    assert probes.mesh_shared(out) is shared
+    path = f"{d}/ab12cd34-%C"
+    said = [ln for ln in out.splitlines() if ln.startswith(probes.SHARED)]
+    assert said == ([f"{probes.SHARED} {path}"] if shared else [])
     assert probes.parse_mesh(out) == {"h2": (0, ""), "h3": (0, "")}   # the SHARED line is no target's
     calls = log.read_text().splitlines()
     assert len(calls) == 2
     for call in calls:
-        assert ("-o ControlMaster=auto -o ControlPersist=30 -o ControlPath=/tmp/orch-ssh-%i/ab12cd34-%C" in call) \
-            is shared
+        assert (f"-o ControlMaster=auto -o ControlPersist=30 -o ControlPath={path}" in call) is shared
     if found == "none":
         assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o700
     # without `share` (orch check, other launchers) nothing of it
@@ -965,23 +965,27 @@ def test_only_ups_mpirun_probe_on_the_launch_host_shares_its_mesh_connections(tm
 
     c = cluster(tmp_path, launcher="mpirun")
     up, again = checks.make_check_plan(c, prepare=True, entries=[]), checks.make_check_plan(c, prepare=True, entries=[])
-    assert up.share.startswith("/tmp/orch-ssh-%i/") and up.share.endswith("-%C") and up.share != again.share
+    assert len(up.share) == 11 and up.share.endswith("-%C") and up.share != again.share
     head, member = up.launch, next(h for h in up.hosts if h.name != up.launch.name)
-    assert f"ControlPath={up.share}" in checks.probe_script(up, head)
+    assert f"-o ControlPath=$D/{up.share}" in checks.probe_script(up, head)
     assert "ControlPath" not in checks.probe_script(up, member)
     assert checks.make_check_plan(c).share == ""   # orch check
     assert checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend"), prepare=True,
                                   entries=[]).share == ""   # no mesh test ...
     relay = checks.make_check_plan(cluster(tmp_path, launcher="msrun", platform="ascend", sync_via="launch-host"),
                                    prepare=True, entries=[])
-    assert relay.share and f"ControlPath={relay.share}" in checks.probe_script(relay, relay.launch)  # ... the relay's
+    assert relay.share and f"ControlPath=$D/{relay.share}" in checks.probe_script(relay, relay.launch)  # ... the relay's
     # the fact: from the launch host's mesh section, when it says SHARED
     base = {name: Section(name, "existed=yes\nwrite=ok\nuid=0\n" if name == "workdir" else "", 0)
             for name in set(prepare.sources(up).values())}
-    said = prepare.facts(up, {**base, "mesh": Section("mesh", f"{probes.SHARED}\nh2\t0\t\n", 0)})
-    assert said is not None and said["share"] == up.share
-    quiet = prepare.facts(up, {**base, "mesh": Section("mesh", "h2\t0\t\n", 0)})
-    assert quiet is not None and quiet["share"] is None
+    path = f"/tmp/orch-ssh-1000/{up.share}"
+    said = prepare.facts(up, {**base, "mesh": Section("mesh", f"{probes.SHARED} {path}\nh2\t0\t\n", 0)})
+    assert said is not None and said["share"] == path
+    # nothing said, or a path that is not this run's socket in such a directory: nothing shared
+    for body in ("h2\t0\t\n", f"{probes.SHARED} /tmp/x/{up.share}\n", f"{probes.SHARED} {path} -o X=y\n",
+                 f"{probes.SHARED} /tmp/orch-ssh-1000/{again.share}\n", f"{probes.SHARED}\n"):
+        quiet = prepare.facts(up, {**base, "mesh": Section("mesh", body, 0)})
+        assert quiet is not None and quiet["share"] is None, body
     silent = prepare.facts(up, base)   # no mesh section at all
     assert silent is not None and silent["share"] is None
 
@@ -998,7 +1002,7 @@ def test_mpirun_shares_the_launch_hosts_connections_named_by_prepare(tmp_path):
         launch = launchers.build(c, rp, "r1", root={h.name: False for h in rp.all_hosts}, share=share)
         return list(launch.procs[rp.launch_host.name][0].argv)
 
-    with_share = argv("/tmp/orch-ssh-%i/ab12cd34-%C")
+    with_share = argv("/tmp/orch-ssh-1000/ab12cd34-%C")
     i = with_share.index("plm_rsh_args")
-    assert with_share[i + 1] == "-o ControlPath=/tmp/orch-ssh-%i/ab12cd34-%C"
+    assert with_share[i + 1] == "-o ControlPath=/tmp/orch-ssh-1000/ab12cd34-%C"
     assert "plm_rsh_args" not in argv(None)

@@ -103,3 +103,24 @@ def test_distribute_keeps_one_copy_of_each_rendered_file_here(tmp_path, monkeypa
     launch = Launch({h.name: () for h in c.hosts}, files)
     lifecycle.Lifecycle(c, make_plan(c), FakeRun(), None).distribute(launch, [])  # type: ignore[arg-type]  # a stand-in run and no pool: sync is faked
     assert sorted(written) == ["rank_table.json", "x.sh"]
+
+
+def test_meanwhile_runs_beside_the_caller_and_hands_back_what_it_raised():
+    """lifecycle._meanwhile (the start's save of run.json, beside the members' start): it runs
+    while the caller goes on, and what it raised is returned when waited for, not lost."""
+    import threading
+
+    from orchestrator import lifecycle
+    from orchestrator.errors import LocalWriteError
+
+    go, seen = threading.Event(), []
+    wait = lifecycle._meanwhile(lambda: (go.wait(10), seen.append("saved")))
+    assert seen == []            # still running: the caller is not held
+    go.set()
+    assert wait() is None and seen == ["saved"]
+
+    def full():
+        raise LocalWriteError("cannot write run.json: No space left on device")
+
+    err = lifecycle._meanwhile(full)()
+    assert isinstance(err, LocalWriteError) and "No space left" in str(err)

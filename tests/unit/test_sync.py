@@ -241,11 +241,11 @@ def test_relay_request_names_each_entry_once_and_reaches_hosts_as_mpirun_does():
     assert tc["argv"][-1] == "10.0.0.3" and "-l" not in tc["argv"]
     assert tb["items"] == [[0, "send"], [1, "send"]] and tc["items"] == [[0, "chmod"], [1, "send"]]
     assert req["entries"][0][5] == "ab" * 32 and tb["workdir"] == "/data/w" and req["timeout"] == 99
-    # the launch host's mesh test left its connections open (logins.share_path): the relay's ssh shares them
+    # the launch host's mesh test left its connections open (probes.mesh_shared): the relay's ssh shares them
     shared = sync.relay_request(a, "/data/w", {"c": (c, [(file, "send")])}, connect_timeout=4.2, timeout=99,
-                                share="/tmp/orch-ssh-%i/ab12cd34-%C")
+                                share="/tmp/orch-ssh-1000/ab12cd34-%C")
     assert shared["targets"][0]["argv"] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=4", "-o",
-                                            "ControlPath=/tmp/orch-ssh-%i/ab12cd34-%C", "10.0.0.3"]
+                                            "ControlPath=/tmp/orch-ssh-1000/ab12cd34-%C", "10.0.0.3"]
 
 
 def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
