@@ -166,16 +166,18 @@ class Lifecycle:
                          + (f"; the launch host's copy of {len(resent)} file(s) was not what it listed, sent again: "
                             f"{', '.join(resent[:3])}" if resent else ""))
 
-    def start(self, launch: Launch) -> None:
+    def start(self, launch: Launch, have_agent: AbstractSet[str] = frozenset()) -> None:
         """Start the run's supervisor on the launch host (the head), then on every other host,
-        which join it; the head starts the ranks once every host has joined."""
+        which join it; the head starts the ranks once every host has joined. `have_agent`: the
+        hosts that have this orch's agent package (prepare.Prepared.agent): it is not sent there."""
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
         job = self.cluster.job
         self.run.data["commands"] = recorded_commands(cfgs)
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
             return self._start_slurm(cfgs)
-        res = self.pool[head].run(supervisor.start_script(cfgs[head.name])).check("starting the run's supervisor")
+        res = self.pool[head].run(supervisor.start_script(cfgs[head.name], head.name not in have_agent)).check(
+            "starting the run's supervisor")
         status, pid, port, addresses = supervisor.parse_start(res.out)
         if status.startswith("busy:"):
             raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
@@ -197,7 +199,8 @@ class Lifecycle:
 
         def member(h):
             cfg = dict(cfgs[h.name], head_port=port, **at)
-            r = self.pool[h].run(supervisor.start_script(cfg)).check("starting the run's supervisor")
+            r = self.pool[h].run(supervisor.start_script(cfg, h.name not in have_agent)).check(
+                "starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
                 raise LaunchError(f"{h.name}: the run's supervisor did not start: "

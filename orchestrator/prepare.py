@@ -52,16 +52,17 @@ def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, 
     if "interface" in read and cluster.job.interface:
         lines.append(probes.interface_script(cluster.job.interface, launch_address))
     if "python" in read:
-        lines.append(supervisor.python_sh(supervisor.lock_path(cluster)))
+        lines.append(supervisor.python_sh(supervisor.lock_path(cluster), supervisor.agent_home(cluster)))
     return "\n".join(lines) + "\n"
 
 
 def parse_prepare(text: str) -> dict[str, Any]:
     """prepare_script's output (or the up probe's sections that read the same facts, joined) ->
-    {uid, arch, interface, python, live, share}; None for what the text does not say (python: "" when
-    there is no python3)."""
+    {uid, arch, interface, python, live, agent, share}; None for what the text does not say (python:
+    "" when there is no python3; agent: whether this orch's agent package is there, False unsaid)."""
     out: dict[str, Any] = {"uid": None, "python": supervisor.parse_python(text), "live": None, "arch": None,
-                           "interface": probes.parse_interface(text), "share": None}
+                           "interface": probes.parse_interface(text), "share": None,
+                           "agent": supervisor.AGENT_THERE in text.splitlines()}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         rest = rest.strip()
@@ -138,6 +139,7 @@ class Prepared:
     addresses: dict[str, str] = field(default_factory=dict)    # {host: its IPv4 address on job.interface}
     live: dict[str, list[str]] = field(default_factory=dict)   # {another run live in the workdir: its hosts} (force)
     listed: dict[str, dict] = field(default_factory=dict)      # {host: what it listed for sync} (the hosts asked here)
+    agent: frozenset[str] = frozenset()  # the hosts that have this orch's agent package (supervisor.agent_home)
     share: str | None = None  # the launch host's ControlPath for mpirun's ssh (probes.mesh_shared), if its mesh test left one
 
     @property
@@ -207,7 +209,7 @@ def prepare(cluster: Cluster, plan: RankPlan, pool: Pool, *, force: bool = False
                                    "it), wait for it to end, or pass --force to stop it first")
     return Prepared({n: is_root(uid=f["uid"]) for n, f in got.items()}, interfaces,
                     {n: f["arch"] for n, f in got.items()}, addresses, live, listed,
-                    got[plan.launch_host.name].get("share"))
+                    frozenset(n for n, f in got.items() if f.get("agent")), got[plan.launch_host.name].get("share"))
 
 
 # --------------------------------------------------------------------------- device IPs, super devices

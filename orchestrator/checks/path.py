@@ -14,7 +14,7 @@ from ..launchers.mpirun import mpirun_prefix
 from ..model import Cluster, Host
 from .base import Check, CheckResult, Probe, register, result, section
 from ..prepare import reads_lock
-from ..supervisor import lock_path, python_problem, python_sh
+from ..supervisor import agent_home, lock_path, python_problem, python_sh
 
 PLAYBOOK_VENVS = "/opt/orch-venvs/"   # where scripts/install-e2e-deps.sh puts the playbooks' venv
 
@@ -45,7 +45,9 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     for label, how in launch_tools(plan.cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
     # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
-    lines = ["echo \"PATH=$PATH\"", python_sh(lock_path(plan.cluster) if reads_lock(plan) else None)]
+    # with prepare's facts (up): the workdir's lock and whether this orch's agent package is there
+    lines = ["echo \"PATH=$PATH\"", python_sh(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan)
+             else python_sh()]
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:

@@ -144,6 +144,8 @@ def agent_stub(home: str) -> str:
 _BOOT_PY = ("import os,sys\n"
             "h=sys.argv[1]\nline=sys.stdin.readline()\n"
             "if not os.path.isdir(h):\n"
+            " if not line.strip():\n"   # not sent: the check saw it here (agent_home), it has gone since
+            "  sys.exit('orch: %s is gone since the check found it there; run orch up again' % h)\n"
             " import base64,json,zlib\n"
             " t='%s.%d.tmp'%(h,os.getpid())\n"
             " os.mkdir(t,0o700)\n"
@@ -167,13 +169,15 @@ def agent_blob() -> str:
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
-def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | None = None) -> str:
+def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | None = None,
+                 send: bool = True) -> str:
     """Shell: make orch's directory in the workdir and the run's directory in it, both the user's
     alone (0700; never through a planted link, never one another user owns), write the run's
     agent.py and make sure the package is in <workdir>/.orch/agent-<hash> (_BOOT_PY). With `conf`
     (a configuration: JSON on one line), the same python process then starts the supervisor, with
     `env`, its configuration on stdin after the package's line. No umask is forced: what the run
-    writes gets the user's own."""
+    writes gets the user's own. `send=False`: the package is not sent (the host has it: the
+    check said so, AGENT_THERE), an empty line in its place."""
     q = shlex.quote
     base = rdir.rsplit("/", 1)[0]
     home = f"{base}/{agent_home_name()}"
@@ -190,17 +194,18 @@ def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | No
     else:
         assert "\n" not in conf
         lines.append(f"{sh.assignments(env or {})} exec {boot} {q(rdir + '/' + AGENT)} start {q(rdir)} "
-                     f"<<'ORCH_AGENT_EOF'\n{agent_blob()}\n{conf}\nORCH_AGENT_EOF")
+                     f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF")
     return "\n".join(lines) + "\n"
 
 
-def start_script(cfg: Mapping) -> str:
+def start_script(cfg: Mapping, send: bool = True) -> str:
     """Write the supervisor (the run's agent.py; the package unless the workdir has it) and start
     it, detached, in the python process that wrote it. The configuration, secret env values
     included, goes on its stdin after the package's line (never a command line, never a file).
-    Prints `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
+    `send=False`: the host has the package (AGENT_THERE): its 76 KB are not sent again. Prints
+    `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
     return _write_agent(cfg["rundir"], {RUN_VAR: cfg["run_id"], "ORCH_AGENT": "1"},
-                        json.dumps(cfg, separators=(",", ":")))
+                        json.dumps(cfg, separators=(",", ":")), send)
 
 
 def stage_script(cfg: Mapping) -> str:
@@ -262,12 +267,22 @@ def lock_path(cluster: Cluster) -> str:
     return posixpath.join(orch_dir(cluster.job.workdir), layout.LOCK)
 
 
-def python_sh(lock: str | None = None) -> str:
+def agent_home(cluster: Cluster) -> str:
+    """Where this orch's agent package lives on the hosts: <workdir>/.orch/agent-<hash>."""
+    return posixpath.join(orch_dir(cluster.job.workdir), agent_home_name())
+
+
+AGENT_THERE = "agent here"  # python_sh's line: the host has this orch's agent package (agent_home)
+
+
+def python_sh(lock: str | None = None, home: str | None = None) -> str:
     """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
     non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
-    when a run holds that lock now. Parsed by parse_python (and prepare.parse_prepare)."""
+    when a run holds that lock now; with `home` (agent_home), AGENT_THERE when the package is
+    there (the start then does not send it). Parsed by parse_python (and prepare.parse_prepare)."""
     prog, arg = (_PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (_PYTHON_PY, "")
-    return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'"
+    there = f"\nif [ -d {shlex.quote(home)} ]; then echo {AGENT_THERE}; fi" if home else ""
+    return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'{there}"
 
 
 def parse_python(text: str) -> str | None:

@@ -347,3 +347,29 @@ def test_runs_share_the_workdirs_package_unpacked_once_and_whole(tmp_path):
     home2 = wd2 / ".orch" / supervisor.agent_home_name()
     assert sorted(p.name for p in (home2 / "orch_agent").iterdir()) == sorted(supervisor.agent_sources())
     assert sorted(p.name for p in (wd2 / ".orch").iterdir()) == sorted([home2.name] + [f"R{i}" for i in range(6)])
+
+
+def test_a_start_sends_the_package_only_where_the_check_did_not_find_it(tmp_path):
+    """The check (or prepare) says which hosts have this orch's package (AGENT_THERE): their start
+    carries an empty line in its place, not its 76 KB (127 copies of it per `orch up` at 128
+    hosts). Should it be gone by the start, the start says so and starts nothing."""
+    from orchestrator import prepare, supervisor
+
+    cfg = {"rundir": "/data/w/.orch/R1", "run_id": "R1", "role": "member"}
+    assert supervisor.agent_blob() in supervisor.start_script(cfg)
+    assert supervisor.agent_blob() not in supervisor.start_script(cfg, send=False)
+    # the fact, from python_sh's words on the host
+    wd = tmp_path / "wd"
+    home = wd / ".orch" / supervisor.agent_home_name()
+    script = supervisor.python_sh(str(wd / ".orch" / "lock"), str(home))
+    said = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert said.returncode == 0 and prepare.parse_prepare(said.stdout)["agent"] is False
+    home.mkdir(parents=True)
+    said = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert said.returncode == 0 and prepare.parse_prepare(said.stdout)["agent"] is True
+    # not sent, and gone since: a clear word, nothing started, no package made
+    home.rmdir()
+    gone = subprocess.run(["sh"], input=supervisor._write_agent(str(wd / ".orch" / "R1"), {}, "{}", send=False),
+                          capture_output=True, text=True, timeout=30)
+    assert gone.returncode != 0 and "is gone since the check found it there; run orch up again" in gone.stderr
+    assert "Traceback" not in gone.stderr and not home.exists()

@@ -75,7 +75,7 @@ def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
 
 def _up_until_start(cluster, monkeypatch, runs: Counter, **kw) -> int:
     """api.up up to the supervisors' start: the round trips on the host until then."""
-    def stop(self, launch):
+    def stop(self, launch, have_agent=frozenset()):
         raise BeforeSync
 
     monkeypatch.setattr(lifecycle.Lifecycle, "start", stop)
