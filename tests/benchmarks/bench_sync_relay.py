@@ -39,12 +39,12 @@ import sys
 from orchestrator import sync
 from orchestrator.errors import OrchError
 from orchestrator.fanout import fan_out
-from orchestrator.plan import make_plan
+from orchestrator.rankplan import make_plan
 from orchestrator.spec import load_cluster
 from orchestrator.transport import Pool
 c = load_cluster(sys.argv[1])
 plan = make_plan(c)
-entries = sync.manifest(c.base_dir, c.job.sync, str(c.path), c.job.sync_exclude)
+entries = sync.job_manifest(c)
 with Pool(c) as pool:
     res = sync.sync_hosts(pool, plan.all_hosts, plan.launch_host, c.job.workdir, entries, {}, via=sys.argv[2],
                           ssh=c.ssh, fan=lambda hosts, fn: fan_out(hosts, fn, limit=c.ssh.fanout))
