@@ -79,7 +79,8 @@ def test_check_through_the_bastion_by_alias(rc, tmp_path):
 def test_up_and_logs_as_an_ordinary_user_through_the_bastion(rc, tmp_path, launcher):
     """`orch up` and `orch logs --rank N` by alias through the bastion: every rank runs as
     `train` on its host, with `job.interface: auto` exported (the lab's eth0); mpirun gets the
-    port (plm_rsh_args) and no --allow-run-as-root; the workdir and logs belong to train."""
+    port (plm_rsh_args) and the mesh test's connections to share, and no --allow-run-as-root; the
+    workdir and logs belong to train."""
     workdir = f"/data/rc-{launcher}"
     _write(rc, tmp_path, launcher=launcher, workdir=workdir, interface="auto")
     before = _bastion_logins(rc)
@@ -92,7 +93,8 @@ def test_up_and_logs_as_an_ordinary_user_through_the_bastion(rc, tmp_path, launc
     rec = _latest(tmp_path)
     if launcher == "mpirun":
         [cmd] = [c["command"] for cs in rec["commands"].values() for c in cs]
-        assert "--allow-run-as-root" not in cmd and f"plm_rsh_args '-p {PORT}'" in cmd, cmd
+        # the port, and the connection the preflight's mesh test opened, in train's own directory
+        assert "--allow-run-as-root" not in cmd and f"plm_rsh_args '-p {PORT} -o ControlPath=/tmp/orch-ssh-{UID}/" in cmd, cmd
         assert "--bind-to none" in cmd and "btl_tcp_if_include eth0" in cmd, cmd
     for i in (1, 2, 3):
         owners = rc.exec(i, ["sh", "-c", f"stat -c %u {workdir} {workdir}/.orch/*/a1 {workdir}/log_output/"]).stdout
