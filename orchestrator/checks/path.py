@@ -12,6 +12,7 @@ from ..probes import Section
 from ..launchers import launcher
 from ..launchers.mpirun import mpirun_prefix
 from ..model import Cluster, Host
+from . import reach
 from .base import Check, CheckResult, Probe, register, result, section
 from ..prepare import reads_lock
 from ..supervisor import agent_home, lock_path, python_problem, python_sh
@@ -44,10 +45,15 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     fixed: list[tuple[str, str]] = []
     for label, how in launch_tools(plan.cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
-    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it
-    # with prepare's facts (up): the workdir's lock and whether this orch's agent package is there
-    lines = ["echo \"PATH=$PATH\"", python_sh(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan)
-             else python_sh()]
+    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it; where
+    # the host's reach test runs python3 it says the version (reach.tests_by_python: one python3
+    # start per host, not two), except in `orch up`'s probe, which also reads the workdir's lock
+    # and whether this orch's agent package is there
+    lines = ["echo \"PATH=$PATH\""]
+    if reads_lock(plan):
+        lines.append(python_sh(lock_path(plan.cluster), agent_home(plan.cluster)))
+    elif not reach.tests_by_python(plan, host):
+        lines.append(python_sh())
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:
@@ -68,8 +74,12 @@ _PATH_HINT_ORTED = ("mpirun starts orted on every host over a non-interactive ss
                     "'if not interactive, return' line")
 
 
-def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
+def judge_path(cluster: Cluster, host: Host, sec: Section, supervisor: str | None = None) -> CheckResult:
+    """`supervisor`: the python3 version the host's reach test printed (reach.supervisor_version),
+    read when the path section has none."""
     info = probes.parse_path(sec.body)
+    if info["supervisor"] is None:
+        info["supervisor"] = supervisor
     tools = info["tools"]
     env_path = probes.tool_env(cluster, host).get("PATH")
     missing_job, missing_plain, missing_fixed, found = [], [], [], []
@@ -118,4 +128,5 @@ def judge_path(cluster: Cluster, host: Host, sec: Section) -> CheckResult:
 
 
 register(Check("path", probes=(PATH,),
-               judge=lambda plan, run: [judge_path(plan.cluster, run.host, section(run.sections, "path"))]))
+               judge=lambda plan, run: [judge_path(plan.cluster, run.host, section(run.sections, "path"),
+                                                   reach.supervisor_version(run.sections))]))

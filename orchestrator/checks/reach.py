@@ -28,6 +28,7 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
+from ..supervisor import _PYTHON_PY, parse_python
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -99,8 +100,11 @@ while 1:
 
 # A host's test: connect to every address at once, present the token with this host's index, read
 # the listener's token back; print `to ADDR ok|WHY` in the given order. argv: INDEX PORT TIMEOUT ADDR...
-# (connect: socket.create_connection's loop, the last address family's error kept)
-CONNECT_PY = r"""import os,sys,_socket as S,_thread
+# (connect: socket.create_connection's loop, the last address family's error kept). It first prints
+# what check path asks python3 for (the run's supervisor's version, as supervisor.python_sh
+# prints it): the same python3 -S on the same PATH, and one start of it per host, not two (~9 ms
+# of CPU on every host; path's section then leaves it out: tests_by_python).
+CONNECT_PY = _PYTHON_PY + "sys.stdout.flush()\n" + r"""import os,sys,_socket as S,_thread
 from _operator import _compare_digest as eq
 %(ai)si,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode();r={}
@@ -209,6 +213,27 @@ def connect_body(plan, host: Host) -> str:
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"{ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} {' '.join(PY)} -c {q(CONNECT_PY)} {args} 2>&1")
+
+
+def tests_by_python(plan, host: Host) -> bool:
+    """Does this host's reach section run the test (CONNECT_PY: python3, which also prints the
+    supervisor's version for check path)? Only with the launch host's listener known (plan.reach)."""
+    return (SECTION in plan.checks and _applies(plan, host) and host.name != plan.launch.name
+            and plan.reach is not None and bool(plan.reach.port))
+
+
+def supervisor_version(sections) -> str | None:
+    """The supervisor's python3 version as a host's reach test printed it (tests_by_python), read
+    as supervisor.parse_python reads python_sh's: "X.Y"; "" when python3 did not run there (not
+    installed, or it failed at its start: python_sh's own fallback); None when the section says
+    nothing of it (no test ran there: untested, the launch host; or the section did not run)."""
+    sec = None if sections is None else sections.get(SECTION)
+    if sec is None or not sec.finished:
+        return None
+    got = parse_python(sec.body)
+    if got is not None or sec.body.startswith(("untested ", "orch: not run")):
+        return got
+    return "" if sec.rc != 0 or NOT_INSTALLED in sec.body.split() else None
 
 
 def _listen_shell(plan, host: Host) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ processes); run_checks sending the others' probes once the listener is known.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -46,6 +47,62 @@ def cluster(hosts=None, n: int = 3, skip=(), **job) -> Cluster:
 
 def plan_of(c: Cluster, **kw):
     return replace(checks.make_check_plan(c), **kw)
+
+
+# --------------------------------------------------------------------------- one python3 start per host
+
+
+PY_START = "python3 -S -c"  # how the probe starts python3 (hostlayout.PY), in path's section and reach's
+
+
+def test_where_the_reach_test_runs_it_says_the_supervisors_python3_version_for_check_path():
+    """A host whose reach test runs (the launch host's listener known) starts python3 once, not
+    twice: the test's python3 (the supervisor's: -S, the plain PATH) prints the version check path
+    reads, and path's section starts none of its own (~9 ms of CPU on every host). The launch host,
+    a probe made without the listener (`--print-probe`), reach skipped, and `orch up`'s probe
+    (its path section also reads the workdir's lock) keep path's own."""
+    c = cluster(n=3)
+    launch, other = c.hosts[0], c.hosts[1]
+    p = plan_of(c, reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    script = checks.probe_script(p, other)
+    assert script.count(PY_START) == 1 and reach.tests_by_python(p, other)
+    assert "supervisor" not in checks.check_script(p, other, checks.base.check("path"))
+    assert "supervisor" in checks.check_script(p, launch, checks.base.check("path")) and not reach.tests_by_python(p, launch)
+    assert checks.probe_script(p, launch).count(PY_START) == 2   # the listener, and path's
+    unknown = plan_of(c)   # --print-probe: the listener is known only while orch check runs
+    assert checks.probe_script(unknown, other).count(PY_START) == 1 and not reach.tests_by_python(unknown, other)
+    assert "supervisor" in checks.check_script(unknown, other, checks.base.check("path"))
+    skipped = plan_of(cluster(n=3, skip=("reach",)), reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    assert "supervisor" in checks.check_script(skipped, other, checks.base.check("path"))
+    up = replace(checks.make_check_plan(c, prepare=True), reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    assert "live" in checks.check_script(up, other, checks.base.check("path"))   # python_sh with the lock
+
+
+@pytest.mark.parametrize("reach_body, rc, status, words", [
+    ("supervisor\t3.11\nto 198.18.149.11 ok\n", 0, "pass", "python3=3.11 (supervisor)"),
+    ("supervisor\t3.6\nto 198.18.149.11 ok\n", 0, "fail", "python3 is 3.6; the run's supervisor needs >= 3.8"),
+    ("orch:not-installed\n", 0, "fail", "no python3 on the non-interactive ssh PATH"),
+    ("python3: error while loading shared libraries\n", 127, "fail", "no python3 on the non-interactive ssh PATH"),
+    ("orch: not run: mktemp could not create a temporary file on this host", 125, "pass", None),
+])
+def test_check_path_judges_the_supervisors_python3_from_the_reach_test(reach_body, rc, status, words):
+    """Its path section without the version line, a host is judged on what its reach test's python3
+    said; as python_sh's own fallback, a python3 that did not run is none. A reach section that did
+    not run says nothing of python3 (the reach check reports that)."""
+    c = cluster(n=3)
+    p = checks.make_check_plan(c)
+    path = "PATH=/usr/bin:/bin\nJOBPATH=/usr/bin:/bin\njob\tpython3\t/usr/bin/python3\n"
+    run = checks.base.ProbeRun(c.hosts[1], {"path": Section("path", path, 0), "reach": Section("reach", reach_body, rc)})
+    got = next(r for r in checks.judge_host(p, run) if r.check == "path")
+    assert got.status == status, got
+    if words:
+        assert words in got.message, got
+    else:
+        assert "supervisor" not in got.message, got
+    # path's own line, when its section has one, is the one judged
+    own = Section("path", path.replace("JOBPATH", "supervisor\t3.12\nJOBPATH"), 0)
+    run = replace(run, sections={**run.sections, "path": own})
+    assert "python3=3.12 (supervisor)" in next(r for r in checks.judge_host(p, run) if r.check == "path").message
 
 
 # --------------------------------------------------------------------------- parsers
@@ -221,6 +278,14 @@ def sh(script: str, timeout: float = 30) -> str:
     return subprocess.run(["sh", "-c", "T=\n" + script], capture_output=True, text=True, timeout=timeout).stdout
 
 
+def without_version(out: str) -> str:
+    """A host's test output without its first line, the supervisor's python3 version for check path
+    (supervisor.python_sh's line: the test's python3 is the supervisor's)."""
+    first, _, rest = out.partition("\n")
+    assert re.fullmatch(r"supervisor\t3\.\d+", first), out
+    return rest
+
+
 def gone(port: int, within: float) -> bool:
     """The listener on `port` has closed within `within` seconds."""
     deadline = time.monotonic() + within
@@ -272,13 +337,13 @@ def test_the_launch_host_section_and_a_hosts_test_for_real():
     closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, not listening: refused)
     assert reach.target_for(p, listen, 0.0).addresses == ("127.0.0.1",)  # every host is this machine
     target = ReachTarget(listen.port, ("127.0.0.1",), 0.0)
-    bad = sh(reach.connect_body(replace(p, reach=target, reach_token="b" * 64), c.hosts[1]))
+    bad = without_version(sh(reach.connect_body(replace(p, reach=target, reach_token="b" * 64), c.hosts[1])))
     assert bad == "to 127.0.0.1 connected, but closed without an answer\n"  # the wrong token
     assert not gone(listen.port, 0.2)  # ... is no host: the listener still waits
     dead = ReachTarget(closed.getsockname()[1], ("127.0.0.1",), 0.0)
-    assert sh(reach.connect_body(replace(p, reach=dead), c.hosts[1])) == "to 127.0.0.1 connection refused\n"
+    assert without_version(sh(reach.connect_body(replace(p, reach=dead), c.hosts[1]))) == "to 127.0.0.1 connection refused\n"
     for h in c.hosts[1:]:
-        assert sh(reach.connect_body(replace(p, reach=ReachTarget(listen.port, ("127.0.0.1",), 0.0)), h)) == \
+        assert without_version(sh(reach.connect_body(replace(p, reach=ReachTarget(listen.port, ("127.0.0.1",), 0.0)), h))) == \
             "to 127.0.0.1 ok\n"
     assert gone(listen.port, reach.GRACE + 2)
     closed.close()
@@ -476,6 +541,6 @@ def test_the_listener_and_the_test_start_lean_and_look_up_only_names():
     port = out.stdout.strip()
     got = lean(reach.CONNECT_PY, "1", port, "2", "127.0.0.1", "localhost", env=env)
     assert got.returncode == 0, got.stderr
-    assert got.stdout.splitlines()[0] == "to 127.0.0.1 ok"
+    assert without_version(got.stdout).splitlines()[0] == "to 127.0.0.1 ok"
     assert got.stderr.splitlines() == ["getaddrinfo localhost"]   # the name only
     assert gone(int(port), reach.GRACE + 3)
