@@ -25,16 +25,26 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from .errors import Interrupted, PlanError, PreflightFailed, SpecError, UsageError
-from .lifecycle import Events, Lifecycle, RunEnd
 from .rankplan import RankPlan
 from .runs import Run
 from .model import Cluster
 
+if TYPE_CHECKING:  # the lifecycle (and all it imports) is loaded by the functions that run one: not by `check`
+    from .lifecycle import Events, Lifecycle, RunEnd
+
 __all__ = ["Events", "LogStream", "PlanOutput", "UpResult", "check", "down", "load", "logs", "plan", "plan_files",
            "probe_script", "progress", "replaced_plan", "collect", "report", "slurm_nodes", "status", "up"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Events":  # orch.Events, api.Events: lifecycle.Events, loaded on first use
+        from .lifecycle import Events
+
+        return Events
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load(path: str | os.PathLike = "cluster.yaml", inventory: str | os.PathLike | None = None,
@@ -218,6 +228,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
     from . import slurm
     from .rankplan import make_plan
     from .hostsets import fold
+    from .lifecycle import Events
     from .supervisor import batch_grace
 
     events = events or Events()
