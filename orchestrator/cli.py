@@ -318,7 +318,24 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
         click.echo(report.to_json())
     else:
         _print_check(cluster, report)
-    click.get_current_context().exit(0 if report.ok else 1)
+    code = 0 if report.ok else 1
+    if _AS_PROGRAM:
+        _exit_now(code)
+    click.get_current_context().exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """End the `orch` program at once, its output flushed, without the interpreter's teardown: after
+    `orch check` (its connections closed, paramiko's threads still alive until they notice, within
+    IDLE_WAKEUP) the teardown took 50-100 ms at 32 hosts, after everything was printed. Nothing of
+    check's is left to clean up here (no temporary file, no atexit of orch's). Returns when the
+    output cannot be flushed (a closed pipe): the usual exit then says so, as before."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
 
 
 def _print_check(cluster, report) -> None:
@@ -811,7 +828,12 @@ def completion_command(shell: str) -> None:
     click.echo(completion(cli, {}, "orch", "_ORCH_COMPLETE").source())
 
 
+_AS_PROGRAM = False  # main() sets it: this process is the `orch` program, not a test's or a library user's
+
+
 def main() -> None:
+    global _AS_PROGRAM
+    _AS_PROGRAM = True
     cli(prog_name="orch")
 
 

@@ -881,6 +881,30 @@ def test_cli_check_json_exit_codes(tmp_path):
     assert CliRunner().invoke(cli, ["check", str(f), "--print-probe", "nobody"]).exit_code == 2
 
 
+@pytest.mark.parametrize("as_json", [True, False])
+def test_the_orch_program_ends_check_at_once_with_its_whole_output_and_exit_code(tmp_path, as_json):
+    """`orch check` as a program (main(): it skips the interpreter's teardown once its report is
+    out) writes its whole report into a pipe and exits with the report's code."""
+    import os
+    import sys
+
+    f = _local_cluster_file(tmp_path)
+    big = tmp_path / "big.yaml"   # a check that fails: exit code 1
+    big.write_text(f.read_text().replace("min_free_gib: 0.001", "min_free_gib: 100000000"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for path, code in ((f, None), (big, 1)):
+        out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", str(path)] + (["--json"] if as_json
+                             else []), capture_output=True, text=True, env=env, timeout=120)
+        if as_json:
+            d = json.loads(out.stdout)   # the whole object, flushed before the process ended
+            assert out.returncode == (code if code is not None else 0 if d["ok"] else 1), out.stderr
+        else:
+            assert out.returncode == (code if code is not None else out.returncode)
+            assert " host(s), " in out.stdout.splitlines()[-1], out.stdout   # the report's last line
+        if code == 1:
+            assert out.returncode == 1
+
+
 def test_hccl_connect_timeout_warning(tmp_path):
     """Ascend: clocks or launch spread at half of HCCL_CONNECT_TIMEOUT (120 s here) warn; cpu never."""
     from dataclasses import replace as _replace
