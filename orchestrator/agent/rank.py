@@ -80,7 +80,7 @@ def _child(argv, env, cwd, out, report):
     try:
         set_death_signal(signal.SIGKILL)
         # python ignores SIGPIPE and SIGXFSZ; the rank gets the defaults, as subprocess gives them
-        for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+        for name in ("SIGPIPE", "SIGXFSZ"):
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
         if cwd is not None:

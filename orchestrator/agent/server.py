@@ -784,9 +784,7 @@ def drain(fd, most=1 << 16):
     while got < most:
         try:
             data = os.read(fd, 4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
+        except OSError:   # drained (EAGAIN), or gone
             return
         if not data:
             return
