@@ -28,7 +28,7 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
-from ..supervisor import _PYTHON_PY, parse_python
+from ..supervisor import PYTHON_PY, parse_python
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -104,7 +104,7 @@ while 1:
 # what check path asks python3 for (the run's supervisor's version, as supervisor.python_sh
 # prints it): the same python3 -S on the same PATH, and one start of it per host, not two (~9 ms
 # of CPU on every host; path's section then leaves it out: tests_by_python).
-CONNECT_PY = _PYTHON_PY + "sys.stdout.flush()\n" + r"""import os,sys,_socket as S,_thread
+CONNECT_PY = PYTHON_PY + "sys.stdout.flush()\n" + r"""import os,sys,_socket as S,_thread
 from _operator import _compare_digest as eq
 %(ai)si,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode();r={}

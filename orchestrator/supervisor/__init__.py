@@ -127,6 +127,11 @@ def agent_home_name() -> str:
     return "agent-" + hashlib.sha256(agent_blob().encode()).hexdigest()[:16]
 
 
+def _home_in(orch: str) -> str:
+    """The package's directory in orch's directory of a workdir (<workdir>/.orch)."""
+    return posixpath.join(orch, agent_home_name())
+
+
 def agent_stub(home: str) -> str:
     """agent.py of a run: the package from `home` (<workdir>/.orch/agent-<hash>), then its main."""
     return (f"import sys\nsys.path.insert(0, {home!r})\n"
@@ -180,7 +185,7 @@ def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | No
     check said so, AGENT_THERE), an empty line in its place."""
     q = shlex.quote
     base = rdir.rsplit("/", 1)[0]
-    home = f"{base}/{agent_home_name()}"
+    home = _home_in(base)
     lines = [f"mkdir -p {q(base.rsplit('/', 1)[0] or '/')} || exit 1"]
     for d in (base, rdir):
         lines.append(f"mkdir -m 700 {q(d)} 2>/dev/null || {{ [ -d {q(d)} ] && [ ! -L {q(d)} ] && [ -O {q(d)} ]; }} "
@@ -247,9 +252,10 @@ def parse_start(text: str) -> tuple[str, int, int, tuple[str, ...]]:
     return "error", 0, 0, ()
 
 
-# python3 as the supervisor runs it (PY): its major.minor and, given the workdir's lock file
-# (argv[1]), the run that holds it now (a live supervisor holds an exclusive flock on it)
-_PYTHON_PY = "import sys\nprint(\"supervisor\\t%d.%d\" % sys.version_info[:2])\n"
+# python3 as the supervisor runs it (PY): its major.minor (PYTHON_PY; check reach's test prints
+# it too) and, given the workdir's lock file (argv[1]), the run that holds it now (a live
+# supervisor holds an exclusive flock on it)
+PYTHON_PY = "import sys\nprint(\"supervisor\\t%d.%d\" % sys.version_info[:2])\n"
 _LIVE_PY = ("import os,fcntl\ntry:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n fd=None\n"
             "if fd is not None:\n try:\n  fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
             " except OSError:\n  print(\"live\",os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\")\n"
@@ -269,7 +275,7 @@ def lock_path(cluster: Cluster) -> str:
 
 def agent_home(cluster: Cluster) -> str:
     """Where this orch's agent package lives on the hosts: <workdir>/.orch/agent-<hash>."""
-    return posixpath.join(orch_dir(cluster.job.workdir), agent_home_name())
+    return _home_in(orch_dir(cluster.job.workdir))
 
 
 AGENT_THERE = "agent here"  # python_sh's line: the host has this orch's agent package (agent_home)
@@ -280,7 +286,7 @@ def python_sh(lock: str | None = None, home: str | None = None) -> str:
     non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
     when a run holds that lock now; with `home` (agent_home), AGENT_THERE when the package is
     there (the start then does not send it). Parsed by parse_python (and prepare.parse_prepare)."""
-    prog, arg = (_PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (_PYTHON_PY, "")
+    prog, arg = (PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (PYTHON_PY, "")
     there = f"\nif [ -d {shlex.quote(home)} ]; then echo {AGENT_THERE}; fi" if home else ""
     return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'{there}"
 
