@@ -49,18 +49,17 @@ MANUAL_WORKDIR = "/data/benchup-manual"
 NO_TREE_SPAWN = ["-mca", "plm_rsh_no_tree_spawn", "1"]
 
 
-def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None = None, follow: bool = False, head=None,
-             counter=None):
-    """`orch up`; then, its connections counted (`counter`, SshdCounter) and only then, the head's
-    record of the attempt read (that ssh is this benchmark's, not orch's)."""
+def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None, follow: bool, head, counter: SshdCounter):
+    """`orch up`; then its connections and round trips counted (`counter`, started before it) and
+    only then the head's record of the attempt read (that ssh is this benchmark's, not orch's)."""
     env = base_env(src)   # src: another copy of the package (--before) in place of this tree's
     m = measure(ORCH + ["up", str(cluster)] + ([] if follow else ["-q"]), env=env, cwd=cwd, timeout=600)
     runs = sorted((cwd / ".orch" / "runs").glob("*/logs"), key=lambda p: p.stat().st_mtime)
     logs = runs[-1] if runs else None
     complete = logs is not None and all(
         (logs / f"rank.{r}" / "stdout").read_bytes() == b"hello\n" for r in range(n_ranks))
-    counted = (counter.from_controller(), counter.sessions_from_controller()) if counter is not None else None
-    times = attempt_times(head, logs.parent.name) if logs is not None and head is not None else {}
+    counted = counter.from_controller(), counter.sessions_from_controller()
+    times = attempt_times(head, logs.parent.name) if logs is not None else {}
     return m, complete, times, counted
 
 
