@@ -19,7 +19,6 @@ import json
 import os
 import select
 import stat
-import subprocess
 import sys
 import time
 
@@ -198,6 +197,7 @@ def cmd_batch(gofile):
         rundir = fh.readline().strip()
         spec = json.loads(fh.readline())
     os.unlink(gofile)  # once: a requeued job waits for a new go instead of repeating this run
+    import subprocess   # here: Slurm's batch alone (procs.Local.start)
     head, members = spec["head"], spec["members"]
     log = open(os.path.join(rundir, "batch.log"), "ab", buffering=0)
 

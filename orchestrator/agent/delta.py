@@ -15,7 +15,11 @@ Pure; stdlib only.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from .layout import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 MAPS = ("progress", "load", "reached")
 FIGURES = ("progress", "load")   # what moves all the time: sent at most every FIGURES_EVERY seconds

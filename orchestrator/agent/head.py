@@ -40,12 +40,15 @@ Actions:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from .states import (ATTEMPT_TRANSITIONS, RANK_TRANSITIONS, RETRYABLE, RUN_TRANSITIONS, RankState, RunState,
                      allowed, check, describe, rank_ranges)
 from . import load, metrics, tables
 from .protocol import FILES_MAX, STATE_VERSION, pack_files
+from .layout import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 LAUNCHER_REPORT_GRACE = 5.0   # after a launcher ends, how long its ranks have to report
 LOST_RANKS_STOP = 5.0         # a silent host's supervisor stops its ranks within grace + this of the head's verdict

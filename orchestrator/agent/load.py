@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-from typing import Any, Callable
+
+from .layout import TYPE_CHECKING, which
+
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 INTERVAL = 5.0
 SMI_TIMEOUT = 10
@@ -134,7 +136,7 @@ class Sampler:
         self.cpu = {}            # pid -> CPU seconds at the last sample
         self.sample = None
         self.tools = [(name, path, args, parse) for name, args, parse in SMI
-                      for path in [shutil.which(name)] if path]
+                      for path in [which(name)] if path]
         self.pending = {}        # tool -> (pid, output file) started and not read yet
         self.devices = {}        # tool -> its last parsed devices
 
@@ -183,6 +185,7 @@ class Sampler:
             try:
                 fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
                 try:
+                    import subprocess   # here: only hosts with such a tool start one (procs.Local.start)
                     p = subprocess.Popen(["timeout", str(SMI_TIMEOUT), path] + args, stdin=subprocess.DEVNULL,
                                          stdout=fd, stderr=subprocess.DEVNULL, close_fds=True)
                     p.returncode = 0   # the supervisor's reap() collects it

@@ -23,7 +23,11 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Callable
+
+from .layout import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 READ_BUDGET = 1 << 20     # bytes read per rank and tick
 MAX_LINE = 4096           # an unfinished line kept at most this long

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
 import time
 
 from . import load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
-                     attempt_dir, rank_log, read_json, write_atomic)
+                     attempt_dir, rank_log, read_json, which, write_atomic)
 from .rank import die_with_parent, enter_rank_dir
 from .states import RankState
 
@@ -251,6 +249,7 @@ class Local:
             argv = [substitute(a, adir, self.head_address) for a in p["argv"]]
             # a rank dies with its supervisor; a launcher (mpirun, msrun, torchrun) is told to stop,
             # which it passes on to its ranks
+            import subprocess   # here: ~5 ms of the start of every supervisor, most of which start nothing (mpirun's members)
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fd,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                     preexec_fn=die_with_parent(signal.SIGKILL if rank is not None
@@ -428,7 +427,7 @@ class Local:
         SIGABRT, which makes a rank started with PYTHONFAULTHANDLER=1 print every thread's stack
         into its own log before it ends."""
         adir = attempt_dir(self.rundir, self.attempt)
-        spy = shutil.which("py-spy")
+        spy = which("py-spy")
         for rank, r in sorted(self.ranks.items()):
             pid = r.get("pid")
             if not pid or r["end"] is not None:
@@ -438,6 +437,7 @@ class Local:
                 try:
                     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
                     try:
+                        import subprocess   # here: see start()
                         subprocess.Popen(["timeout", "20", spy, "dump", "--pid", str(pid)], stdin=subprocess.DEVNULL,
                                          stdout=fd, stderr=subprocess.STDOUT, close_fds=True).returncode = 0
                     finally:

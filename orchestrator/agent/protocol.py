@@ -48,11 +48,21 @@ import math
 import os
 import struct
 import zlib
-from typing import Any, Callable, Dict, Literal, overload
 
 from .load import parse_load
 from .metrics import parse_progress
 from .states import RankState
+from .layout import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Literal, overload
+
+    # a message (a JSON object) as it goes on the wire, and the checked fields a parser returns
+    Msg = Dict[str, Any]
+    Parser = Callable[[Msg], Msg]
+else:
+    def overload(f):   # at run time the last definition is the function: typing's does the same
+        return f
 
 VERSION = 3           # of this protocol: in hello and challenge (2: `delta` to watchers; 3: `left_nothing`)
 STATE_VERSION = 1     # of the documents: state.json, the watch stream's E events, `status`
@@ -63,9 +73,6 @@ HANDSHAKE_TIMEOUT = 5.0
 ROLES = ("member", "watcher", "control")
 MAC_HEX = 64
 
-
-# a message (a JSON object) as it goes on the wire, and the checked fields a parser returns
-Msg = Dict[str, Any]
 
 
 class ProtocolError(ValueError):
@@ -400,7 +407,6 @@ def parse_report(rep: object) -> Msg:
 
 
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
-Parser = Callable[[Msg], Msg]
 TO_HEAD: dict[str, dict[str, Parser]] = {
     "member": {"report": lambda m: {"report": parse_report(m.get("report"))},
                "stop": lambda m: {"reason": _str(m, "reason", 2000)}},

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import signal
 from enum import Enum
-from typing import AbstractSet, Iterable, Mapping, TypeVar
+
+from .layout import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import AbstractSet, Iterable, Mapping, TypeVar
 
 
 class RunState(str, Enum):
@@ -83,7 +87,8 @@ class IllegalTransition(ValueError):
     pass
 
 
-_S = TypeVar("_S", RunState, RankState)
+if TYPE_CHECKING:
+    _S = TypeVar("_S", RunState, RankState)
 
 
 def allowed(table: Mapping[_S, AbstractSet[_S]], old: _S, new: _S) -> bool:

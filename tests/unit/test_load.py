@@ -95,7 +95,8 @@ def test_a_tool_is_read_at_the_next_sample_without_waiting_for_it(tmp_path, monk
     os.waitpid(s.pending["nvidia-smi"][0], 0)
     def cannot(*a, **k):              # no `timeout` on the host, say: said once, not tried again
         raise FileNotFoundError(2, "No such file or directory", "timeout")
-    monkeypatch.setattr(load.subprocess, "Popen", cannot)
+    import subprocess   # the sampler imports it where it starts a tool
+    monkeypatch.setattr(subprocess, "Popen", cannot)
     notes = []
     s.note = notes.append
     s.tick(1000.0 + 2 * load.INTERVAL)
