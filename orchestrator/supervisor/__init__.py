@@ -144,10 +144,27 @@ def agent_stub(home: str) -> str:
 # caps at 128 KiB, MAX_ARG_STRLEN; the sources alone are more than that) into a new directory
 # renamed into place: the package's directory exists whole or not at all, whoever wins a race
 # (two runs starting at once, hosts sharing the workdir). When it exists, the line is skipped.
-# `_BOOT_PY HOME [AGENT.PY start RUNDIR]`: with the start's arguments, the same process goes on
-# to start the supervisor (its configuration: the rest of stdin), one python start a host.
-_BOOT_PY = ("import os,sys\n"
-            "h=sys.argv[1]\nline=sys.stdin.readline()\n"
+# `_BOOT_PY HOME RUNDIR STUB [start]`: first the run's directories, each the user's alone (0700;
+# never through a planted link, never one another user owns: what the start's shell did with six
+# processes, mkdir, chmod and cat, ~6 ms of CPU per host), the run's agent.py (STUB), the package;
+# with `start`, the same process goes on to start the supervisor (its configuration: the rest of
+# stdin), one python start a host.
+_BOOT_PY = ("import os,sys,stat\n"
+            "h,r,stub=sys.argv[1:4]\nb=os.path.dirname(r)\n"
+            "try:\n os.makedirs(os.path.dirname(b) or '/',exist_ok=True)\n"
+            "except OSError as e:\n sys.exit('orch: cannot make %s: %s'%(os.path.dirname(b),e.strerror))\n"
+            "for d in (b,r):\n"
+            " try:\n  os.mkdir(d,0o700)\n except FileExistsError:\n  pass\n"
+            " except OSError as e:\n  sys.exit('orch: cannot make %s: %s'%(d,e.strerror))\n"
+            " s=os.lstat(d)\n"
+            " if not stat.S_ISDIR(s.st_mode) or s.st_uid!=os.getuid():\n"
+            "  sys.exit('orch: %s is not a directory of this user (a link, or another user owns it)'%d)\n"
+            " if stat.S_IMODE(s.st_mode)!=0o700:\n  os.chmod(d,0o700)\n"
+            f"a=os.path.join(r,{AGENT!r})\n"
+            "try:\n f=os.open(a,os.O_WRONLY|os.O_CREAT|os.O_TRUNC|os.O_NOFOLLOW,0o600)\n"
+            " try:\n  os.write(f,os.fsencode(stub))\n finally:\n  os.close(f)\n"
+            "except OSError as e:\n sys.exit('orch: cannot write %s: %s'%(a,e.strerror))\n"
+            "line=sys.stdin.readline()\n"
             "if not os.path.isdir(h):\n"
             " if not line.strip():\n"   # not sent: the check saw it here (agent_home), it has gone since
             "  sys.exit('orch: %s is gone since the check found it there; run orch up again' % h)\n"
@@ -161,10 +178,10 @@ _BOOT_PY = ("import os,sys\n"
             " try:\n  os.rename(t,h)\n"
             " except OSError:\n"   # another start put it there first
             "  import shutil\n  shutil.rmtree(t,True)\n  if not os.path.isdir(h):\n   raise\n"
-            "if len(sys.argv)>2:\n"
+            "if sys.argv[4:]==['start']:\n"
             " sys.path.insert(0,h)\n"
             f" from {AGENT_MODULE}.cli import main\n"
-            " sys.exit(main(sys.argv[2:]))\n")
+            " sys.exit(main([a,'start',r]))\n")
 
 
 @lru_cache(maxsize=1)
@@ -176,30 +193,22 @@ def agent_blob() -> str:
 
 def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | None = None,
                  send: bool = True) -> str:
-    """Shell: make orch's directory in the workdir and the run's directory in it, both the user's
-    alone (0700; never through a planted link, never one another user owns), write the run's
-    agent.py and make sure the package is in <workdir>/.orch/agent-<hash> (_BOOT_PY). With `conf`
+    """Shell: one python (_BOOT_PY) makes orch's directory in the workdir and the run's directory
+    in it, both the user's alone (0700; never through a planted link, never one another user
+    owns), writes the run's agent.py and makes sure the package is in <workdir>/.orch/agent-<hash>. With `conf`
     (a configuration: JSON on one line), the same python process then starts the supervisor, with
     `env`, its configuration on stdin after the package's line. No umask is forced: what the run
     writes gets the user's own. `send=False`: the package is not sent (the host has it: the
     check said so, AGENT_THERE), an empty line in its place."""
     q = shlex.quote
-    base = rdir.rsplit("/", 1)[0]
-    home = _home_in(base)
-    lines = [f"mkdir -p {q(base.rsplit('/', 1)[0] or '/')} || exit 1"]
-    for d in (base, rdir):
-        lines.append(f"mkdir -m 700 {q(d)} 2>/dev/null || {{ [ -d {q(d)} ] && [ ! -L {q(d)} ] && [ -O {q(d)} ]; }} "
-                     f"|| {{ printf 'orch: %s is not a directory of this user (a link, or another user owns it)\\n' "
-                     f"{q(d)} >&2; exit 1; }}")
-        lines.append(f"chmod 700 {q(d)} || exit 1")
-    lines.append(f"cat > {q(rdir + '/' + AGENT)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_stub(home)}ORCH_AGENT_EOF")
-    boot = f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)}"
+    home = _home_in(rdir.rsplit("/", 1)[0])
+    boot = f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)} {q(rdir)} {q(agent_stub(home))}"
     if conf is None:
-        lines.append(f"{boot} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF")
+        lines = [f"{boot} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF"]
     else:
         assert "\n" not in conf
-        lines.append(f"{sh.assignments(env or {})} exec {boot} {q(rdir + '/' + AGENT)} start {q(rdir)} "
-                     f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF")
+        lines = [f"{sh.assignments(env or {})} exec {boot} start "
+                 f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF"]
     return "\n".join(lines) + "\n"
 
 

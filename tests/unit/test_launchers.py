@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -294,6 +295,41 @@ def test_shipping_the_supervisor_quotes_every_path_and_refuses_a_planted_link(tm
                          text=True, timeout=30)
     assert res.returncode == 1 and "is not a directory of this user" in res.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_shipping_the_supervisor_makes_its_directories_private_or_says_why_in_one_line(tmp_path):
+    """One python process makes the run's directories (no mkdir/chmod/cat processes): a
+    user's own `.orch` left 0755 is made 0700; one another user owns, or a workdir that cannot be
+    made, is refused in one line, no traceback, no agent.py written."""
+    import os
+
+    from orchestrator import supervisor
+
+    wd = tmp_path / "wd"
+    (wd / ".orch").mkdir(parents=True)
+    (wd / ".orch").chmod(0o755)
+    script = supervisor._write_agent(str(wd / ".orch" / "R1"))
+    assert not re.search(r"^(mkdir|chmod|cat) ", script, re.M)   # no process but the python
+    res = subprocess.run(["sh"], input=script, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert oct((wd / ".orch").stat().st_mode & 0o777) == "0o700"
+    assert (wd / ".orch" / "R1" / "agent.py").read_text() == supervisor.agent_stub(
+        str(wd / ".orch" / supervisor.agent_home_name()))
+    assert oct((wd / ".orch" / "R1" / "agent.py").stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "afile").write_text("")
+    res = subprocess.run(["sh"], input=supervisor._write_agent(str(tmp_path / "afile" / "wd" / ".orch" / "R1")),
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and res.stderr.startswith(f"orch: cannot make {tmp_path / 'afile' / 'wd'}: ")
+    assert "Traceback" not in res.stderr
+    if os.getuid() == 0:   # another user's directory (as root: the lab's and CI's user)
+        theirs = tmp_path / "w3" / ".orch"
+        theirs.mkdir(parents=True, mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        res = subprocess.run(["sh"], input=supervisor._write_agent(str(theirs / "R1")), capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 1 and res.stderr == (f"orch: {theirs} is not a directory of this user (a link, "
+                                                       "or another user owns it)\n")
+        assert list(theirs.iterdir()) == []
 
 
 @pytest.mark.parametrize("launcher,platform,names", [
