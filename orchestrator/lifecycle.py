@@ -122,6 +122,43 @@ def _meanwhile(fn: Callable[[], object]) -> Callable[[], BaseException | None]:
     return wait
 
 
+class _HeadLine:
+    """The head's port and addresses (supervisor.head_line) for the members whose start went out
+    beside the head's: each member's stdin (reader) gives its first bytes, then waits, at most
+    `wait` seconds, for the line (send) or the end (close), then ends."""
+
+    def __init__(self, wait: float):
+        self.wait = wait
+        self.sent = False
+        self._line = b""
+        self._known = threading.Event()
+
+    def send(self, line: bytes) -> None:
+        self._line, self.sent = line, True
+        self._known.set()
+
+    def close(self) -> None:
+        self._known.set()
+
+    def reader(self, first: bytes) -> _Told:
+        return _Told(self, first)
+
+
+class _Told:
+    """A member's stdin (a transport's Reader): its first bytes, then its head's line once known."""
+
+    def __init__(self, head: _HeadLine, first: bytes):
+        self.head, self.rest, self.waited = head, first, False
+
+    def read(self, n: int = -1, /) -> bytes:
+        if not self.rest and not self.waited:
+            self.waited = True
+            self.head._known.wait(self.head.wait)
+            self.rest = self.head._line
+        out, self.rest = (self.rest, b"") if n < 0 else (self.rest[:n], self.rest[n:])
+        return out
+
+
 class Lifecycle:
     def __init__(self, cluster: Cluster, plan: RankPlan, run: Run, pool: Pool, events: Events | None = None,
                  follow_rank: int | None = 0):
@@ -176,18 +213,39 @@ class Lifecycle:
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
             return self._start_slurm(cfgs)
-        res = self.pool[head].run(supervisor.start_script(cfgs[head.name], head.name not in have_agent)).check(
-            "starting the run's supervisor")
-        status, pid, port, addresses = supervisor.parse_start(res.out)
-        if status.startswith("busy:"):
-            raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
-                              hint=f"stop it with `orch down --run {status[5:]}`, or pass --force")
-        if status != "ok":
-            raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
+        members = [h for h in self.plan.all_hosts if h.name != head.name]
+        # the members' starts go out with the head's, not after it: each host unpacks and imports
+        # meanwhile and waits for the head's port and addresses (supervisor.member_start), which
+        # follow on its stdin once the head runs; if the head does not start, their stdin closes
+        # and nothing starts there
+        told = _HeadLine(self.cluster.ssh.command_timeout + self.cluster.ssh.connect_timeout)
+
+        def member(h):
+            command, first = supervisor.member_start(cfgs[h.name], h.name not in have_agent)
+            r = self.pool[h].run(command, stdin=told.reader(first)).check("starting the run's supervisor")
+            st, mpid, _, _ = supervisor.parse_start(r.out)
+            if st != "ok":
+                raise LaunchError(f"{h.name}: the run's supervisor did not start: "
+                                  f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
+            return mpid
+
+        fanned: list = []
+        members_started = _meanwhile(lambda: fanned.append(self._fan(member, members)))
+        try:
+            res = self.pool[head].run(supervisor.start_script(cfgs[head.name], head.name not in have_agent)).check(
+                "starting the run's supervisor")
+            status, pid, port, addresses = supervisor.parse_start(res.out)
+            if status.startswith("busy:"):
+                raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
+                                  hint=f"stop it with `orch down --run {status[5:]}`, or pass --force")
+            if status != "ok":
+                raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
+            told.send(supervisor.head_line(port, addresses))
+        finally:
+            told.close()   # the members not told start nothing
+            if not told.sent:   # the head's error is the one said, once those members have ended
+                members_started()
         self.started = True
-        # the members try the addresses the head listens on, in its order (an older head names none:
-        # then the configuration's own)
-        at = {"head_addresses": list(addresses), "head_address": addresses[0]} if addresses else {}
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
                              head_addresses=list(addresses or cfgs[head.name]["head_addresses"]),
                              procs=[{"key": "supervisor", "host": head.name, "pid": pid}])
@@ -196,24 +254,15 @@ class Lifecycle:
         # when the members waited for it; not waiting for the disk either: the record that ends
         # the run is synced
         saved = _meanwhile(lambda: self.run.save(durable=False))
-
-        def member(h):
-            cfg = dict(cfgs[h.name], head_port=port, **at)
-            r = self.pool[h].run(supervisor.start_script(cfg, h.name not in have_agent)).check(
-                "starting the run's supervisor")
-            st, mpid, _, _ = supervisor.parse_start(r.out)
-            if st != "ok":
-                raise LaunchError(f"{h.name}: the run's supervisor did not start: "
-                                  f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
-            return mpid
-
-        members = [h for h in self.plan.all_hosts if h.name != head.name]
         try:
-            results = self._fan(member, members)
+            raised = members_started()
         finally:
             not_saved = saved()
+        if raised is not None:
+            raise raised
         if not_saved is not None:
             raise not_saved
+        results = fanned[0]
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save(durable=False)
         if results.failed:

@@ -84,8 +84,18 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
             cfg = json.load(fh)
         os.unlink(path)  # it may hold secret env values: read once
     else:
-        cfg = json.loads(sys.stdin.read())
+        # the configuration's line; a member started beside its head (the controller does not wait
+        # for the head's answer) then gets a second line once the head runs: its port and
+        # addresses. No second line (stdin closed): the head did not start, nor does this host.
+        lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
         sys.stdin.close()
+        cfg = json.loads(lines[0])
+        for later in lines[1:2]:
+            cfg.update(json.loads(later))
+        if cfg["role"] == "member" and not cfg.get("head_port"):
+            _unmake(rundir)
+            print(NO_HEAD)
+            return 3
     if head_port:
         cfg["head_port"] = int(head_port)
     if head_addresses:
@@ -127,6 +137,18 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     if os.fork():
         os._exit(0)
     os._exit(run_agent(cfg, listeners, lock_fd, w, advertised))
+
+
+NO_HEAD = "nohead"   # a member's start's answer when the head did not start: nothing started, nothing left
+
+
+def _unmake(rundir):
+    """What the start's boot made for a run that does not start here: its agent.py, its directory."""
+    for path, remove in ((os.path.join(rundir, AGENT), os.unlink), (rundir, os.rmdir)):
+        try:
+            remove(path)
+        except OSError:
+            pass
 
 
 def raise_fd_limit():

@@ -16,7 +16,7 @@ import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__, sh
 from ..agent import delta, layout
@@ -200,16 +200,22 @@ def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | No
     `env`, its configuration on stdin after the package's line. No umask is forced: what the run
     writes gets the user's own. `send=False`: the package is not sent (the host has it: the
     check said so, AGENT_THERE), an empty line in its place."""
+    if conf is None:
+        return f"{_boot(rdir)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF\n"
+    assert "\n" not in conf
+    return (f"{sh.assignments(env or {})} exec {_boot(rdir)} start "
+            f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF\n")
+
+
+def _boot(rdir: str) -> str:
+    """Shell: _BOOT_PY for the run directory `rdir` (its arguments: nothing secret)."""
     q = shlex.quote
     home = _home_in(rdir.rsplit("/", 1)[0])
-    boot = f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)} {q(rdir)} {q(agent_stub(home))}"
-    if conf is None:
-        lines = [f"{boot} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF"]
-    else:
-        assert "\n" not in conf
-        lines = [f"{sh.assignments(env or {})} exec {boot} start "
-                 f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF"]
-    return "\n".join(lines) + "\n"
+    return f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)} {q(rdir)} {q(agent_stub(home))}"
+
+
+def _run_env(cfg: Mapping) -> dict[str, str]:
+    return {RUN_VAR: cfg["run_id"], "ORCH_AGENT": "1"}
 
 
 def start_script(cfg: Mapping, send: bool = True) -> str:
@@ -218,8 +224,24 @@ def start_script(cfg: Mapping, send: bool = True) -> str:
     included, goes on its stdin after the package's line (never a command line, never a file).
     `send=False`: the host has the package (AGENT_THERE): its 76 KB are not sent again. Prints
     `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
-    return _write_agent(cfg["rundir"], {RUN_VAR: cfg["run_id"], "ORCH_AGENT": "1"},
-                        json.dumps(cfg, separators=(",", ":")), send)
+    return _write_agent(cfg["rundir"], _run_env(cfg), json.dumps(cfg, separators=(",", ":")), send)
+
+
+def member_start(cfg: Mapping, send: bool = True) -> tuple[str, bytes]:
+    """A member's start, sent beside the head's rather than after it: (the command, which holds
+    nothing secret; what goes first on its stdin: the package's line, the configuration's). The
+    host's python then unpacks, imports and waits for one more line, head_line(), sent once the
+    head runs, before it starts the supervisor; stdin closed without it: nothing starts there
+    (the agent's NO_HEAD), and the run directory made for it is removed."""
+    return (f"{sh.assignments(_run_env(cfg))} exec {_boot(cfg['rundir'])} start",
+            f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode())
+
+
+def head_line(port: int, addresses: Sequence[str]) -> bytes:
+    """The line a member's start waits for (member_start): where the head listens, its addresses
+    in its order (an older head names none: the configuration's own then)."""
+    at = {"head_addresses": list(addresses), "head_address": addresses[0]} if addresses else {}
+    return (json.dumps({"head_port": port, **at}, separators=(",", ":")) + "\n").encode()
 
 
 def stage_script(cfg: Mapping) -> str:

@@ -109,13 +109,20 @@ def test_parse_start(text, want):
 
 
 class StartHost(Transport):
-    """Answers a supervisor's start script with `answer`; keeps the configuration it was given."""
+    """Answers a supervisor's start script with `answer`; keeps the configuration it was given
+    (a member's: as its host reads it, the head's line, if one came, merged in)."""
 
     def __init__(self, h: Host, answer: str):
         super().__init__(h, 30)
         self.answer, self.cfgs = answer, []
 
     def _exec(self, script, *, stdin, sink, timeout):
+        if stdin is not None and not isinstance(stdin, bytes):   # a member's: the package's line, its own, the head's
+            lines = b"".join(iter(lambda: stdin.read(1 << 16), b"")).decode().split("\n")
+            cfg = json.loads(lines[1])
+            cfg.update(json.loads(lines[2]) if lines[2] else {})
+            self.cfgs.append(cfg)
+            return 0, (self.answer if lines[2] else "nohead\n").encode(), b""
         text = stdin.decode() if isinstance(stdin, bytes) else script
         conf = text.rsplit("\nORCH_AGENT_EOF", 1)[0].rsplit("\n", 1)[1]   # the heredoc's last line (the package's first)
         self.cfgs.append(json.loads(conf))
@@ -148,6 +155,41 @@ def test_members_start_with_the_heads_addresses(tmp_path, head_says, members_get
         assert cfg["head_addresses"] == members_get and cfg["head_address"] == members_get[0]
         assert cfg["head_pinned"] is False
     assert json.loads((run.dir / "run.json").read_text())["head_addresses"] == members_get
+
+
+def test_members_start_beside_the_head_and_a_head_that_does_not_start_starts_none(tmp_path):
+    """The members' starts go out with the head's (each waits on its stdin for the head's port);
+    when the head says another run holds the workdir, their stdin ends without it: the head's
+    conflict is what is said, and no member was told a port."""
+    from orchestrator.errors import RunConflict
+
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [StartHost(plan.hosts[0], "busy 20260101-000000-abcdef\n")] + [StartHost(h, "ok 12 0\n") for h in plan.hosts[1:]]
+    with pytest.raises(RunConflict, match="run 20260101-000000-abcdef is still running"):
+        lifecycle.Lifecycle(c, plan, run, Pool(ts)).start(launchers.build(c, plan, run.id, root={}))
+    for t in ts[1:]:
+        (cfg,) = t.cfgs
+        assert cfg["role"] == "member" and cfg["head_port"] is None
+
+
+def test_a_members_stdin_waits_for_the_heads_line_or_its_end():
+    """lifecycle._HeadLine: the first bytes at once, then the head's line once sent, then the end;
+    closed unsent (or the wait over): the end."""
+    import threading
+
+    told = lifecycle._HeadLine(wait=30)
+    r = told.reader(b"pkg\ncfg\n")
+    assert r.read(4) == b"pkg\n" and r.read(-1) == b"cfg\n"
+    threading.Timer(0.05, told.send, [b'{"head_port": 1}\n']).start()
+    assert r.read(1 << 16) == b'{"head_port": 1}\n' and r.read(1 << 16) == b""
+    unsent = lifecycle._HeadLine(wait=30)
+    r = unsent.reader(b"x\n")
+    unsent.close()
+    assert r.read(1 << 16) == b"x\n" and r.read(1 << 16) == b"" and not unsent.sent
+    r = lifecycle._HeadLine(wait=0.01).reader(b"")
+    assert r.read(1 << 16) == b""
 
 
 def test_plan_says_what_the_token_stands_for(tmp_path):

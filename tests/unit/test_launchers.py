@@ -332,6 +332,24 @@ def test_shipping_the_supervisor_makes_its_directories_private_or_says_why_in_on
         assert list(theirs.iterdir()) == []
 
 
+def test_a_member_told_no_head_starts_nothing_and_leaves_no_run_directory(tmp_path):
+    """supervisor.member_start: the host unpacks and waits for the head's line on its stdin; the
+    stdin ending without it (the head did not start) starts nothing, says so, removes the run
+    directory it made (the package stays, for the next run)."""
+    import os
+
+    from orchestrator import supervisor
+
+    rdir = tmp_path / "wd" / ".orch" / "R1"
+    cfg = {"rundir": str(rdir), "run_id": "R1", "role": "member", "workdir": str(tmp_path / "wd"), "head_port": None}
+    command, first = supervisor.member_start(cfg)
+    assert supervisor.agent_blob() not in command and "R1" in command
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    res = subprocess.run(["sh", "-c", command], input=first, capture_output=True, timeout=60, env=env)
+    assert (res.returncode, res.stdout, res.stderr) == (3, b"nohead\n", b"")
+    assert sorted(p.name for p in (tmp_path / "wd" / ".orch").iterdir()) == [supervisor.agent_home_name()]
+
+
 @pytest.mark.parametrize("launcher,platform,names", [
     ("mpirun", "cpu", ("hostfile",)), ("ranktable", "ascend", ("rank_table.json",)),
     ("ranktable", "cpu", ()), ("msrun", "ascend", ()), ("torchrun", "gpu", ())])
