@@ -3,6 +3,7 @@ local transport (the same script the hosts run over ssh)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -336,6 +337,20 @@ def _probe_listing(work: Path, request) -> dict | None:
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return sync.parse_listing(request, "login banner\n" + out.stdout)
+
+
+def test_the_listing_runs_the_list_alone_not_the_whole_receiver(tmp_path):
+    """Every host lists in every `orch up`: python compiles a `-c` program on each start, so the
+    listing sends the receiver's `list` part alone (LISTER), and lists what RECEIVER lists."""
+    assert "def cmd_recv" not in sync.LISTER and "def cmd_list" in sync.LISTER
+    assert len(sync.LISTER) * 3 < len(sync.RECEIVER)
+    assert sync.LISTER in sync.listing_script("/data/w", (("a", False),))
+    (tmp_path / "a").write_text("x")
+    (tmp_path / "h").write_text("hostfile\n")
+    req = json.dumps([["a", False], ["h", True], ["nothing", False]])
+    said = [subprocess.run([sys.executable, "-S", "-c", prog, "list", str(tmp_path)], input=req, capture_output=True,
+                           text=True, timeout=60).stdout for prog in (sync.LISTER, sync.RECEIVER)]
+    assert said[0] == said[1] and json.loads(said[0])[1][4] == hashlib.sha256(b"hostfile\n").hexdigest()
 
 
 def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once():
