@@ -112,7 +112,14 @@ def facts(plan: Any, sections: Mapping[str, probes.Section] | None) -> dict[str,
         if s is None or not s.finished:
             return None
         bodies[name] = s.body
-    out = parse_prepare(bodies["prepare"] + "\n" + bodies.get("path", ""))
+    text = bodies["prepare"] + "\n" + bodies.get("path", "")
+    reach = sections.get("reach")
+    if src["python"] == "path" and supervisor.parse_python(bodies["path"]) is None and reach is not None:
+        # a host whose reach test runs python3 read them there (checks/reach.py: tests_by_python)
+        if not reach.finished:
+            return None
+        text += "\n" + reach.body
+    out = parse_prepare(text)
     if src["uid"] == "workdir":
         try:
             out["uid"] = probes.parse_workdir(bodies["workdir"]).uid

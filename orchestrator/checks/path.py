@@ -45,15 +45,13 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     fixed: list[tuple[str, str]] = []
     for label, how in launch_tools(plan.cluster):
         (plain if how == "plain" else job if how == "job" else fixed).append((label, how))
-    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it; where
-    # the host's reach test runs python3 it says the version (reach.tests_by_python: one python3
-    # start per host, not two), except in `orch up`'s probe, which also reads the workdir's lock
-    # and whether this orch's agent package is there
+    # the run's supervisor: python3 on this PATH (not job.env's), as the start script runs it, and
+    # in `orch up` what prepare reads with it (the workdir's lock, the agent package); where the
+    # host's reach test runs python3 that test says them (reach.tests_by_python: one python3 start
+    # per host, not two)
     lines = ["echo \"PATH=$PATH\""]
-    if reads_lock(plan):
-        lines.append(python_sh(lock_path(plan.cluster), agent_home(plan.cluster)))
-    elif not reach.tests_by_python(plan, host):
-        lines.append(python_sh())
+    if not reach.tests_by_python(plan, host):
+        lines.append(python_sh(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan) else python_sh())
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:

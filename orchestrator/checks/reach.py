@@ -28,7 +28,8 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
-from ..supervisor import PYTHON_PY, parse_python
+from ..prepare import reads_lock
+from ..supervisor import FACTS_PY, PYTHON_PY, agent_home, facts_env, lock_path, parse_python
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -102,9 +103,10 @@ while 1:
 # the listener's token back; print `to ADDR ok|WHY` in the given order. argv: INDEX PORT TIMEOUT ADDR...
 # (connect: socket.create_connection's loop, the last address family's error kept). It first prints
 # what check path asks python3 for (the run's supervisor's version, as supervisor.python_sh
-# prints it): the same python3 -S on the same PATH, and one start of it per host, not two (~9 ms
-# of CPU on every host; path's section then leaves it out: tests_by_python).
-CONNECT_PY = PYTHON_PY + "sys.stdout.flush()\n" + r"""import os,sys,_socket as S,_thread
+# prints it) and, in `orch up`, what prepare reads with it (the workdir's lock, the agent
+# package: supervisor.FACTS_PY): the same python3 -S on the same PATH, and one start of it per
+# host, not two (~7 ms of CPU on every host; path's section then leaves it out: tests_by_python).
+_CONNECT = r"""import os,sys,_socket as S,_thread
 from _operator import _compare_digest as eq
 %(ai)si,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
 ti,to=os.environ.pop("%(in)s").encode(),os.environ.pop("%(out)s").encode();r={}
@@ -138,6 +140,8 @@ for x in a:
 for l in h:l.acquire(True,2*t+1)
 for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
 """ % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT, "ai": AI_PY}
+CONNECT_PY = PYTHON_PY + "sys.stdout.flush()\n" + _CONNECT   # orch check's
+CONNECT_FACTS_PY = FACTS_PY + "sys.stdout.flush()\n" + _CONNECT   # orch up's: prepare's facts too
 
 # The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
 ADDRS_SH = ("if command -v ip >/dev/null 2>&1; then\n"
@@ -211,13 +215,17 @@ def connect_body(plan, host: Host) -> str:
     tin, tout = tokens(plan)
     index = next(i for i, h in enumerate(plan.hosts) if h.name == host.name)
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
+    facts = facts_env(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan) else {}
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"{ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} {' '.join(PY)} -c {q(CONNECT_PY)} {args} 2>&1")
+            + "".join(f"{k}={q(v)} " for k, v in facts.items())
+            + f"{ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} {' '.join(PY)} -c {q(CONNECT_FACTS_PY if facts else CONNECT_PY)} "
+            f"{args} 2>&1")
 
 
 def tests_by_python(plan, host: Host) -> bool:
     """Does this host's reach section run the test (CONNECT_PY: python3, which also prints the
-    supervisor's version for check path)? Only with the launch host's listener known (plan.reach)."""
+    supervisor's version for check path, and in `orch up` the workdir's lock and the agent
+    package for prepare)? Only with the launch host's listener known (plan.reach)."""
     return (SECTION in plan.checks and _applies(plan, host) and host.name != plan.launch.name
             and plan.reach is not None and bool(plan.reach.port))
 

@@ -283,21 +283,42 @@ def parse_start(text: str) -> tuple[str, int, int, tuple[str, ...]]:
     return "error", 0, 0, ()
 
 
-# python3 as the supervisor runs it (PY): its major.minor (PYTHON_PY; check reach's test prints
-# it too) and, given the workdir's lock file (argv[1]), the run that holds it now (a live
-# supervisor holds an exclusive flock on it)
+# python3 as the supervisor runs it (PY): its major.minor (PYTHON_PY); with FACTS_ENV's variables
+# (facts_env), what the start needs to know of the workdir: the run that holds its lock now (a
+# live supervisor holds an exclusive flock on it), and whether this orch's agent package is there
+# (AGENT_THERE). python_sh runs FACTS_PY on its own; check reach's test runs it first thing, so
+# that a host starts one python3 for both (checks/reach.py: tests_by_python).
 PYTHON_PY = "import sys\nprint(\"supervisor\\t%d.%d\" % sys.version_info[:2])\n"
-_LIVE_PY = ("import os,fcntl\ntry:\n fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NOFOLLOW)\nexcept OSError:\n fd=None\n"
-            "if fd is not None:\n try:\n  fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
-            " except OSError:\n  print(\"live\",os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\")\n"
-            "  sys.exit(0)\n"
-            # no supervisor holds the lock: a process of an earlier run in this workdir may still live
-            # (its supervisor killed): it counts as live too, found by ORCH_RUN_DIR in its environment
-            "d=(\"ORCH_RUN_DIR=\"+os.path.dirname(sys.argv[1])+\"/\").encode()\n"
-            "for p in os.listdir(\"/proc\"):\n if p.isdigit():\n  try:\n"
-            "   env=open(\"/proc/%s/environ\"%p,\"rb\").read().split(b\"\\0\")\n  except OSError:\n   continue\n"
-            "  for e in env:\n   if e.startswith(d):\n    print(\"live\",e[len(d):].decode(\"utf-8\",\"replace\")"
-            ".split(\"/\")[0]);sys.exit(0)\n")
+FACTS_ENV = ("ORCH_FACTS_LOCK", "ORCH_FACTS_HOME")
+AGENT_THERE = "agent here"  # the facts' line: the host has this orch's agent package (agent_home)
+FACTS_PY = PYTHON_PY + (
+    "import os\n"
+    "def _live(l):\n"
+    " import fcntl\n"
+    " try:\n  fd=os.open(l,os.O_RDONLY|os.O_NOFOLLOW)\n except OSError:\n  fd=None\n"
+    " if fd is not None:\n  try:\n   fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB)\n"
+    "  except OSError:\n   return os.read(fd,200).decode(\"utf-8\",\"replace\").strip() or \"?\"\n"
+    # no supervisor holds the lock: a process of an earlier run in this workdir may still live (its
+    # supervisor killed): it counts as live too, found by ORCH_RUN_DIR in its environment (each
+    # environment searched whole first, in C: a python loop over every entry of every process's
+    # took ~35 us a process)
+    " d=(\"ORCH_RUN_DIR=\"+os.path.dirname(l)+\"/\").encode()\n"
+    " for p in os.listdir(\"/proc\"):\n"
+    "  if not p.isdigit():\n   continue\n"
+    "  try:\n   with open(\"/proc/%s/environ\"%p,\"rb\") as f:\n    env=f.read()\n  except OSError:\n   continue\n"
+    "  if d in env:\n"
+    "   for e in env.split(b\"\\0\"):\n"
+    "    if e.startswith(d):\n     return e[len(d):].decode(\"utf-8\",\"replace\").split(\"/\")[0]\n"
+    f"l,h=(os.environ.pop(k,\"\") for k in {FACTS_ENV!r})\n"
+    "r=_live(l) if l else None\n"
+    "if r:\n print(\"live\",r)\n"
+    f"if h and os.path.isdir(h):\n print({AGENT_THERE!r})\n")
+
+
+def facts_env(lock: str | None = None, home: str | None = None) -> dict[str, str]:
+    """FACTS_PY's environment: with `lock`, the run that holds it; with `home` (agent_home),
+    whether the package is there."""
+    return {k: v for k, v in zip(FACTS_ENV, (lock, home)) if v}
 
 
 def lock_path(cluster: Cluster) -> str:
@@ -309,17 +330,14 @@ def agent_home(cluster: Cluster) -> str:
     return _home_in(orch_dir(cluster.job.workdir))
 
 
-AGENT_THERE = "agent here"  # python_sh's line: the host has this orch's agent package (agent_home)
-
-
 def python_sh(lock: str | None = None, home: str | None = None) -> str:
     """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
     non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
     when a run holds that lock now; with `home` (agent_home), AGENT_THERE when the package is
     there (the start then does not send it). Parsed by parse_python (and prepare.parse_prepare)."""
-    prog, arg = (PYTHON_PY + _LIVE_PY, f" {shlex.quote(lock)}") if lock else (PYTHON_PY, "")
-    there = f"\nif [ -d {shlex.quote(home)} ]; then echo {AGENT_THERE}; fi" if home else ""
-    return f"{' '.join(PY)} -c {shlex.quote(prog)}{arg} 2>/dev/null || printf 'supervisor\\t\\n'{there}"
+    env = sh.assignments(facts_env(lock, home))
+    prog = FACTS_PY if env else PYTHON_PY
+    return f"{env + ' ' if env else ''}{' '.join(PY)} -c {shlex.quote(prog)} 2>/dev/null || printf 'supervisor\\t\\n'"
 
 
 def parse_python(text: str) -> str | None:

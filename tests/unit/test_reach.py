@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import checks, probes, shards
+from orchestrator import checks, prepare, probes, shards, supervisor
 from orchestrator.checks import reach
 from orchestrator.probes import Listen, ProbeError, ReachTarget, Section
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
@@ -58,9 +59,9 @@ PY_START = "python3 -S -c"  # how the probe starts python3 (hostlayout.PY), in p
 def test_where_the_reach_test_runs_it_says_the_supervisors_python3_version_for_check_path():
     """A host whose reach test runs (the launch host's listener known) starts python3 once, not
     twice: the test's python3 (the supervisor's: -S, the plain PATH) prints the version check path
-    reads, and path's section starts none of its own (~9 ms of CPU on every host). The launch host,
-    a probe made without the listener (`--print-probe`), reach skipped, and `orch up`'s probe
-    (its path section also reads the workdir's lock) keep path's own."""
+    reads, and path's section starts none of its own (~9 ms of CPU on every host); in `orch up`
+    it reads what prepare reads with it too (the workdir's lock, the agent package). The launch
+    host, a probe made without the listener (`--print-probe`) and reach skipped keep path's own."""
     c = cluster(n=3)
     launch, other = c.hosts[0], c.hosts[1]
     p = plan_of(c, reach=ReachTarget(43121, (LAUNCH,), 0.0))
@@ -75,7 +76,40 @@ def test_where_the_reach_test_runs_it_says_the_supervisors_python3_version_for_c
     skipped = plan_of(cluster(n=3, skip=("reach",)), reach=ReachTarget(43121, (LAUNCH,), 0.0))
     assert "supervisor" in checks.check_script(skipped, other, checks.base.check("path"))
     up = replace(checks.make_check_plan(c, prepare=True), reach=ReachTarget(43121, (LAUNCH,), 0.0))
-    assert "live" in checks.check_script(up, other, checks.base.check("path"))   # python_sh with the lock
+    assert "supervisor" not in checks.check_script(up, other, checks.base.check("path"))
+    lock, home = supervisor.lock_path(c), supervisor.agent_home(c)
+    assert f"ORCH_FACTS_LOCK={lock} ORCH_FACTS_HOME={home} " in checks.check_script(up, other, checks.base.check("reach"))
+    assert f"ORCH_FACTS_LOCK={lock} " in checks.check_script(up, launch, checks.base.check("path"))   # python_sh's
+    assert "ORCH_FACTS_LOCK=" not in checks.check_script(p, other, checks.base.check("reach"))   # orch check: no lock read
+
+
+def test_up_reads_the_lock_and_the_package_from_the_reach_tests_python3(tmp_path):
+    """prepare.facts: a host whose path section has no python3 line takes the supervisor's
+    version, the live run and the package from its reach section (FACTS_PY ran there); a reach
+    section cut off leaves the facts unknown (prepare asks the host itself)."""
+    c = cluster(n=3)
+    up = replace(checks.make_check_plan(c, prepare=True), reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    base = {name: Section(name, "existed=yes\nwrite=ok\nuid=0\n" if name == "workdir" else "PATH=/bin\n", 0)
+            for name in set(prepare.sources(up).values())}
+    said = prepare.facts(up, {**base, "reach": Section("reach", f"supervisor\t3.11\nlive R9\n{supervisor.AGENT_THERE}\n"
+                                                                 f"to {LAUNCH} ok\n", 0)})
+    assert said is not None and (said["python"], said["live"], said["agent"]) == ("3.11", "R9", True)
+    assert prepare.facts(up, {**base, "reach": Section("reach", "supervisor\t3.11\n", None)}) is None
+    # the facts as FACTS_PY prints them, run here: no lock, no package; then a live holder of the lock
+    home = tmp_path / ".orch" / "agent-x"
+    env = {"PATH": "/usr/bin:/bin", **supervisor.facts_env(str(tmp_path / ".orch" / "lock"), str(home))}
+    out = subprocess.run([sys.executable, "-S", "-c", supervisor.FACTS_PY], env=env, capture_output=True, text=True,
+                         timeout=30).stdout
+    assert out == "supervisor\t%d.%d\n" % sys.version_info[:2]
+    home.mkdir(parents=True)
+    import fcntl
+    with open(tmp_path / ".orch" / "lock", "w") as fh:
+        fh.write("R7")
+        fh.flush()
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, "-S", "-c", supervisor.FACTS_PY], env=env, capture_output=True,
+                             text=True, timeout=30).stdout
+    assert out.splitlines()[1:] == ["live R7", supervisor.AGENT_THERE]
 
 
 @pytest.mark.parametrize("reach_body, rc, status, words", [
