@@ -76,3 +76,38 @@ def test_the_supervisor_and_the_rank_wrapper_start_without_heavy_imports(module,
     got = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert got.returncode == 0, got.stderr
     assert got.stdout.split() == []
+
+
+def test_the_death_signal_is_looked_up_once_in_the_supervisor_not_in_each_child(tmp_path):
+    """procs.Local starts every rank (ranktable) or launcher with die_with_parent's preexec_fn:
+    prctl is found (ctypes imported) in the supervisor, once, so each forked child only calls it
+    (each importing ctypes again: ~3 ms of CPU a rank). The child still gets the signal: killed
+    with its parent."""
+    import os
+    import subprocess
+
+    pkg = tmp_path / "orch_agent"
+    pkg.mkdir()
+    for name, text in SOURCES.items():
+        (pkg / name).write_text(text)
+    code = (f"import sys, os, signal, subprocess\nsys.path.insert(0, {str(tmp_path)!r})\n"
+            "from orch_agent import rank\nfn = rank.die_with_parent(signal.SIGKILL)\n"
+            "print('ctypes' in sys.modules, flush=True)\n"
+            "p = subprocess.Popen(['sleep', '300'], preexec_fn=fn)\nprint(p.pid, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    got = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    imported, pid = got.stdout.split()
+    assert imported == "True"
+    import time
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(int(pid), 9)
+        raise AssertionError(f"sleep {pid} outlived the process that started it")
