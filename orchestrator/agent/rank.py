@@ -27,7 +27,7 @@ PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-_prctl = []   # libc's prctl, once found (_find_prctl); [None] where there is none
+_prctl = []  # type: list  # libc's prctl, once found (_find_prctl); [None] where there is none
 
 
 def _find_prctl():
