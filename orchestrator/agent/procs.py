@@ -39,11 +39,15 @@ def run_pids(run_id, me=None):
             continue
         try:
             with open("/proc/%s/environ" % p, "rb") as fh:
-                env = fh.read().split(b"\0")
+                data = fh.read()
         except OSError:
             continue
-        if needle in env and agent not in env:
-            out.append(int(p))
+        # the whole environment searched first (in C): split only where the run's id is (every
+        # process of the host is read, each load sample: 3.1 -> 1.9 ms at 210 processes)
+        if needle in data:
+            env = data.split(b"\0")
+            if needle in env and agent not in env:
+                out.append(int(p))
     return out
 
 

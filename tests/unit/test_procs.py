@@ -49,3 +49,23 @@ def test_a_child_collected_before_it_was_recorded_is_kept_for_it(tmp_path):
     local.children[proc.pid] = rec
     local.reap()
     assert rec["exit_code"] == 0 and rec["end"] is not None and proc.pid not in [e[0] for e in local.exits]
+
+
+def test_run_pids_finds_the_runs_processes_by_their_exact_id_and_not_its_supervisors():
+    """A run's processes are found by ORCH_RUN_ID in their environment (each environment read
+    whole, split only where the id appears): exactly that id (not one it is a prefix of), and
+    never a supervisor (ORCH_AGENT=1)."""
+    import subprocess
+
+    from orchestrator.agent.procs import run_pids
+
+    base = {"PATH": "/usr/bin:/bin"}
+    ps = [subprocess.Popen(["sleep", "60"], env={**base, **extra}) for extra in (
+        {"ORCH_RUN_ID": "R-pids-1"}, {"ORCH_RUN_ID": "R-pids-10"}, {"ORCH_RUN_ID": "R-pids-1", "ORCH_AGENT": "1"},
+        {"X": "ORCH_RUN_ID=R-pids-1"})]
+    try:
+        assert run_pids("R-pids-1") == [ps[0].pid]
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
