@@ -254,7 +254,7 @@ def rendered(files: dict[str, bytes]) -> list[Entry]:
 # others, see cmd_relay; one JSON answer). Exit 41: cannot create workdir; 42: not
 # writable; 43: a problem with one path (stderr: a JSON {"path", "error"}).
 _RX_BASE = r'''
-import errno, hashlib, json, os, stat, sys
+import errno, json, os, stat, sys
 W = sys.argv[2]
 TMP = ".orch-sync-partial."
 DIRS = {}
@@ -306,6 +306,18 @@ def start():
         fail(42, W, "not writable")
     DIRS[""] = os.open(W, os.O_RDONLY | os.O_DIRECTORY)
 
+def small_sha256():
+    # the listing hashes the rendered files alone (a hostfile, a rank table): CPython own C
+    # sha256, not the one of hashlib, which loads OpenSSL: ~3 ms of CPU on every host, every up
+    try:
+        from _sha256 import sha256   # python <= 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256   # 3.12+
+        except ImportError:
+            from hashlib import sha256
+    return sha256()
+
 def cmd_list():
     req = json.loads(sys.stdin.read())
     out = []
@@ -323,7 +335,7 @@ def cmd_list():
         if kind == "link":
             rec[4] = os.readlink(name, dir_fd=d)
         elif kind == "file" and want_hash:
-            h = hashlib.sha256()
+            h = small_sha256()
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
             with os.fdopen(fd, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
@@ -334,6 +346,8 @@ def cmd_list():
 '''
 
 _RX_SEND = r'''
+import hashlib
+
 def readline(inp, rel):
     line = inp.readline()
     if not line.endswith(b"\n"):

@@ -351,6 +351,13 @@ def test_the_listing_runs_the_list_alone_not_the_whole_receiver(tmp_path):
     said = [subprocess.run([sys.executable, "-S", "-c", prog, "list", str(tmp_path)], input=req, capture_output=True,
                            text=True, timeout=60).stdout for prog in (sync.LISTER, sync.RECEIVER)]
     assert said[0] == said[1] and json.loads(said[0])[1][4] == hashlib.sha256(b"hostfile\n").hexdigest()
+    # its sha256 is CPython's own, not hashlib's (which loads OpenSSL: ~3 ms on every host)
+    (tmp_path / "lister.py").write_text(sync.LISTER)
+    probe = (f"import sys\nsys.argv = ['-c', 'list', {str(tmp_path)!r}]\n"
+             f"exec(compile(open({str(tmp_path / 'lister.py')!r}).read(), 'lister', 'exec'))\n"
+             "print('hashlib' in sys.modules, file=sys.stderr)")
+    got = subprocess.run([sys.executable, "-S", "-c", probe], input=req, capture_output=True, text=True, timeout=60)
+    assert got.stderr == "False\n" and got.stdout == said[0], got.stderr
 
 
 def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once():
