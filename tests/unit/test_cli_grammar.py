@@ -108,3 +108,58 @@ def test_help_shows_the_default_file(tmp_path):
     for cmd in ("check", "plan", "up"):
         assert "[FILE, default ./cluster.yaml]" in orch(cmd, "--help", cwd=tmp_path, rc=0).stdout.splitlines()[0]
     assert "else ./cluster.yaml]" in " ".join(orch("status", "--help", cwd=tmp_path, rc=0).stdout.split())
+
+
+# `orch` as a program (main()) with an atexit handler and an object the interpreter's teardown
+# finalizes: which of the two ran says how the program ended
+ENDS = """
+import atexit, sys
+class Finalized:
+    def __del__(self):
+        sys.stderr.write("orch-test: teardown\\n")
+kept = Finalized()
+atexit.register(lambda: sys.stderr.write("orch-test: atexit\\n"))
+from orchestrator.cli import main
+sys.argv = ["orch"] + sys.argv[1:]
+main()
+"""
+
+
+def orch_program(*args, cwd: Path, rc: int) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, "-c", ENDS, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == rc, (args, res.stdout, res.stderr)
+    return res
+
+
+def ended_at_once(res: subprocess.CompletedProcess) -> bool:
+    """The program ran its atexit handlers and skipped the interpreter's teardown."""
+    assert "orch-test: atexit" in res.stderr, res.stderr
+    return "orch-test: teardown" not in res.stderr
+
+
+def test_up_status_and_down_end_at_once_with_their_whole_output_and_exit_code(tmp_path):
+    """`orch up`, `status` and `down` as the program end once their output is out (cli._end:
+    os._exit, atexit handlers run, no teardown), with the exit code and every byte of output,
+    into a pipe; `orch logs` ends as before."""
+    cluster(tmp_path, 'echo "rank $RANK_ID"')
+    res = orch_program("up", "--json", "--skip-checks", cwd=tmp_path, rc=0)
+    assert json.loads(res.stdout)["state"] == "succeeded" and ended_at_once(res)
+    res = orch_program("status", cwd=tmp_path, rc=0)
+    assert LONG in res.stdout and "succeeded" in res.stdout and ended_at_once(res)
+    res = orch_program("down", cwd=tmp_path, rc=0)
+    assert "had already ended succeeded" in res.stderr and ended_at_once(res)
+    res = orch_program("logs", cwd=tmp_path, rc=0)
+    assert res.stdout == "[rank 0] rank 0\n[rank 1] rank 1\n" and not ended_at_once(res)
+    cluster(tmp_path, '[ "$RANK_ID" = 1 ] && exit 3; sleep 30')
+    res = orch_program("up", "--skip-checks", "-q", cwd=tmp_path, rc=1)
+    assert "failed" in res.stderr and ended_at_once(res)
+    cluster(tmp_path, "sleep 60")
+    res = orch_program("up", "--detach", "--skip-checks", cwd=tmp_path, rc=0)
+    run = res.stdout.strip()
+    assert run and ended_at_once(res)
+    res = orch_program("status", "--json", cwd=tmp_path, rc=0)
+    assert json.loads(res.stdout)["run"] == run and ended_at_once(res)
+    res = orch_program("down", "--json", cwd=tmp_path, rc=0)
+    assert json.loads(res.stdout)["state"] == "stopped" and ended_at_once(res)
+    res = orch_program("check", "--json", cwd=tmp_path, rc=0)
+    assert json.loads(res.stdout)["ok"] and ended_at_once(res)
