@@ -32,7 +32,6 @@ import_paramiko()  # without invoke (see there)
 
 import paramiko  # noqa: E402 - once import_paramiko has loaded it
 from paramiko.hostkeys import HostKeyEntry, HostKeys  # noqa: E402 - as above
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential  # noqa: E402 - as above
 
 from ..errors import (  # noqa: E402 - as above
     AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError,
@@ -305,17 +304,31 @@ class SshTransport(Transport):
         errors only (tenacity), within connect_timeout x attempts in all; the last error is raised."""
         attempts = max(1, attempts)
         deadline = time.monotonic() + self.connect_timeout * attempts
+        try:  # the first try: tenacity (~5 ms of import, before any host is reached) waits for a retry
+            self._try(attempts, deadline)
+            return
+        except TransientNetworkError as exc:
+            if attempts == 1:
+                raise
+            first = exc
+        from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
         for attempt in Retrying(stop=stop_after_attempt(attempts), reraise=True,
                                 wait=wait_exponential(multiplier=0.2, max=2),
                                 retry=retry_if_exception_type(TransientNetworkError)):
             with attempt:
-                budget = min(self.connect_timeout, deadline - time.monotonic())
-                if budget <= 0.05:
-                    raise TransientNetworkError(
-                        self.host.name, f"could not connect to {self.host.route} within "
-                        f"{self.connect_timeout * attempts:g}s", hint=_UNREACHABLE_HINT)
-                self._client = self._open(budget)
-                self._transport = self._client.get_transport()
+                if attempt.retry_state.attempt_number == 1:
+                    raise first  # tenacity's first attempt is the try above: its wait and count follow
+                self._try(attempts, deadline)
+
+    def _try(self, attempts: int, deadline: float) -> None:
+        budget = min(self.connect_timeout, deadline - time.monotonic())
+        if budget <= 0.05:
+            raise TransientNetworkError(
+                self.host.name, f"could not connect to {self.host.route} within "
+                f"{self.connect_timeout * attempts:g}s", hint=_UNREACHABLE_HINT)
+        self._client = self._open(budget)
+        self._transport = self._client.get_transport()
 
     def _open(self, timeout: float) -> paramiko.SSHClient:
         if not self.host.jump:
