@@ -3,6 +3,7 @@ until later is loaded when it is needed, and works the same then."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -69,3 +70,29 @@ def test_one_attempt_is_one_try_with_no_wait(monkeypatch):
     with pytest.raises(TransientNetworkError):
         t._connect(1)
     assert len(opened) == 1
+
+
+def test_the_program_loads_without_the_cyclic_gc_then_freezes_what_it_loaded(tmp_path):
+    """`orch check` and `orch up` as the program (main()): no collection while the modules and the
+    cluster file load (cli._loading), what they made frozen (gc.freeze), the GC on again after."""
+    (tmp_path / "cluster.yaml").write_text(f"""
+inventory:
+  hosts: [{{address: 127.0.0.1, name: me, connection: local}}]
+job: {{workdir: {tmp_path / 'wd'}, command: [sh, -c, 'echo hi'], launcher: ranktable}}
+checks: {{min_free_gib: 0.001}}
+""")
+    code = ("import atexit, gc, sys\n"
+            "from orchestrator import cli, spec\n"
+            "real, seen = spec.load_cluster, []\n"
+            "def load_cluster(*a, **k):\n"
+            "    seen.append(gc.isenabled())\n"
+            "    return real(*a, **k)\n"
+            "spec.load_cluster = load_cluster\n"
+            "atexit.register(lambda: print('gc', seen, gc.isenabled(), gc.get_freeze_count() > 0))\n"
+            "sys.argv = ['orch'] + sys.argv[1:]\n"
+            "cli.main()\n")
+    for argv in (["check", "--json"], ["up", "-q", "--skip-checks"]):
+        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[-1] == "gc [False] True True", (argv, out.stdout)
