@@ -62,10 +62,13 @@ def load(path: str | os.PathLike = "cluster.yaml", inventory: str | os.PathLike 
 def plan(cluster: Cluster) -> RankPlan:
     """The rank plan (PlanError when a device or launcher rule is broken). Touches no host; for
     a Slurm inventory, planned on placeholder nodes node1..nodeN."""
-    from . import slurm
     from .rankplan import make_plan
 
-    return make_plan(cluster if cluster.slurm is None else slurm.placeholder(cluster))
+    if cluster.slurm is None:
+        return make_plan(cluster)
+    from . import slurm  # (only for a Slurm inventory: ~6 ms of every other orch up's start)
+
+    return make_plan(slurm.placeholder(cluster))
 
 
 @dataclass
@@ -89,7 +92,7 @@ def plan_files(cluster: Cluster, *, replace: Mapping[str, str] | None = None, pr
     thing that touches a host)."""
     import json
 
-    from . import prepare, slurm
+    from . import prepare
     from .launchers import show
     from .logins import is_root
     from .rankplan import make_plan
@@ -97,6 +100,8 @@ def plan_files(cluster: Cluster, *, replace: Mapping[str, str] | None = None, pr
 
     slurm_cmds = None
     if cluster.slurm is not None:   # planned on placeholder nodes, as `plan` does
+        from . import slurm
+
         slurm_cmds = slurm.plan_commands(cluster)
         cluster, probe = slurm.placeholder(cluster), False
     rp = replaced_plan(make_plan(cluster), replace or {})
@@ -225,11 +230,7 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
     and gathered (the CLI ignores SIGTERM from then on). KeyboardInterrupt while following stops
     every rank (state `interrupted`); while queued for Slurm, the request is cancelled and
     Interrupted raised."""
-    from . import slurm
-    from .rankplan import make_plan
-    from .hostsets import fold
     from .lifecycle import Events
-    from .supervisor import batch_grace
 
     events = events or Events()
     rp = plan(cluster)  # fails before queueing
@@ -240,6 +241,11 @@ def up(cluster: Cluster, *, detach: bool = False, skip_checks: bool = False, for
         for w in rp.warnings:
             events.warning(w)
         return _up_on(cluster, rp, events, None, skip_checks, force, detach, follow, on_finishing)
+    from . import slurm  # (only for a Slurm inventory)
+    from .hostsets import fold
+    from .rankplan import make_plan
+    from .supervisor import batch_grace
+
     events.step(f"asking Slurm for {cluster.slurm.allocated} node(s)"
                 + (f" ({cluster.slurm.spares} of them spares)" if cluster.slurm.spares else ""))
     queued = True
