@@ -320,21 +320,24 @@ def check_command(file: str, hosts: str | None, as_json: bool, full_mesh: bool, 
         click.echo(f"orch: asking Slurm for {cluster.slurm.allocated} node(s) to check", err=True)
     pending = None if as_json else (lambda jid, why: click.echo(f"orch: Slurm job {jid} is pending ({why}); "
                                                                 "Ctrl-C cancels it", err=True))
+    report = None
     with api.slurm_nodes(cluster, slurm_job, pending) as cluster:
         if print_probe is not None:
             click.echo(api.probe_script(cluster, print_probe, full_mesh=full_mesh, deep=deep), nl=False)
-            return
-        status = None
-        if not as_json and sys.stderr.isatty():
-            from rich.console import Console
+        else:
+            status = None
+            if not as_json and sys.stderr.isatty():
+                from rich.console import Console
 
-            status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
-            status.start()
-        try:  # past ~128 hosts the probes fan out from several processes
-            report = api.check(cluster, full_mesh=full_mesh, deep=deep, procs=procs_for(len(cluster.hosts)))
-        finally:
-            if status is not None:
-                status.stop()
+                status = Console(stderr=True, markup=False).status(f"checking {len(cluster.hosts)} host(s)...")
+                status.start()
+            try:  # past ~128 hosts the probes fan out from several processes
+                report = api.check(cluster, full_mesh=full_mesh, deep=deep, procs=procs_for(len(cluster.hosts)))
+            finally:
+                if status is not None:
+                    status.stop()
+    if report is None:  # --print-probe (after the with: a Slurm allocation made for it is released)
+        _end(0)
     if as_json:
         click.echo(report.to_json())
     else:

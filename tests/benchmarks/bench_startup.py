@@ -10,7 +10,8 @@ under 0.25 s, `orch check` before its first connection under 0.35 s. Measured he
 - `orch status` and `orch logs --rank 0` of a finished run recorded in this directory (one
   local host: no SSH, so the figure is orch's own start-up plus reading the record);
 - `orch check --print-probe HOST`: load and validate cluster.yaml, plan, build the probe:
-  everything `orch check` does before its first connection.
+  everything `orch check` does before its first connection (then it ends with os._exit, as
+  every command that reports does: the interpreter's teardown is not in the figure).
 
 Medians of --repeat runs, wall and CPU (user+sys). Then the biggest imports of each command
 (`python -X importtime`, cumulative microseconds) as the evidence of where the time goes.
@@ -109,8 +110,9 @@ def main(argv=None) -> int:
                 continue
             tops = ", ".join(f"{mod} {ms:.0f} ms" for mod, ms in top_imports(cmd, d, env))
             print(f"  {name}: {tops}")
+        # cli.cli, not main(): the program ends `orch status` with os._exit, before this could print
         loaded = subprocess.run([sys.executable, "-c", "import sys, orchestrator.cli as c; sys.argv=['orch','status'];"
-                                 "\ntry: c.main()\nexcept SystemExit: pass\n"
+                                 "\ntry: c.cli(prog_name='orch')\nexcept SystemExit: pass\n"
                                  "print(' '.join(m for m in ('pydantic', 'paramiko', 'orchestrator.spec', 'yaml', "
                                  "'ClusterShell.NodeSet') if m in sys.modules))"],
                                 cwd=d, env=env, capture_output=True, text=True, timeout=60).stdout.splitlines()

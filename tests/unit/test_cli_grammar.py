@@ -110,14 +110,13 @@ def test_help_shows_the_default_file(tmp_path):
     assert "else ./cluster.yaml]" in " ".join(orch("status", "--help", cwd=tmp_path, rc=0).stdout.split())
 
 
-# `orch` as a program (main()) with an atexit handler and an object the interpreter's teardown
-# finalizes: which of the two ran says how the program ended
+# `orch` as a program (main()) with an atexit handler, and a callback of the usual exit's first
+# step (threading's shutdown, before the atexit handlers and the teardown; private, but the one
+# step os._exit skips that a finalizer frozen by gc.freeze cannot hide): which ran says how the
+# program ended
 ENDS = """
-import atexit, sys
-class Finalized:
-    def __del__(self):
-        sys.stderr.write("orch-test: teardown\\n")
-kept = Finalized()
+import atexit, sys, threading
+threading._register_atexit(lambda: sys.stderr.write("orch-test: the usual exit\\n"))
 atexit.register(lambda: sys.stderr.write("orch-test: atexit\\n"))
 from orchestrator.cli import main
 sys.argv = ["orch"] + sys.argv[1:]
@@ -134,13 +133,13 @@ def orch_program(*args, cwd: Path, rc: int) -> subprocess.CompletedProcess:
 def ended_at_once(res: subprocess.CompletedProcess) -> bool:
     """The program ran its atexit handlers and skipped the interpreter's teardown."""
     assert "orch-test: atexit" in res.stderr, res.stderr
-    return "orch-test: teardown" not in res.stderr
+    return "orch-test: the usual exit" not in res.stderr
 
 
 def test_up_status_and_down_end_at_once_with_their_whole_output_and_exit_code(tmp_path):
-    """`orch up`, `status` and `down` as the program end once their output is out (cli._end:
-    os._exit, atexit handlers run, no teardown), with the exit code and every byte of output,
-    into a pipe; `orch logs` ends as before."""
+    """`orch up`, `status`, `down` and `check` (--print-probe too) as the program end once their
+    output is out (cli._end: os._exit, atexit handlers run, no teardown), with the exit code and
+    every byte of output, into a pipe; `orch logs` ends as before."""
     cluster(tmp_path, 'echo "rank $RANK_ID"')
     res = orch_program("up", "--json", "--skip-checks", cwd=tmp_path, rc=0)
     assert json.loads(res.stdout)["state"] == "succeeded" and ended_at_once(res)
@@ -163,3 +162,6 @@ def test_up_status_and_down_end_at_once_with_their_whole_output_and_exit_code(tm
     assert json.loads(res.stdout)["state"] == "stopped" and ended_at_once(res)
     res = orch_program("check", "--json", cwd=tmp_path, rc=0)
     assert json.loads(res.stdout)["ok"] and ended_at_once(res)
+    res = orch_program("check", "--print-probe", LONG, cwd=tmp_path, rc=0)
+    assert res.stdout.startswith(f"# orch check probe for {LONG}") and res.stdout.endswith("\n")
+    assert ended_at_once(res)
