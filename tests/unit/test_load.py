@@ -54,11 +54,12 @@ def test_npu_smi_info_captures():
 
 
 def test_the_run_processes_cpu_and_memory_from_proc(tmp_path):
-    env = dict(os.environ, ORCH_RUN_ID="LOADTEST1")
+    run_id = f"LOADTEST-{os.getpid()}-{time.monotonic_ns()}"   # another run of this suite on the machine has its own
+    env = dict(os.environ, ORCH_RUN_ID=run_id)
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"],
                             env=env)
     try:
-        s = load.Sampler("LOADTEST1", str(tmp_path), run_pids)
+        s = load.Sampler(run_id, str(tmp_path), run_pids)
         s.tools = []
         assert s.tick(1000.0) and s.sample["procs"] == 1 and s.sample["cpu"] is None
         assert s.sample["mem_mib"] > 1 and 0 < s.sample["host_mem_pct"] < 100
