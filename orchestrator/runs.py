@@ -283,7 +283,7 @@ def load_run(run_id: str | None = None, *, cwd: Path | None = None) -> Run:
     if not ids:
         raise UsageError(f"no runs recorded in {root}", hint="start one with `orch up`, from this directory")
     if run_id is None:
-        chosen = max(ids, key=lambda i: (_started(root / i), i))
+        chosen = by_start(root, ids)[-1]
     else:
         matches = _matches(ids, run_id)
         if len(matches) != 1:
@@ -317,6 +317,13 @@ def _ids(root: Path) -> list[str]:
 def _matches(ids: list[str], run_id: str) -> list[str]:
     """The run `run_id` names: itself, else every id it is a prefix of."""
     return [i for i in ids if i == run_id] or [i for i in ids if i.startswith(run_id)]
+
+
+def by_start(root: Path, ids: list[str] | None = None) -> list[str]:
+    """The runs recorded in `root` (a RUNS_DIR), oldest first: by when each started, then by id.
+    Not by id alone: two runs started within one second (an id's resolution) sort by their random
+    part."""
+    return sorted(_ids(root) if ids is None else ids, key=lambda i: (_started(root / i), i))
 
 
 def _started(path: Path) -> float:

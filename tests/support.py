@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import sh
+from orchestrator.runs import by_start
 from orchestrator.launchers import RUN_VAR
 from orchestrator.spec import Cluster, load_cluster
 
@@ -50,9 +51,9 @@ def runs_dir(cwd: Path) -> Path:
 
 
 def run_ids(cwd: Path) -> list[str]:
-    """The runs of `cwd` with a record (a run still being made has none yet), oldest first."""
-    d = runs_dir(cwd)
-    return sorted(p.name for p in d.iterdir() if (p / "run.json").is_file()) if d.is_dir() else []
+    """The runs of `cwd` with a record (a run still being made has none yet), oldest first, as orch
+    orders them (by start: two runs in one second have ids that sort by their random part)."""
+    return by_start(runs_dir(cwd))
 
 
 def run_record(cwd: Path, run_id: str | None = None) -> dict:

@@ -56,9 +56,12 @@ def test_npu_smi_info_captures():
 def test_the_run_processes_cpu_and_memory_from_proc(tmp_path):
     run_id = f"LOADTEST-{os.getpid()}-{time.monotonic_ns()}"   # another run of this suite on the machine has its own
     env = dict(os.environ, ORCH_RUN_ID=run_id)
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"],
-                            env=env)
+    # it says when it runs: just after its exec its resident memory is the loader's (0-0.4 MiB: 40 tries,
+    # and 0.4 in a loaded CI run), not an interpreter's
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nprint(flush=True)\nt=time.time()\n"
+                                                   "while time.time()-t<30: pass"], env=env, stdout=subprocess.PIPE)
     try:
+        assert busy.stdout is not None and busy.stdout.readline() == b"\n"
         s = load.Sampler(run_id, str(tmp_path), run_pids)
         s.tools = []
         assert s.tick(1000.0) and s.sample["procs"] == 1 and s.sample["cpu"] is None

@@ -124,3 +124,19 @@ def test_meanwhile_runs_beside_the_caller_and_hands_back_what_it_raised():
 
     err = lifecycle._meanwhile(full)()
     assert isinstance(err, LocalWriteError) and "No space left" in str(err)
+
+
+def test_the_latest_run_is_the_last_started_even_within_one_second(tmp_path):
+    """Run ids have a second's resolution and a random tail: two runs started in one second (a
+    fast `orch up` and the next) sort by that tail. The latest (`orch logs`, `status`, `down`
+    without --run) is the one started last (its record's `started`), as runs.by_start orders them."""
+    import json
+
+    from orchestrator.runs import RUNS_DIR, by_start, load_run
+
+    root = tmp_path / RUNS_DIR
+    for run_id, started in (("20260101-000000-ffffff", 100.1), ("20260101-000000-000000", 100.7)):
+        (root / run_id).mkdir(parents=True)
+        (root / run_id / "run.json").write_text(json.dumps({"v": 1, "id": run_id, "started": started}))
+    assert by_start(root) == ["20260101-000000-ffffff", "20260101-000000-000000"]
+    assert load_run(cwd=tmp_path).id == "20260101-000000-000000"
