@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import replace
 
-from .. import probes
+from .. import probes, sh
 from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
@@ -216,10 +216,9 @@ def connect_body(plan, host: Host) -> str:
     index = next(i for i, h in enumerate(plan.hosts) if h.name == host.name)
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
     facts = facts_env(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan) else {}
+    env = sh.assignments({**facts, ENV_IN: tin, ENV_OUT: tout})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            + "".join(f"{k}={q(v)} " for k, v in facts.items())
-            + f"{ENV_IN}={q(tin)} {ENV_OUT}={q(tout)} {' '.join(PY)} -c {q(CONNECT_FACTS_PY if facts else CONNECT_PY)} "
-            f"{args} 2>&1")
+            f"{env} {' '.join(PY)} -c {q(CONNECT_FACTS_PY if facts else CONNECT_PY)} {args} 2>&1")
 
 
 def tests_by_python(plan, host: Host) -> bool:
