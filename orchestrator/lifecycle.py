@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Callable, Mapping
+from typing import AbstractSet, Any, Callable, Mapping, TypeVar
 
 from . import runstate, supervisor
 from .errors import LocalWriteError, OrchError, RunConflict
@@ -102,23 +102,26 @@ def stop_run(cluster: Cluster, plan: RankPlan, pool: Pool, run_id: str, reason: 
                    {n: doc for n, (_, doc) in res.succeeded.items()})
 
 
-def _meanwhile(fn: Callable[[], object]) -> Callable[[], BaseException | None]:
-    """Call `fn` in a thread of its own; the function returned waits for it and returns what it
-    raised (None if nothing), for the caller to raise once its own work is done."""
-    raised: list[BaseException] = []
+T = TypeVar("T")
+
+
+def _meanwhile(fn: Callable[[], T]) -> Callable[[], tuple[T | None, BaseException | None]]:
+    """Call `fn` in a thread of its own; the function returned waits for it and returns (what it
+    returned, what it raised: None if nothing), for the caller to raise once its own work is done."""
+    got: list = [None, None]
 
     def call() -> None:
         try:
-            fn()
+            got[0] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
-            raised.append(exc)
+            got[1] = exc
 
     thread = threading.Thread(target=call, name="orch-meanwhile", daemon=True)
     thread.start()
 
-    def wait() -> BaseException | None:
+    def wait() -> tuple[T | None, BaseException | None]:
         thread.join()
-        return raised[0] if raised else None
+        return got[0], got[1]
     return wait
 
 
@@ -129,12 +132,16 @@ class _HeadLine:
 
     def __init__(self, wait: float):
         self.wait = wait
-        self.sent = False
         self._line = b""
         self._known = threading.Event()
 
+    @property
+    def sent(self) -> bool:
+        return bool(self._line)
+
     def send(self, line: bytes) -> None:
-        self._line, self.sent = line, True
+        assert line
+        self._line = line
         self._known.set()
 
     def close(self) -> None:
@@ -229,8 +236,7 @@ class Lifecycle:
                                   f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
             return mpid
 
-        fanned: list = []
-        members_started = _meanwhile(lambda: fanned.append(self._fan(member, members)))
+        members_started = _meanwhile(lambda: self._fan(member, members))
         try:
             res = self.pool[head].run(supervisor.start_script(cfgs[head.name], head.name not in have_agent)).check(
                 "starting the run's supervisor")
@@ -255,14 +261,14 @@ class Lifecycle:
         # the run is synced
         saved = _meanwhile(lambda: self.run.save(durable=False))
         try:
-            raised = members_started()
+            results, raised = members_started()
         finally:
-            not_saved = saved()
+            _, not_saved = saved()
         if raised is not None:
             raise raised
         if not_saved is not None:
             raise not_saved
-        results = fanned[0]
+        assert results is not None   # returned, as nothing was raised
         self.run.data["procs"] += [{"key": "supervisor", "host": n, "pid": o.value} for n, o in results.items() if o.ok]
         self.run.save(durable=False)
         if results.failed:

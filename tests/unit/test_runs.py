@@ -114,16 +114,16 @@ def test_meanwhile_runs_beside_the_caller_and_hands_back_what_it_raised():
     from orchestrator.errors import LocalWriteError
 
     go, seen = threading.Event(), []
-    wait = lifecycle._meanwhile(lambda: (go.wait(10), seen.append("saved")))
+    wait = lifecycle._meanwhile(lambda: (go.wait(10), seen.append("saved"), "its value")[-1])
     assert seen == []            # still running: the caller is not held
     go.set()
-    assert wait() is None and seen == ["saved"]
+    assert wait() == ("its value", None) and seen == ["saved"]
 
     def full():
         raise LocalWriteError("cannot write run.json: No space left on device")
 
-    err = lifecycle._meanwhile(full)()
-    assert isinstance(err, LocalWriteError) and "No space left" in str(err)
+    value, err = lifecycle._meanwhile(full)()
+    assert value is None and isinstance(err, LocalWriteError) and "No space left" in str(err)
 
 
 def test_the_latest_run_is_the_last_started_even_within_one_second(tmp_path):
