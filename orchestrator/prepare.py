@@ -52,7 +52,8 @@ def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, 
     if "interface" in read and cluster.job.interface:
         lines.append(probes.interface_script(cluster.job.interface, launch_address))
     if "python" in read:
-        lines.append(supervisor.python_sh(supervisor.lock_path(cluster), supervisor.agent_home(cluster)))
+        lines.append(supervisor.python_sh(supervisor.facts_env(supervisor.lock_path(cluster),
+                                                              supervisor.agent_home(cluster))))
     return "\n".join(lines) + "\n"
 
 
@@ -86,10 +87,13 @@ def sources(plan: Any) -> dict[str, str]:
             "python": "path" if "path" in plan.checks else "prepare"}
 
 
-def reads_lock(plan: Any) -> bool:
-    """Does the path section read the workdir's lock for prepare? When it reads python3 for
-    prepare (sources): supervisor.python_sh reads both."""
-    return bool(plan.prepare) and sources(plan)["python"] == "path"
+def probe_facts(plan: Any) -> dict[str, str]:
+    """What the check probe's python3 reads of the workdir for prepare (supervisor.facts_env: the
+    lock, the agent package), when it reads python3 for prepare (sources): {} in `orch check`.
+    Whichever section runs that python3 (path's, or the reach test's) reads these."""
+    if not (plan.prepare and sources(plan)["python"] == "path"):
+        return {}
+    return supervisor.facts_env(supervisor.lock_path(plan.cluster), supervisor.agent_home(plan.cluster))
 
 
 def probe_section(plan: Any) -> list[tuple[str, str]]:

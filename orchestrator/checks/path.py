@@ -14,8 +14,8 @@ from ..launchers.mpirun import mpirun_prefix
 from ..model import Cluster, Host
 from . import reach
 from .base import Check, CheckResult, Probe, register, result, section
-from ..prepare import reads_lock
-from ..supervisor import agent_home, lock_path, python_problem, python_sh
+from ..prepare import probe_facts
+from ..supervisor import python_problem, python_sh
 
 PLAYBOOK_VENVS = "/opt/orch-venvs/"   # where scripts/install-e2e-deps.sh puts the playbooks' venv
 
@@ -51,7 +51,7 @@ def _shell(plan, host: Host) -> list[tuple[str, str]]:
     # per host, not two)
     lines = ["echo \"PATH=$PATH\""]
     if not reach.tests_by_python(plan, host):
-        lines.append(python_sh(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan) else python_sh())
+        lines.append(python_sh(probe_facts(plan)))
     for label, _ in plain:
         lines.append(f"printf 'plain\\t%s\\t%s\\n' {shlex.quote(label)} \"$(command -v {shlex.quote(label)})\"")
     for label, path in fixed:

@@ -28,8 +28,8 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
-from ..prepare import reads_lock
-from ..supervisor import FACTS_PY, PYTHON_PY, agent_home, facts_env, lock_path, parse_python
+from ..prepare import probe_facts
+from ..supervisor import FACTS_PY, PYTHON_PY, parse_python
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -215,7 +215,7 @@ def connect_body(plan, host: Host) -> str:
     tin, tout = tokens(plan)
     index = next(i for i, h in enumerate(plan.hosts) if h.name == host.name)
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
-    facts = facts_env(lock_path(plan.cluster), agent_home(plan.cluster)) if reads_lock(plan) else {}
+    facts = probe_facts(plan)
     env = sh.assignments({**facts, ENV_IN: tin, ENV_OUT: tout})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"{env} {' '.join(PY)} -c {q(CONNECT_FACTS_PY if facts else CONNECT_PY)} {args} 2>&1")

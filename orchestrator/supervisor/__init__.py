@@ -215,7 +215,7 @@ def _boot(rdir: str) -> str:
 
 
 def _run_env(cfg: Mapping) -> dict[str, str]:
-    return {RUN_VAR: cfg["run_id"], "ORCH_AGENT": "1"}
+    return {RUN_VAR: cfg["run_id"], layout.AGENT_VAR: "1"}
 
 
 def start_script(cfg: Mapping, send: bool = True) -> str:
@@ -330,12 +330,12 @@ def agent_home(cluster: Cluster) -> str:
     return _home_in(orch_dir(cluster.job.workdir))
 
 
-def python_sh(lock: str | None = None, home: str | None = None) -> str:
+def python_sh(facts: Mapping[str, str] | None = None) -> str:
     """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
-    non-interactive PATH), `supervisor\t` when there is none; with `lock`, also `live RUN`
-    when a run holds that lock now; with `home` (agent_home), AGENT_THERE when the package is
-    there (the start then does not send it). Parsed by parse_python (and prepare.parse_prepare)."""
-    env = sh.assignments(facts_env(lock, home))
+    non-interactive PATH), `supervisor\t` when there is none; with `facts` (facts_env), also
+    `live RUN` when a run holds the workdir's lock now and AGENT_THERE when the package is there
+    (the start then does not send it). Parsed by parse_python (and prepare.parse_prepare)."""
+    env = sh.assignments(facts or {})
     prog = FACTS_PY if env else PYTHON_PY
     return f"{env + ' ' if env else ''}{' '.join(PY)} -c {shlex.quote(prog)} 2>/dev/null || printf 'supervisor\\t\\n'"
 

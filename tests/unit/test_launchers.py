@@ -415,7 +415,7 @@ def test_a_start_sends_the_package_only_where_the_check_did_not_find_it(tmp_path
     # the fact, from python_sh's words on the host
     wd = tmp_path / "wd"
     home = wd / ".orch" / supervisor.agent_home_name()
-    script = supervisor.python_sh(str(wd / ".orch" / "lock"), str(home))
+    script = supervisor.python_sh(supervisor.facts_env(str(wd / ".orch" / "lock"), str(home)))
     said = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert said.returncode == 0 and prepare.parse_prepare(said.stdout)["agent"] is False
     home.mkdir(parents=True)
