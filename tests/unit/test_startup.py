@@ -72,15 +72,29 @@ def test_one_attempt_is_one_try_with_no_wait(monkeypatch):
     assert len(opened) == 1
 
 
-def test_the_program_loads_without_the_cyclic_gc_then_freezes_what_it_loaded(tmp_path):
-    """`orch check` and `orch up` as the program (main()): no collection while the modules and the
-    cluster file load (cli._loading), what they made frozen (gc.freeze), the GC on again after."""
+def _local_cluster(tmp_path):
+    """A one-host cluster file on this machine (connection: local) in tmp_path."""
     (tmp_path / "cluster.yaml").write_text(f"""
 inventory:
   hosts: [{{address: 127.0.0.1, name: me, connection: local}}]
 job: {{workdir: {tmp_path / 'wd'}, command: [sh, -c, 'echo hi'], launcher: ranktable}}
 checks: {{min_free_gib: 0.001}}
 """)
+
+
+def _program_says(code: str, argv: list[str], cwd) -> str:
+    """Run `code` (a driver around cli.main()) as a program with `argv`; it must succeed; the last
+    line of its output (what its atexit handler printed)."""
+    out = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, (argv, out.stderr)
+    return out.stdout.splitlines()[-1]
+
+
+def test_the_program_loads_without_the_cyclic_gc_then_freezes_what_it_loaded(tmp_path):
+    """`orch check` and `orch up` as the program (main()): no collection while the modules and the
+    cluster file load (cli._loading), what they made frozen (gc.freeze), the GC on again after."""
+    _local_cluster(tmp_path)
     code = ("import atexit, gc, sys\n"
             "from orchestrator import cli, spec\n"
             "real, seen = spec.load_cluster, []\n"
@@ -92,28 +106,17 @@ checks: {{min_free_gib: 0.001}}
             "sys.argv = ['orch'] + sys.argv[1:]\n"
             "cli.main()\n")
     for argv in (["check", "--json"], ["up", "-q", "--skip-checks"]):
-        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.splitlines()[-1] == "gc [False] True True", (argv, out.stdout)
+        assert _program_says(code, argv, tmp_path) == "gc [False] True True", argv
 
 
 def test_up_and_plan_of_a_listed_inventory_do_not_load_the_slurm_client(tmp_path):
     """orchestrator.slurm (and the agent's cli it reads) is for a Slurm inventory: `orch up` and
     `orch plan` of listed hosts never import it (~6 ms of orch up's start)."""
-    (tmp_path / "cluster.yaml").write_text(f"""
-inventory:
-  hosts: [{{address: 127.0.0.1, name: me, connection: local}}]
-job: {{workdir: {tmp_path / 'wd'}, command: [sh, -c, 'echo hi'], launcher: ranktable}}
-checks: {{min_free_gib: 0.001}}
-""")
+    _local_cluster(tmp_path)
     code = ("import atexit, sys\n"
             "from orchestrator import cli\n"
             "atexit.register(lambda: print('slurm', 'orchestrator.slurm' in sys.modules))\n"
             "sys.argv = ['orch'] + sys.argv[1:]\n"
             "cli.main()\n")
     for argv in (["up", "-q"], ["plan"]):
-        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.splitlines()[-1] == "slurm False", (argv, out.stdout)
+        assert _program_says(code, argv, tmp_path) == "slurm False", argv
