@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import ROOT, base_env, fmt, lab_hosts, lab_up, measure, median, pdsh_available, pdsh_env, ssh_base, table, write_cluster
 from orchestrator.agent.layout import INFO
+from orchestrator.runs import by_start
 
 SLOTS = 8
 SLEEP = 5
@@ -98,10 +99,10 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
         last[what] = t
         cpu.setdefault(what, c)
         cpu[what + " last"] = c
-    runs = sorted((cwd / ".orch" / "runs").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    run = json.loads(runs[-1].read_text())
+    latest = cwd / ".orch" / "runs" / by_start(cwd / ".orch" / "runs")[-1]   # as `orch status` takes it
+    run = json.loads((latest / "run.json").read_text())
     att = (run.get("attempts") or [{}])[0]
-    logs = runs[-1].parent / "logs"
+    logs = latest / "logs"
     complete = sum(1 for r in range(len(hosts) * SLOTS)
                    if (logs / f"rank.{r}" / "stdout").read_bytes().startswith(f"rank {r} ".encode()))
     started = [t for what, t, _ in marks if what == "started host"]

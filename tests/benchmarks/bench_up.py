@@ -42,6 +42,7 @@ from benchlib import (
     ORCH, SshdCounter, base_env, conn_summary, fmt, lab_hosts, lab_up, measure, median, ssh_base, table,
     write_cluster,
 )
+from orchestrator.runs import by_start  # the checkout: benchlib puts it on sys.path
 
 N_HOSTS, SLOTS = 4, 2
 WORKDIR = "/data/benchup"
@@ -54,8 +55,8 @@ def run_orch(cluster: Path, cwd: Path, n_ranks: int, src: str | None, follow: bo
     only then the head's record of the attempt read (that ssh is this benchmark's, not orch's)."""
     env = base_env(src)   # src: another copy of the package (--before) in place of this tree's
     m = measure(ORCH + ["up", str(cluster)] + ([] if follow else ["-q"]), env=env, cwd=cwd, timeout=600)
-    runs = sorted((cwd / ".orch" / "runs").glob("*/logs"), key=lambda p: p.stat().st_mtime)
-    logs = runs[-1] if runs else None
+    ids = by_start(cwd / ".orch" / "runs")   # the latest as `orch status` takes it
+    logs = cwd / ".orch" / "runs" / ids[-1] / "logs" if ids else None
     complete = logs is not None and all(
         (logs / f"rank.{r}" / "stdout").read_bytes() == b"hello\n" for r in range(n_ranks))
     counted = counter.from_controller(), counter.sessions_from_controller()
