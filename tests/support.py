@@ -25,6 +25,21 @@ ORCH = [sys.executable, "-m", "orchestrator.cli"]
 # ------------------------------------------------------------------ the CLI
 
 
+def listing_answer(records) -> str:
+    """What the sync receiver's `list` answers for these records ([kind, size, mtime_ns, mode,
+    extra] or None), written here by hand: the tests' own reading of its format."""
+    lines = [f"orch:list {len(records)}"]
+    for r in records:
+        if r is None:
+            lines.append("-")
+        else:
+            extra = r[4] if r[4] is not None else "-"
+            if r[0] == "link" and r[4] is not None:
+                extra = r[4].encode("utf-8", "surrogateescape").hex()
+            lines.append(f"{r[0]} {r[1]} {r[2]} {r[3]} {extra}")
+    return "\n".join(lines) + "\n"
+
+
 def orch(*args, cwd: Path | None = None, timeout: float = 180, check_rc: int | None = None,
          env: dict | None = None, text: bool = False) -> subprocess.CompletedProcess:
     """Run `orch ARGS` as a user would (a fresh process, in `cwd`); with `check_rc`, assert its

@@ -25,6 +25,7 @@ from orchestrator.probes import ProbeError, Section, SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
 from orchestrator.transport.base import BOOTSTRAP
 from orchestrator.transport.base import Transport
+from tests.support import listing_answer
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "checks"
 
@@ -668,7 +669,6 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
     """`orch up`'s probe compares the files with the host's sync listing (size and mtime, as sync
     decides what to send): no sha256sum section, nothing hashed here; a listing that did not come
     back whole is a warning, never a failure (sync lists the host again)."""
-    import json
     import os
 
     from orchestrator import sync
@@ -685,7 +685,7 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
     st = {n: os.stat(tmp_path / "pkg" / n) for n in ("a.py", "b.py")}
     have = {"pkg/a.py": ["file", st["a.py"].st_size, st["a.py"].st_mtime_ns, 0o644, None],
             "pkg/b.py": ["file", st["b.py"].st_size, st["b.py"].st_mtime_ns + 1, 0o644, None]}
-    body = json.dumps([have.get(rel) for rel, _ in plan.listing])
+    body = listing_answer([have.get(rel) for rel, _ in plan.listing])
     h = c.hosts[0]
 
     def listed(body, rc=0):
@@ -695,11 +695,12 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
     assert r.status == "warn" and "stale code on the host: pkg/b.py differ from this machine's (size or " \
         "modification time)" in r.message, r
     del have["pkg/b.py"]
-    r = checks.files.judge_listed(h, listed(json.dumps([have.get(rel) for rel, _ in plan.listing])), plan)
+    r = checks.files.judge_listed(h, listed(listing_answer([have.get(rel) for rel, _ in plan.listing])), plan)
     assert r.status == "pass" and "1 file(s) up to date, 2 not there yet" in r.message, r
-    r = checks.files.judge_listed(h, listed(json.dumps([None for _ in plan.listing])), plan)
+    r = checks.files.judge_listed(h, listed(listing_answer([None for _ in plan.listing])), plan)
     assert r.status == "pass" and "not synced yet: orch up copies 3 file(s)" in r.message, r
-    for garbled in (listed("[1, 2"), listed("[]"), listed(body, rc=1), checks.runner.listed(plan, {})):
+    for garbled in (listed(body.rsplit("\n", 2)[0]), listed("orch:list 0\n"), listed(body, rc=1),
+                    checks.runner.listed(plan, {})):
         r = checks.files.judge_listed(h, garbled, plan)
         assert r.status == "warn" and "did not come back whole" in r.message, (garbled, r)
     # `orch check` (no prepare) still hashes

@@ -347,17 +347,47 @@ def test_the_listing_runs_the_list_alone_not_the_whole_receiver(tmp_path):
     assert sync.LISTER in sync.listing_script("/data/w", (("a", False),))
     (tmp_path / "a").write_text("x")
     (tmp_path / "h").write_text("hostfile\n")
-    req = json.dumps([["a", False], ["h", True], ["nothing", False]])
+    request = (("a", False), ("h", True), ("nothing", False))
+    req = sync.list_input(request)
     said = [subprocess.run([sys.executable, "-S", "-c", prog, "list", str(tmp_path)], input=req, capture_output=True,
                            text=True, timeout=60).stdout for prog in (sync.LISTER, sync.RECEIVER)]
-    assert said[0] == said[1] and json.loads(said[0])[1][4] == hashlib.sha256(b"hostfile\n").hexdigest()
-    # its sha256 is CPython's own, not hashlib's (which loads OpenSSL: ~3 ms on every host)
+    assert said[0] == said[1] and sync.parse_listing(request, said[0])["h"][4] == \
+        hashlib.sha256(b"hostfile\n").hexdigest()
+    # its sha256 is CPython's own, not hashlib's (which loads OpenSSL: ~3 ms on every host), and it
+    # imports no json (json's import is re's and its compiled patterns: ~7 ms on every host)
     (tmp_path / "lister.py").write_text(sync.LISTER)
     probe = (f"import sys\nsys.argv = ['-c', 'list', {str(tmp_path)!r}]\n"
              f"exec(compile(open({str(tmp_path / 'lister.py')!r}).read(), 'lister', 'exec'))\n"
-             "print('hashlib' in sys.modules, file=sys.stderr)")
+             "print(sorted({'hashlib', 'json', 're'} & set(sys.modules)), file=sys.stderr)")
     got = subprocess.run([sys.executable, "-S", "-c", probe], input=req, capture_output=True, text=True, timeout=60)
-    assert got.stderr == "False\n" and got.stdout == said[0], got.stderr
+    assert got.stderr == "[]\n" and got.stdout == said[0], got.stderr
+
+
+def test_the_listing_carries_any_name_a_file_can_have(tmp_path):
+    """The request and the answer are lines: a name with a newline, a space, a backslash, a
+    non-UTF-8 byte, a name like the answer's header or the here-document's delimiter, and a link
+    to such a name, all come back as what they are, through the probe's shell as through stdin."""
+    names = ["plain.py", "with space.py", "new\nline.py", "back\\slash", "tab\tx", "caf\u00e9.py",
+             os.fsdecode(b"latin1-\xe9.py"), "ORCH_LIST_END", "orch:list 1", "- x"]
+    for n in names:
+        (tmp_path / n).write_bytes(n.encode("utf-8", "surrogateescape"))
+    (tmp_path / "sub").mkdir(mode=0o750)
+    (tmp_path / "sub").chmod(0o750)
+    os.symlink(names[2], tmp_path / "sub" / "ln")
+    request = tuple((n, i % 2 == 1) for i, n in enumerate(names)) + (("sub", False), ("sub/ln", False),
+                                                                      ("missing\nfile", True))
+    got = _probe_listing(tmp_path, request)
+    assert got is not None
+    for i, n in enumerate(names):
+        st = os.stat(tmp_path / n)
+        want = hashlib.sha256(n.encode("utf-8", "surrogateescape")).hexdigest() if i % 2 == 1 else None
+        assert got[n] == ["file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), want], n
+    assert got["sub"][:1] == ["dir"] and got["sub"][3] == 0o750
+    assert got["sub/ln"][0] == "link" and got["sub/ln"][4] == names[2]
+    assert got["missing\nfile"] is None
+    res = Counting().run(sync._receiver_argv("list", str(tmp_path)),
+                         stdin=sync.list_input(request).encode("utf-8", "surrogateescape"))
+    assert sync.parse_listing(request, res.out) == got
 
 
 def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once():
@@ -368,13 +398,18 @@ def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once()
 
 
 def test_parse_listing_takes_only_a_whole_answer():
-    req = (("a", False), ("b", True))
-    assert sync.parse_listing(req, 'motd [x\n[null, ["file", 1, 2, 420, "ab"]]\n') == {
-        "a": None, "b": ["file", 1, 2, 420, "ab"]}
-    assert sync.parse_listing(req, "[null]\n") is None           # cut short
-    assert sync.parse_listing(req, '[null, ["file", 1]]\n') is None  # not a record
-    assert sync.parse_listing(req, '[null, ["file"\n') is None    # cut off mid-line
+    req = (("a", False), ("b", True), ("l", False))
+    whole = "orch:list 3\n-\nfile 1 2 420 ab\nlink 3 4 511 2e2e2f78\n"
+    assert sync.parse_listing(req, "motd orch:list\n" + whole) == {
+        "a": None, "b": ["file", 1, 2, 420, "ab"], "l": ["link", 3, 4, 511, "../x"]}
+    assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 420 ab\n") is None   # cut short
+    assert sync.parse_listing(req, "orch:list 2\n-\nfile 1 2 420 ab\n") is None   # another request's
+    assert sync.parse_listing(req, "orch:list 3\n-\nfile 1\nfile 1 2 420 -\n") is None   # not a record
+    assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 420 ab\nlink 3 4 511 zz\n") is None
+    assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 420 ab\nfifo 3 4 511 -\n") is None
+    assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 4") is None          # cut off mid-line
     assert sync.parse_listing(req, "python3: not found\n") is None
+    assert sync.parse_listing((), "orch:list 0\n") == {}
 
 
 def test_the_probes_listing_spares_syncs_own_round_trip_and_a_stale_one_never_writes_a_wrong_file(tmp_path):
