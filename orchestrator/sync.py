@@ -255,9 +255,8 @@ def rendered(files: dict[str, bytes]) -> list[Entry]:
 # Exit 41: cannot create workdir; 42: not writable; 43: a problem with one path (stderr: a JSON
 # {"path", "error"}). The listing imports no json: json's import is `re` and its compiled
 # patterns, 7 ms of CPU on every host, every `orch up` (the lister's whole start is ~9).
+_RX_HEAD = "import errno, os, stat, sys\nMODE, W = sys.argv[1], sys.argv[2]\n"
 _RX_BASE = r'''
-import errno, os, stat, sys
-W = sys.argv[2]
 TMP = ".orch-sync-partial."
 DIRS = {}
 
@@ -298,7 +297,7 @@ def dirfd(rel, create=True):
     return fd
 
 def start():
-    if sys.argv[1] == "list" and not os.path.lexists(W):  # nothing there yet: nothing to list, nothing made
+    if MODE == "list" and not os.path.lexists(W):  # nothing there yet: nothing to list, nothing made
         n = len(requested())
         sys.stdout.write("orch:list %d\n" % n + "-\n" * n)
         sys.exit(0)
@@ -674,10 +673,17 @@ def cmd_relay():
 start()
 {"list": cmd_list, "recv": cmd_recv, "relay": cmd_relay}[sys.argv[1]]()
 '''
-RECEIVER = _RX_BASE + _RX_SEND
+RECEIVER = _RX_HEAD + _RX_BASE + _RX_SEND
 # `list` alone (every host, every `orch up`): a quarter of the program for python to compile,
 # which it does anew on each start of a `-c` program (3.4 ms of CPU for the whole, 0.7 ms for this)
-LISTER = _RX_BASE + "\nstart()\ncmd_list()\n"
+LISTER = _RX_HEAD + _RX_BASE + "\nstart()\ncmd_list()\n"
+# ... and inside another `python3 -S` program that runs on the host anyway (up's reach test: one
+# python3 start fewer a host, ~7 ms of CPU): the workdir from the environment (LIST_ENV), the
+# request on stdin; it prints its answer and never ends the program (a workdir it cannot use: its
+# error line, and no answer: sync lists that host itself)
+LIST_ENV = "ORCH_LIST_W"
+LIST_INSIDE = (f'import errno, os, stat, sys\nMODE, W = "list", os.environ.pop("{LIST_ENV}")\n' + _RX_BASE
+               + "\ntry:\n    start()\n    cmd_list()\nexcept SystemExit:\n    pass\nsys.stdout.flush()\n")
 
 
 def _receiver_argv(mode: str, workdir: str) -> list[str]:
@@ -852,12 +858,18 @@ def list_input(request: Sequence[tuple[str, bool]]) -> str:
     return "".join(lines)
 
 
+def list_heredoc(request: Sequence[tuple[str, bool]]) -> str:
+    """The request as the listing's stdin in a shell script: a here-document (list_input), to end
+    a command line."""
+    return f"<<'ORCH_LIST_END'\n{list_input(request)}ORCH_LIST_END"
+
+
 def listing_script(workdir: str, request: Sequence[tuple[str, bool]], wrap: str = "$T ") -> str:
-    """The probe section's shell: the receiver's `list` with the request on stdin (a
-    here-document, list_input). Creates nothing on the host. `wrap`: what runs it (the probe's
-    time limit; "" in prepare's round trip, which has the command's own)."""
+    """The probe section's shell: the receiver's `list` with the request on stdin. Creates
+    nothing on the host. `wrap`: what runs it (the probe's time limit; "" in prepare's round
+    trip, which has the command's own)."""
     py = " ".join(shlex.quote(a) for a in _receiver_argv("list", workdir))
-    return f"{wrap}{py} <<'ORCH_LIST_END'\n{list_input(request)}ORCH_LIST_END"
+    return f"{wrap}{py} {list_heredoc(request)}"
 
 
 _KINDS = ("file", "dir", "link", "other")

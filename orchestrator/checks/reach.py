@@ -30,6 +30,7 @@ from ..model import Host
 from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
 from ..prepare import probe_facts
 from ..supervisor import FACTS_PY, PYTHON_PY, parse_python
+from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -104,8 +105,9 @@ while 1:
 # (connect: socket.create_connection's loop, the last address family's error kept). It first prints
 # what check path asks python3 for (the run's supervisor's version, as supervisor.python_sh
 # prints it) and, in `orch up`, what prepare reads with it (the workdir's lock, the agent
-# package: supervisor.FACTS_PY): the same python3 -S on the same PATH, and one start of it per
-# host, not two (~7 ms of CPU on every host; path's section then leaves it out: tests_by_python).
+# package: supervisor.FACTS_PY) and what the host has of the sync (sync.LIST_INSIDE; lists_sync):
+# the same python3 -S on the same PATH, and one start of it per host, not three (~7 ms of CPU
+# each on every host; path's section and the synclist then leave it out: tests_by_python).
 _CONNECT = r"""import os,sys,_socket as S,_thread
 from _operator import _compare_digest as eq
 %(ai)si,p,t,a=sys.argv[1],int(sys.argv[2]),float(sys.argv[3]),sys.argv[4:]
@@ -141,7 +143,15 @@ for l in h:l.acquire(True,2*t+1)
 for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
 """ % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT, "ai": AI_PY}
 CONNECT_PY = PYTHON_PY + "sys.stdout.flush()\n" + _CONNECT   # orch check's
-CONNECT_FACTS_PY = FACTS_PY + "sys.stdout.flush()\n" + _CONNECT   # orch up's: prepare's facts too
+
+
+def connect_program(facts: bool, listing: bool) -> str:
+    """The test's program: orch check's (CONNECT_PY); in `orch up` it prints prepare's facts
+    (supervisor.FACTS_PY) and lists the sync (sync.LIST_INSIDE: sync's listing without a python3
+    start of its own, lists_sync) before it tests."""
+    return ((FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + (LIST_INSIDE if listing else "")
+            + _CONNECT)
+
 
 # The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
 ADDRS_SH = ("if command -v ip >/dev/null 2>&1; then\n"
@@ -216,9 +226,12 @@ def connect_body(plan, host: Host) -> str:
     index = next(i for i, h in enumerate(plan.hosts) if h.name == host.name)
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
     facts = probe_facts(plan)
-    env = sh.assignments({**facts, ENV_IN: tin, ENV_OUT: tout})
+    listing = lists_sync(plan, host)
+    env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
+                          ENV_OUT: tout})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"{env} {' '.join(PY)} -c {q(CONNECT_FACTS_PY if facts else CONNECT_PY)} {args} 2>&1")
+            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing))} {args} 2>&1"
+            + (f" {list_heredoc(plan.listing)}" if listing else ""))
 
 
 def tests_by_python(plan, host: Host) -> bool:
@@ -227,6 +240,12 @@ def tests_by_python(plan, host: Host) -> bool:
     package for prepare)? Only with the launch host's listener known (plan.reach)."""
     return (SECTION in plan.checks and _applies(plan, host) and host.name != plan.launch.name
             and plan.reach is not None and bool(plan.reach.port))
+
+
+def lists_sync(plan, host: Host) -> bool:
+    """Does this host's reach test list the sync too (`orch up`, the test's python3 runs:
+    tests_by_python)? Then its section carries the listing and the probe has no synclist section."""
+    return bool(plan.listing) and tests_by_python(plan, host)
 
 
 def supervisor_version(sections) -> str | None:

@@ -33,10 +33,10 @@ from ..sync import LISTING_SECTION, Entry, listing_script, parse_listing
 # through Report.prepared)
 PREPARE = Probe("prepare", lambda plan, host: probe_section(plan))
 # ... and what the host has of what sync writes (sync.listing_script): sync then needs no listing
-# round trip of its own
+# round trip of its own. A host whose reach test lists it (reach.lists_sync) has no section of it.
 SYNC_LISTING = Probe("synclist", lambda plan, host: [(LISTING_SECTION, listing_script(plan.cluster.job.workdir,
                                                                                        plan.listing))]
-                     if plan.listing else [])
+                     if plan.listing and not reach.lists_sync(plan, host) else [])
 
 HEAD_START = 1.0  # seconds the other hosts give the mesh sources to connect first
 
@@ -159,8 +159,9 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
 
 
 def listed(plan: CheckPlan, sections: Mapping[str, probes.Section]) -> dict | None:
-    """What a host's probe listed of the sync (sync.parse_listing), when its section ended well."""
-    s = sections.get(LISTING_SECTION)
+    """What a host's probe listed of the sync (sync.parse_listing), when its section ended well:
+    the synclist section, or the reach test's where that listed it (no synclist section)."""
+    s = sections.get(LISTING_SECTION) or sections.get(reach.SECTION)
     return parse_listing(plan.listing, s.body) if plan.listing and s is not None and s.rc == 0 else None
 
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import checks, prepare, probes, shards, supervisor
+from orchestrator import checks, prepare, probes, shards, supervisor, sync
 from orchestrator.checks import reach
 from orchestrator.probes import Listen, ProbeError, ReachTarget, Section
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
@@ -81,6 +83,53 @@ def test_where_the_reach_test_runs_it_says_the_supervisors_python3_version_for_c
     assert f"ORCH_FACTS_LOCK={lock} ORCH_FACTS_HOME={home} " in checks.check_script(up, other, checks.base.check("reach"))
     assert f"ORCH_FACTS_LOCK={lock} " in checks.check_script(up, launch, checks.base.check("path"))   # python_sh's
     assert "ORCH_FACTS_LOCK=" not in checks.check_script(p, other, checks.base.check("reach"))   # orch check: no lock read
+
+
+def test_in_up_the_reach_tests_python3_lists_the_sync_too():
+    """`orch up`: a host whose reach test runs python3 lists the sync in it (one python3 start, not
+    two: ~7 ms of CPU on every host); its probe has no synclist section. The launch host (its
+    listener detaches: a listing there would hold the others' start) and a probe without the
+    listener keep the synclist section."""
+    c = cluster(n=3)
+    launch, other = c.hosts[0], c.hosts[1]
+    entries = [sync.Entry("t.py", "file", 0o644, 3, 5)]
+    up = replace(checks.make_check_plan(c, prepare=True, entries=entries), reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    assert up.listing and reach.lists_sync(up, other) and not reach.lists_sync(up, launch)
+    script = checks.probe_script(up, other)
+    assert script.count(PY_START) == 1 and "_b synclist" not in script and f"{sync.LIST_ENV}={c.job.workdir} " in script
+    assert "_b synclist" in checks.probe_script(up, launch)
+    assert "_b synclist" in checks.probe_script(replace(up, reach=None), other)
+    assert not reach.lists_sync(plan_of(c, reach=ReachTarget(43121, (LAUNCH,), 0.0)), other)   # orch check
+
+
+def test_the_reach_test_lists_and_tests_lean_and_its_listing_is_read_from_its_section(tmp_path):
+    """The test's program in `orch up` (facts, the listing, the test) run here as a host runs it:
+    its section says the facts, the listing (read as the synclist section's would be) and the
+    test; it imports no json, socket or threading; a workdir it cannot list costs the listing
+    only, never the test."""
+    (tmp_path / "t.py").write_text("x")
+    request = (("t.py", False), ("rank_table.json", True))
+    env = {**os.environ, reach.ENV_IN: "a" * 32, reach.ENV_OUT: "b" * 32, sync.LIST_ENV: str(tmp_path),
+           **supervisor.facts_env(str(tmp_path / ".orch" / "lock"), str(tmp_path / ".orch" / "agent-x"))}
+    listener = lean(reach.LISTEN_PY, "2", "20", "0.3", "1", str(reach.READ_LIMIT), "127.0.0.1", env=env)
+    port = listener.stdout.strip()
+    prog = reach.connect_program(True, True) + "\nprint(sorted({'json', 're'} & set(sys.modules)))\n"
+    got = lean(prog, "1", port, "2", "127.0.0.1", env=env, stdin=sync.list_input(request))
+    assert got.returncode == 0 and got.stderr == "", got.stderr
+    body = without_version(got.stdout)
+    assert body.endswith("to 127.0.0.1 ok\n[]\n"), body
+    st = os.stat(tmp_path / "t.py")
+    plan = SimpleNamespace(listing=request)
+    assert checks.runner.listed(plan, {"reach": Section("reach", got.stdout, 0)}) == {
+        "t.py": ["file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), None],
+        "rank_table.json": None}
+    assert probes.parse_reach(body.replace("[]\n", "")).tried == (("127.0.0.1", "ok"),)
+    # a workdir that is a file: no listing (sync asks that host itself), the test still runs
+    (tmp_path / "file").write_text("")
+    got = lean(reach.connect_program(True, True), "1", port, "2", "127.0.0.1",
+               env={**env, sync.LIST_ENV: str(tmp_path / "file")}, stdin=sync.list_input(request))
+    assert got.stdout.endswith("to 127.0.0.1 ok\n") and "orch:list" not in got.stdout, got.stdout
+    assert checks.runner.listed(plan, {"reach": Section("reach", got.stdout, 0)}) is None
 
 
 def test_up_reads_the_lock_and_the_package_from_the_reach_tests_python3(tmp_path):
