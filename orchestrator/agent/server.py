@@ -12,7 +12,6 @@ MAX_WATCHERS watchers.
 from __future__ import annotations
 
 import errno
-import hmac
 import json
 import os
 import selectors
@@ -236,7 +235,7 @@ def client_handshake(sock, token, run, role, host, limit, timeout=proto.HANDSHAK
     sock.sendall(proto.encode(proto.hello(role, host, run, nc)) + b"\n")
     buf = bytearray()
     ch = proto.parse_challenge(proto.decode(_read_line(sock, buf, deadline, proto.PREAUTH_LINE), proto.PREAUTH_LINE))
-    if not hmac.compare_digest(ch["proof"], proto.server_proof(token, run, nc, ch["nonce"])):
+    if not proto.compare_digest(ch["proof"], proto.server_proof(token, run, nc, ch["nonce"])):
         raise proto.ProtocolError("the process on the head's port could not prove it is the run's head")
     sock.sendall(proto.encode(proto.auth(proto.client_proof(token, run, role, host, nc, ch["nonce"]))) + b"\n")
     proto.parse_welcome(proto.decode(_read_line(sock, buf, deadline, proto.PREAUTH_LINE), proto.PREAUTH_LINE))
@@ -560,7 +559,7 @@ class Supervisor:
         if conn.stage == "auth":
             proof = proto.parse_auth(m)
             want = proto.client_proof(self.token, self.run_id, conn.role, conn.host, conn.nc, conn.ns)
-            if not hmac.compare_digest(proof, want):
+            if not proto.compare_digest(proof, want):
                 raise proto.ProtocolError("authentication failed")
             if conn.role == "member" and (conn.host in self.member_hosts or not self.head.can_join(conn.host)):
                 conn.send(proto.refused("host %s has joined this run already" % conn.host))

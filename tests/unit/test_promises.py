@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from orchestrator import cli as climod
@@ -558,6 +560,36 @@ def test_the_proofs_and_keys_need_the_token_and_differ_by_side():
     assert server != P.server_proof("cd" * 16, "r1", nc, ns) and server != P.server_proof(tok, "r1", nc, P.new_nonce())
     c2s, s2c = P.session_keys(tok, nc, ns)
     assert c2s != s2c and tok.encode() not in c2s + s2c
+
+
+# RFC 4231's HMAC-SHA256 test cases 1, 2, 6 (a key longer than the block), 7
+RFC4231 = [(b"\x0b" * 20, b"Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+           (b"Jefe", b"what do ya want for nothing?",
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"),
+           (b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First",
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"),
+           (b"\xaa" * 131, b"This is a test using a larger than block-size key and a larger than block-size data. "
+                           b"The key needs to be hashed before being used by the HMAC algorithm.",
+            "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2")]
+
+
+@pytest.mark.parametrize("key, msg, mac", RFC4231)
+def test_the_supervisors_hmac_is_rfc_4231s(key, msg, mac):
+    """The MACs are HMAC-SHA256 on CPython's own sha256 (hashlib and hmac load OpenSSL: ~2.8 ms of
+    every supervisor's start): the RFC's vectors, and hmac's answer for any key and message."""
+    from orchestrator.agent import protocol as P
+    assert P.hmac_sha256(key, msg).hex() == mac
+
+
+@settings(max_examples=300)
+@given(key=st.binary(max_size=200), msg=st.binary(max_size=300))
+def test_the_supervisors_hmac_is_hmacs_for_any_key_and_message(key, msg):
+    import hashlib
+    import hmac
+
+    from orchestrator.agent import protocol as P
+    assert P.hmac_sha256(key, msg) == hmac.new(key, msg, hashlib.sha256).digest()
+    assert P.compare_digest(b"ab", b"ab") and not P.compare_digest(b"ab", b"ac")
 
 
 def test_a_forged_tampered_replayed_or_reordered_frame_is_refused():
