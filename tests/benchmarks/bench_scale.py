@@ -219,7 +219,7 @@ def main(argv=None) -> int:
                               file=sys.stderr, flush=True)
                         continue
                     d, src = dirs[tool]
-                    r = run_orch(d / "cluster.yaml", d, hosts, src, workdirs[tree])
+                    r = run_orch(d / "cluster.yaml", d, hosts, src, workdirs[tool])
                     samples[tool].append(r)
                     print(f"  {tool} rep {rep + 1}: " + " ".join(f"{k}={fmt(v)}" for k, v in r.items())
                           + f" (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
