@@ -427,7 +427,7 @@ def test_a_burst_of_reports_is_written_at_most_every_publish_gap_and_the_last_on
                "ranks": [{"rank": 0, "host": "h2", "device": 0, "pid": pid, "state": "running", "exit_code": None,
                           "signal": None, "start": 1.0, "end": None, "attempt": 1}]}
         head.member.sock.sendall(head.member.tx.seal(proto.report(rep)))
-        head.wait(lambda: head.sup.head.doc["ranks"][0]["pid"] == pid)   # taken: the next is another turn
+        head.wait(lambda p=pid: head.sup.head.doc["ranks"][0]["pid"] == p)   # taken: the next is another turn
     elapsed = time.monotonic() - t0
     state = Path(head.cfg["rundir"]) / "state.json"
     head.wait(lambda: json.loads(state.read_text())["ranks"][0]["pid"] == 5039)
