@@ -11,8 +11,9 @@ host, each `echo` then `sleep 5`.
           small driver that notes the wall clock around each of the lifecycle's steps (check,
           prepare + render, sync, supervisors started, follow, gather) and when each host's
           supervisor start answered; the head's document (run.json's attempts) says when every
-          host had joined and the ranks were started, each member's info.json (rewritten when it
-          joins the head) when that member joined;
+          host had joined and the ranks were started, each member's agent.json (rewritten when it
+          joins the head) when that member joined, the head's state.json when the last rank
+          started and ended (each as its host reported it);
 - hand:   `pdsh -f N` with orch's key exchange (`-o KexAlgorithms=curve25519-sha256`) starting
           the 8 ranks on every host (each its log file) and waiting for them, then
           `ssh host tar c logs | tar x` from every host at once.
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import ROOT, base_env, fmt, lab_hosts, lab_up, measure, median, pdsh_available, pdsh_env, ssh_base, table, write_cluster
-from orchestrator.agent.layout import INFO
+from orchestrator.agent.layout import INFO, STATE
 from orchestrator.runs import by_start
 
 SLOTS = 8
@@ -114,6 +115,11 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
             joins.append(p.stat().st_mtime)
         except OSError:
             pass
+    # the head's document has every rank's start and end as its host reported them
+    state = json.loads((hosts[0].lab.host_dir(hosts[0].index) / "data" / workdir.split("/data/", 1)[1] / ".orch"
+                        / run["id"] / STATE).read_text())
+    starts = [r["start"] for r in state["ranks"] if r.get("start")]
+    ends = [r["end"] for r in state["ranks"] if r.get("end")]
     s = first["start begin"]
     out = {
         "wall": m.wall, "cpu": m.cpu, "complete": complete,
@@ -126,9 +132,12 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
         "all joined": max(joins) - s if joins else None,
         "first join": min(joins) - s if joins else None,
         "ranks started": (att.get("start") or 0) - s if att.get("start") else None,
+        "last rank started": max(starts) - s if starts else None,
+        "last rank ended": max(ends) - s if ends else None,
         "start step": last["start end"] - s,
         "run (ranks started -> follow end)": last["follow end"] - att["start"] if att.get("start") else None,
         "follow": last["follow end"] - first["follow begin"],
+        "last rank ended -> follow end": last["follow end"] - max(ends) if ends else None,
         "gather": last["gather end"] - first["gather begin"],
         "finish + gather": last["exit"] - last["follow end"],
     }
@@ -169,8 +178,8 @@ def run_hand(hosts, dest: Path, n: int) -> tuple[float, int]:
 
 
 STEPS = ["python start", "check", "prepare + render", "sync", "head started", "members started", "first join",
-         "all joined", "ranks started", "start step", "run.json saves in start", "run (ranks started -> follow end)",
-         "follow", "gather", "finish + gather", "cpu: check", "cpu: sync", "cpu: start", "cpu: follow", "cpu: gather"]
+         "all joined", "ranks started", "last rank started", "last rank ended", "start step", "run.json saves in start",
+         "run (ranks started -> follow end)", "follow", "last rank ended -> follow end", "gather", "finish + gather", "cpu: check", "cpu: sync", "cpu: start", "cpu: follow", "cpu: gather"]
 
 
 def main(argv=None) -> int:
