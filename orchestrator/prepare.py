@@ -36,8 +36,9 @@ LISTING_MARK = "orch:synclist"  # in prepare's own round trip, the sync listing 
 
 def sync_listing(cluster: Cluster, entries: Sequence[Entry]) -> tuple[tuple[str, bool], ...]:
     """What `orch up` lists on every host before it syncs (sync.listing_request, pure): `entries`
-    (sync.job_manifest) and the files the launcher renders. Up's check probe lists it (section
-    synclist); with --skip-checks, prepare's round trip does: sync then asks no host again."""
+    (sync.job_manifest) and the files the launcher renders. Up's check probe lists it (the reach
+    test's python3, or a synclist section: reach.lists_sync); with --skip-checks, prepare's round
+    trip does: sync then asks no host again."""
     return listing_request(entries, launcher(cluster).rendered_names(cluster))
 
 

@@ -255,7 +255,8 @@ def rendered(files: dict[str, bytes]) -> list[Entry]:
 # Exit 41: cannot create workdir; 42: not writable; 43: a problem with one path (stderr: a JSON
 # {"path", "error"}). The listing imports no json: json's import is `re` and its compiled
 # patterns, 7 ms of CPU on every host, every `orch up` (the lister's whole start is ~9).
-_RX_HEAD = "import errno, os, stat, sys\nMODE, W = sys.argv[1], sys.argv[2]\n"
+_RX_IMPORTS = "import errno, os, stat, sys\n"
+_RX_HEAD = _RX_IMPORTS + "MODE, W = sys.argv[1], sys.argv[2]\n"
 _RX_BASE = r'''
 TMP = ".orch-sync-partial."
 DIRS = {}
@@ -349,15 +350,19 @@ def cmd_list():
         kind = "link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else \
             "file" if stat.S_ISREG(st.st_mode) else "other"
         extra = "-"
-        if kind == "link":
-            extra = os.readlink(name, dir_fd=d).encode("utf-8", "surrogateescape").hex()
-        elif kind == "file" and want_hash:
-            h = small_sha256()
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
-            with os.fdopen(fd, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            extra = h.hexdigest()
+        try:   # changed since, or unreadable: as good as not there (sync sends it, and says why not)
+            if kind == "link":
+                extra = os.readlink(name, dir_fd=d).encode("utf-8", "surrogateescape").hex()
+            elif kind == "file" and want_hash:
+                h = small_sha256()
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
+                with os.fdopen(fd, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+                extra = h.hexdigest()
+        except OSError:
+            out.append("-")
+            continue
         out.append("%s %d %d %d %s" % (kind, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), extra))
     sys.stdout.write("orch:list %d\n" % len(out) + "".join(x + "\n" for x in out))
 '''
@@ -677,13 +682,14 @@ RECEIVER = _RX_HEAD + _RX_BASE + _RX_SEND
 # `list` alone (every host, every `orch up`): a quarter of the program for python to compile,
 # which it does anew on each start of a `-c` program (3.4 ms of CPU for the whole, 0.7 ms for this)
 LISTER = _RX_HEAD + _RX_BASE + "\nstart()\ncmd_list()\n"
-# ... and inside another `python3 -S` program that runs on the host anyway (up's reach test: one
-# python3 start fewer a host, ~7 ms of CPU): the workdir from the environment (LIST_ENV), the
-# request on stdin; it prints its answer and never ends the program (a workdir it cannot use: its
-# error line, and no answer: sync lists that host itself)
+# ... and at the end of another `python3 -S` program that runs on the host anyway (up's reach
+# test: one python3 start fewer a host, ~7 ms of CPU): the workdir from the environment
+# (LIST_ENV), the request on stdin; it prints its answer or nothing, and never raises (a workdir
+# it cannot use: its error line, and no answer: sync lists that host itself and says why)
 LIST_ENV = "ORCH_LIST_W"
-LIST_INSIDE = (f'import errno, os, stat, sys\nMODE, W = "list", os.environ.pop("{LIST_ENV}")\n' + _RX_BASE
-               + "\ntry:\n    start()\n    cmd_list()\nexcept SystemExit:\n    pass\nsys.stdout.flush()\n")
+LIST_INSIDE = (_RX_IMPORTS + f'MODE, W = "list", os.environ.pop("{LIST_ENV}")\n' + _RX_BASE
+               + "\ntry:\n    start()\n    cmd_list()\nexcept (Exception, SystemExit):\n    pass\n"
+               "sys.stdout.flush()\n")
 
 
 def _receiver_argv(mode: str, workdir: str) -> list[str]:
@@ -898,7 +904,7 @@ def parse_listing(request: Sequence[tuple[str, bool]], text: str) -> dict[str, l
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("orch:list "):
             body = lines[i + 1:i + 1 + len(request)]
-            if lines[i] != head or len(body) != len(request):
+            if lines[i] != head or len(lines) <= i + len(request) + 1:   # short, or its last line cut
                 return None
             try:
                 return {rel: _listed(line) for (rel, _), line in zip(request, body)}

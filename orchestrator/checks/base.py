@@ -128,7 +128,7 @@ class ProbeRun:
     t_recv: float = 0.0  # ... and when its output was back
     connect_time: float = 0.0
     addresses: frozenset[str] | None = None  # the inventory address as IPs (None: DNS name not resolvable here)
-    # `orch up`: what the host listed of the sync (sync.parse_listing of its synclist section,
+    # `orch up`: what the host listed of the sync (runner.listed: its synclist or reach section,
     # read once for the files check and Report.listed); None: no listing, or not a whole one
     listed: dict | None = None
 

@@ -27,7 +27,7 @@ from .. import probes, sh
 from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
-from ..probes import NOT_INSTALLED, Listen, ReachTarget, Section
+from ..probes import NOT_INSTALLED, SECTION_TIMEOUT, Listen, ReachTarget, Section
 from ..prepare import probe_facts
 from ..supervisor import FACTS_PY, PYTHON_PY, parse_python
 from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
@@ -142,15 +142,19 @@ for x in a:
 for l in h:l.acquire(True,2*t+1)
 for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
 """ % {"in": ENV_IN, "out": ENV_OUT, "lim": READ_LIMIT, "ai": AI_PY}
-CONNECT_PY = PYTHON_PY + "sys.stdout.flush()\n" + _CONNECT   # orch check's
+# After the test, in `orch up`, the listing (sync.LIST_INSIDE), with the time the probe gives any
+# command (probes.SECTION_TIMEOUT; a hung stat then ends the program, the test's lines out already)
+_LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTION_TIMEOUT + LIST_INSIDE
 
 
 def connect_program(facts: bool, listing: bool) -> str:
-    """The test's program: orch check's (CONNECT_PY); in `orch up` it prints prepare's facts
-    (supervisor.FACTS_PY) and lists the sync (sync.LIST_INSIDE: sync's listing without a python3
-    start of its own, lists_sync) before it tests."""
-    return ((FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + (LIST_INSIDE if listing else "")
-            + _CONNECT)
+    """The test's program: orch check's (CONNECT_PY); in `orch up` it prints prepare's facts first
+    (supervisor.FACTS_PY) and, once it has tested, lists the sync (lists_sync: sync's listing
+    without a python3 start of its own)."""
+    return (FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + _CONNECT + (_LIST_AFTER if listing else "")
+
+
+CONNECT_PY = connect_program(False, False)   # orch check's
 
 
 # The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
@@ -235,9 +239,10 @@ def connect_body(plan, host: Host) -> str:
 
 
 def tests_by_python(plan, host: Host) -> bool:
-    """Does this host's reach section run the test (CONNECT_PY: python3, which also prints the
-    supervisor's version for check path, and in `orch up` the workdir's lock and the agent
-    package for prepare)? Only with the launch host's listener known (plan.reach)."""
+    """Does this host's reach section run the test (connect_program: python3, which also prints
+    the supervisor's version for check path, and in `orch up` the workdir's lock and the agent
+    package for prepare, and lists the sync: lists_sync)? Only with the launch host's listener
+    known (plan.reach)."""
     return (SECTION in plan.checks and _applies(plan, host) and host.name != plan.launch.name
             and plan.reach is not None and bool(plan.reach.port))
 

@@ -121,6 +121,7 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
     script from (the other hosts': with the reach listener)."""
     transport = pool[host]
     addresses = resolve_address(host.cluster_address)
+    hplan = plan   # this host's plan (plan_for's: with the reach listener)
     script = probe_script(plan, host) if plan_for is None else None  # ready before the connection is
     started = _Once(on_started)
     c0 = time.monotonic()
@@ -132,7 +133,8 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
         connect_time = time.monotonic() - c0
         if script is None:
             assert plan_for is not None  # the script is made here only when it waits for plan_for
-            script = probe_script(plan_for(host), host)
+            hplan = plan_for(host)
+            script = probe_script(hplan, host)
         t_send = time.time()
         sink = None
         if watch is not None or on_started is not None:
@@ -155,13 +157,15 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
         return ProbeRun(host, None, HostError(host.name, f"the probe printed nothing usable (exit code "
                                               f"{res.exit_code}){': ' + tail if tail else ''}"),
                         "probe", connect_time=connect_time, addresses=addresses)
-    return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses, listed(plan, sections))
+    return ProbeRun(host, sections, None, None, t_send, t_recv, connect_time, addresses,
+                    listed(hplan, host, sections))
 
 
-def listed(plan: CheckPlan, sections: Mapping[str, probes.Section]) -> dict | None:
+def listed(plan: CheckPlan, host: Host, sections: Mapping[str, probes.Section]) -> dict | None:
     """What a host's probe listed of the sync (sync.parse_listing), when its section ended well:
-    the synclist section, or the reach test's where that listed it (no synclist section)."""
-    s = sections.get(LISTING_SECTION) or sections.get(reach.SECTION)
+    the synclist section, or the reach test's where that listed it (reach.lists_sync). `plan`:
+    the one the host's probe was made from."""
+    s = sections.get(reach.SECTION if reach.lists_sync(plan, host) else LISTING_SECTION)
     return parse_listing(plan.listing, s.body) if plan.listing and s is not None and s.rc == 0 else None
 
 

@@ -689,7 +689,7 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
     h = c.hosts[0]
 
     def listed(body, rc=0):
-        return checks.runner.listed(plan, {"synclist": sec("synclist", body, rc)})
+        return checks.runner.listed(plan, h, {"synclist": sec("synclist", body, rc)})
 
     r = checks.files.judge_listed(h, listed(body), plan)
     assert r.status == "warn" and "stale code on the host: pkg/b.py differ from this machine's (size or " \
@@ -700,7 +700,7 @@ def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):
     r = checks.files.judge_listed(h, listed(listing_answer([None for _ in plan.listing])), plan)
     assert r.status == "pass" and "not synced yet: orch up copies 3 file(s)" in r.message, r
     for garbled in (listed(body.rsplit("\n", 2)[0]), listed("orch:list 0\n"), listed(body, rc=1),
-                    checks.runner.listed(plan, {})):
+                    checks.runner.listed(plan, h, {})):
         r = checks.files.judge_listed(h, garbled, plan)
         assert r.status == "warn" and "did not come back whole" in r.message, (garbled, r)
     # `orch check` (no prepare) still hashes

@@ -19,12 +19,11 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from orchestrator import checks, prepare, probes, shards, supervisor, sync
-from orchestrator.checks import reach
+from orchestrator.checks import reach, runner
 from orchestrator.probes import Listen, ProbeError, ReachTarget, Section
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
 from orchestrator.transport.base import Transport
@@ -103,33 +102,38 @@ def test_in_up_the_reach_tests_python3_lists_the_sync_too():
 
 
 def test_the_reach_test_lists_and_tests_lean_and_its_listing_is_read_from_its_section(tmp_path):
-    """The test's program in `orch up` (facts, the listing, the test) run here as a host runs it:
-    its section says the facts, the listing (read as the synclist section's would be) and the
-    test; it imports no json, socket or threading; a workdir it cannot list costs the listing
-    only, never the test."""
+    """The test's program in `orch up` (the facts, the test, then the listing) run here as a host
+    runs it: its section says the facts, the test and the listing (read as the synclist section's
+    would be); it imports no json, socket or threading; a workdir it cannot list, or a request it
+    cannot read, costs the listing only, never the test nor the program's exit code."""
     (tmp_path / "t.py").write_text("x")
-    request = (("t.py", False), ("rank_table.json", True))
+    c = cluster(n=3)
+    other = c.hosts[1]
+    up = replace(checks.make_check_plan(c, prepare=True, entries=[sync.Entry("t.py", "file", 0o644, 1, 5)]),
+                 reach=ReachTarget(43121, (LAUNCH,), 0.0))
+    request = up.listing
+    assert ("t.py", False) in request and reach.lists_sync(up, other)
     env = {**os.environ, reach.ENV_IN: "a" * 32, reach.ENV_OUT: "b" * 32, sync.LIST_ENV: str(tmp_path),
            **supervisor.facts_env(str(tmp_path / ".orch" / "lock"), str(tmp_path / ".orch" / "agent-x"))}
-    listener = lean(reach.LISTEN_PY, "2", "20", "0.3", "1", str(reach.READ_LIMIT), "127.0.0.1", env=env)
+    listener = lean(reach.LISTEN_PY, "3", "20", "0.3", "1", str(reach.READ_LIMIT), "127.0.0.1", env=env)
     port = listener.stdout.strip()
     prog = reach.connect_program(True, True) + "\nprint(sorted({'json', 're'} & set(sys.modules)))\n"
     got = lean(prog, "1", port, "2", "127.0.0.1", env=env, stdin=sync.list_input(request))
     assert got.returncode == 0 and got.stderr == "", got.stderr
     body = without_version(got.stdout)
-    assert body.endswith("to 127.0.0.1 ok\n[]\n"), body
+    assert body.startswith("to 127.0.0.1 ok\norch:list ") and body.endswith("\n[]\n"), body
     st = os.stat(tmp_path / "t.py")
-    plan = SimpleNamespace(listing=request)
-    assert checks.runner.listed(plan, {"reach": Section("reach", got.stdout, 0)}) == {
-        "t.py": ["file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), None],
-        "rank_table.json": None}
-    assert probes.parse_reach(body.replace("[]\n", "")).tried == (("127.0.0.1", "ok"),)
-    # a workdir that is a file: no listing (sync asks that host itself), the test still runs
+    assert runner.listed(up, other, {"reach": Section("reach", got.stdout, 0)}) == {
+        rel: ["file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), None] if rel == "t.py" else None
+        for rel, _ in request}
+    assert probes.parse_reach(body).tried == (("127.0.0.1", "ok"),)
+    # a workdir that is a file, a request that is not one: no listing (sync asks that host itself)
     (tmp_path / "file").write_text("")
-    got = lean(reach.connect_program(True, True), "1", port, "2", "127.0.0.1",
-               env={**env, sync.LIST_ENV: str(tmp_path / "file")}, stdin=sync.list_input(request))
-    assert got.stdout.endswith("to 127.0.0.1 ok\n") and "orch:list" not in got.stdout, got.stdout
-    assert checks.runner.listed(plan, {"reach": Section("reach", got.stdout, 0)}) is None
+    for workdir, stdin in ((tmp_path / "file", sync.list_input(request)), (tmp_path, "S zz\n")):
+        got = lean(reach.connect_program(True, True), "1", port, "2", "127.0.0.1",
+                   env={**env, sync.LIST_ENV: str(workdir)}, stdin=stdin)
+        assert got.returncode == 0 and "to 127.0.0.1 ok\n" in got.stdout and "orch:list" not in got.stdout, got
+        assert runner.listed(up, other, {"reach": Section("reach", got.stdout, 0)}) is None
 
 
 def test_up_reads_the_lock_and_the_package_from_the_reach_tests_python3(tmp_path):

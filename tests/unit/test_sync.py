@@ -408,6 +408,7 @@ def test_parse_listing_takes_only_a_whole_answer():
     assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 420 ab\nlink 3 4 511 zz\n") is None
     assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 420 ab\nfifo 3 4 511 -\n") is None
     assert sync.parse_listing(req, "orch:list 3\n-\nfile 1 2 4") is None          # cut off mid-line
+    assert sync.parse_listing(req, whole[:-3]) is None            # cut in its last field (still five)
     assert sync.parse_listing(req, "python3: not found\n") is None
     assert sync.parse_listing((), "orch:list 0\n") == {}
 
