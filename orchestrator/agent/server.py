@@ -34,9 +34,9 @@ IDLE_TICK = 1.0    # otherwise; woken at once by a message, a signal (a child's 
                    # rank's start or end (rank.wake): 64 idle supervisors at 10 Hz took a tenth of a 2-core lab
 HEARTBEAT = 1.0
 PUBLISH_GAP = 0.2  # seconds at least between two publishes of the head's document (state.json, the watchers'
-                   # deltas) while the run goes on; its end at once. Each member's report changed it: at
-                   # 32 x 8 the head wrote its 92 KB document 135 times in a 5-s run, half its CPU (at 128 x 8
-                   # four times the reports, each four times the bytes)
+                   # deltas); the run's end at once. Each member's report changed it: at 32 x 8 the head wrote
+                   # its 92 KB document 135-160 times in a 5-s run, half its CPU (at 128 x 8 four times the
+                   # reports, each four times the bytes)
 MAX_PENDING = 64
 MAX_WATCHERS = 64
 OUT_LIMIT = 64 << 20     # bytes queued for a peer that reads nothing: then it is dropped
@@ -305,8 +305,9 @@ class Supervisor:
         self.exiting = False
         self.wake_fds = []             # open_wake(): [signals' read end, its write end, the FIFO, its writer]
         self.polled = 0.0              # when local.poll() last ran
-        self.published_at = 0.0        # the head: when it last published its document
-        self.publish_due = None        # ... and when a change held back (PUBLISH_GAP) is to go out
+        self.published_at = None      # the head: when it last published its document (time.monotonic)
+        self.publish_due = None        # ... when a change held back (PUBLISH_GAP) is to go out
+        self.published_end = False     # ... and whether it has published the run's end
         if self.is_head:
             cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
             self.head = heads.Head(cfg, now())
@@ -416,9 +417,10 @@ class Supervisor:
         if self.local.stopping is not None or self.local.grew or (
                 self.head is not None and self.head.phase != heads.Phase.RUN):
             return TICK
-        due = self.last_beat + HEARTBEAT if self.publish_due is None else min(self.publish_due,
-                                                                             self.last_beat + HEARTBEAT)
-        return max(0.0, min(IDLE_TICK, due - now()))
+        due = self.last_beat + HEARTBEAT - now()
+        if self.publish_due is not None:
+            due = min(due, self.publish_due - time.monotonic())
+        return max(0.0, min(IDLE_TICK, due))
 
     def io(self, timeout):
         """Wait up to `timeout` for the network, signals or the wake FIFO, and handle what came.
@@ -604,7 +606,7 @@ class Supervisor:
         _, actions = heads.decide(self.head, events, now())
         for a in actions:
             self.act(a)
-        if self.publish_due is not None and now() >= self.publish_due:
+        if self.publish_due is not None and time.monotonic() >= self.publish_due:
             self.publish()
         if now() - self.last_beat >= HEARTBEAT:
             self.last_beat = now()
@@ -668,18 +670,22 @@ class Supervisor:
 
     def publish_soon(self):
         """Publish the head's changed document now, or PUBLISH_GAP after the last publish (the
-        loop's wait() wakes for it); the run's end at once."""
+        loop's wait() wakes for it); the run's end at once (what changes after it, the members'
+        last reports, with the gap again)."""
         assert self.head is not None  # the head publishes its document
-        if RunState(self.head.doc["state"]).is_terminal or now() - self.published_at >= PUBLISH_GAP:
+        t = time.monotonic()
+        if (self.published_at is None or t - self.published_at >= PUBLISH_GAP
+                or (RunState(self.head.doc["state"]).is_terminal and not self.published_end)):
             self.publish()
         elif self.publish_due is None:
             self.publish_due = self.published_at + PUBLISH_GAP
 
     def publish(self):
         assert self.head is not None  # the head publishes its document
-        self.published_at, self.publish_due = now(), None
+        self.published_at, self.publish_due = time.monotonic(), None
         self.save()
         ended = RunState(self.head.doc["state"]).is_terminal
+        self.published_end = self.published_end or ended
         self.history.maybe(self.head.doc, now(), ended)
         if self.watched():   # once the run has ended nothing is held back: the last word is whole
             change = self.published.next(self.head.doc, None if ended else now())
