@@ -161,14 +161,23 @@ def test_mindspore_msrun_2_hosts_x_2_workers(e2e_lab, tmp_path):
 @pytest.mark.timeout(300)
 def test_msrun_failing_worker_is_named_with_its_own_exit_code(e2e_lab, tmp_path):
     """msrun exits 1 for its whole host whichever worker failed; orch still names the rank
-    that failed, with that rank's exit code, and stops everything."""
+    that failed, with that rank's exit code, and stops everything. Rank 3 fails once its
+    neighbour on that host, rank 2, has said it is up (a file of this run's beside them): else a
+    busy machine can have msrun kill rank 2 before it printed a word (seen once in a full run)."""
     _require_deps("msrun")
     (tmp_path / "fail.py").write_text(
         "import os, sys, time\n"
         "r = os.environ['RANK_ID']\n"
         "print(f'rank {r} up', flush=True)\n"
-        "if os.environ.get('MS_ROLE') == 'MS_WORKER' and r == '3':\n"
-        "    print('failing on purpose', flush=True); sys.exit(3)\n"
+        "if os.environ.get('MS_ROLE') == 'MS_WORKER':\n"
+        "    mark = 'up.%s.' % os.environ['ORCH_RUN_ID']\n"
+        "    open(mark + r, 'w').close()\n"
+        "    if r == '3':\n"
+        "        for _ in range(600):\n"
+        "            if os.path.exists(mark + '2'):\n"
+        "                break\n"
+        "            time.sleep(0.1)\n"
+        "        print('failing on purpose', flush=True); sys.exit(3)\n"
         "time.sleep(120)\n")
     healthy = healthy_up(e2e_lab, tmp_path, "mindspore-msrun/cluster.yaml", ["--hosts", "2"],
                          workdir="/data/e2e-msrun-fail", timeout=120)
