@@ -53,8 +53,7 @@ def prepare_script(cluster: Cluster, launch_address: str = "", read: tuple[str, 
     if "interface" in read and cluster.job.interface:
         lines.append(probes.interface_script(cluster.job.interface, launch_address))
     if "python" in read:
-        lines.append(supervisor.python_sh(supervisor.facts_env(supervisor.lock_path(cluster),
-                                                              supervisor.agent_home(cluster))))
+        lines.append(supervisor.python_sh(supervisor.workdir_facts(cluster)))
     return "\n".join(lines) + "\n"
 
 
@@ -94,7 +93,7 @@ def probe_facts(plan: Any) -> dict[str, str]:
     Whichever section runs that python3 (path's, or the reach test's) reads these."""
     if not (plan.prepare and sources(plan)["python"] == "path"):
         return {}
-    return supervisor.facts_env(supervisor.lock_path(plan.cluster), supervisor.agent_home(plan.cluster))
+    return supervisor.workdir_facts(plan.cluster)
 
 
 def probe_section(plan: Any) -> list[tuple[str, str]]:

@@ -330,6 +330,11 @@ def agent_home(cluster: Cluster) -> str:
     return _home_in(orch_dir(cluster.job.workdir))
 
 
+def workdir_facts(cluster: Cluster) -> dict[str, str]:
+    """facts_env of the cluster's workdir: its lock and this orch's agent package."""
+    return facts_env(lock_path(cluster), agent_home(cluster))
+
+
 def python_sh(facts: Mapping[str, str] | None = None) -> str:
     """Shell: `supervisor\tX.Y` for the python3 the supervisor would run (PY, on the plain
     non-interactive PATH), `supervisor\t` when there is none; with `facts` (facts_env), also
