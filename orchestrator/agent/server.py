@@ -603,6 +603,7 @@ class Supervisor:
         if changed or now() - self.last_beat >= HEARTBEAT:
             events.append(heads.reported(self.host, self.local.report()))
         assert self.head is not None  # head_tick runs on the head
+        turn = time.monotonic()
         _, actions = heads.decide(self.head, events, now())
         for a in actions:
             self.act(a)
@@ -610,7 +611,7 @@ class Supervisor:
             self.publish()
         if now() - self.last_beat >= HEARTBEAT:
             self.last_beat = now()
-            if not any(a[0] == "publish" for a in actions):
+            if self.published_at is None or self.published_at < turn:   # nothing went out this turn
                 self.publish()
             self.broadcast(proto.heartbeat())   # members tell a silent head from a lost one
 
