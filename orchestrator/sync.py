@@ -926,7 +926,7 @@ def known_todo(items: Sequence[Entry], listed: Mapping[str, list | None] | None)
 def _todo(t: Transport, workdir: str, items: list[Entry]) -> list[tuple[Entry, str]]:
     """The first round trip: what of `items` the host lacks (or has otherwise), and what to send."""
     request = [(e.rel, e.data is not None) for e in items]
-    res = t.run(_receiver_argv("list", workdir), stdin=list_input(request).encode("utf-8", "surrogateescape"))
+    res = t.run(_receiver_argv("list", workdir), stdin=list_input(request).encode())
     if not res.ok:
         raise _host_error(t.host, res.exit_code, res.out, res.err, workdir, "cannot list")
     todo = known_todo(items, parse_listing(request, res.out))   # the probe's listing is read the same way
