@@ -107,17 +107,19 @@ def run_orch(cluster: Path, cwd: Path, hosts, src: str, workdir: str) -> dict:
     complete = sum(1 for r in range(len(hosts) * SLOTS)
                    if (logs / f"rank.{r}" / "stdout").read_bytes().startswith(f"rank {r} ".encode()))
     started = [t for what, t, _ in marks if what == "started host"]
-    # each member's info.json is rewritten as it joins the head: its mtime is the join
+
+    def in_run_dir(h, name: str) -> Path:   # the run's directory on lab host h, seen from here
+        return h.lab.host_dir(h.index) / "data" / workdir.split("/data/", 1)[1] / ".orch" / run["id"] / name
+
+    # each member's agent.json is rewritten as it joins the head: its mtime is the join
     joins = []
     for h in hosts[1:]:
-        p = h.lab.host_dir(h.index) / "data" / workdir.split("/data/", 1)[1] / ".orch" / run["id"] / INFO
         try:
-            joins.append(p.stat().st_mtime)
+            joins.append(in_run_dir(h, INFO).stat().st_mtime)
         except OSError:
             pass
     # the head's document has every rank's start and end as its host reported them
-    state = json.loads((hosts[0].lab.host_dir(hosts[0].index) / "data" / workdir.split("/data/", 1)[1] / ".orch"
-                        / run["id"] / STATE).read_text())
+    state = json.loads(in_run_dir(hosts[0], STATE).read_text())
     starts = [r["start"] for r in state["ranks"] if r.get("start")]
     ends = [r["end"] for r in state["ranks"] if r.get("end")]
     s = first["start begin"]
