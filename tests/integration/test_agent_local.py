@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,11 +37,11 @@ def rank_proc(r: int, argv: list, env: dict | None = None) -> dict:
             "env_log": False}
 
 
-def start(tmp_path: Path, cfg: dict) -> subprocess.Popen:
+def start(tmp_path: Path, cfg: dict, path: str = "/usr/bin:/bin") -> subprocess.Popen:
     rundir = Path(cfg["rundir"])
     rundir.mkdir(parents=True)
     install_agent(rundir)
-    env = {"PATH": "/usr/bin:/bin", "ORCH_RUN_ID": cfg["run_id"], "ORCH_AGENT": "1"}
+    env = {"PATH": path, "ORCH_RUN_ID": cfg["run_id"], "ORCH_AGENT": "1"}
     p = subprocess.Popen([PY, "-S", str(rundir / "agent.py"), "start", str(rundir), "--foreground"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     p.stdin.write(json.dumps(cfg).encode())
@@ -70,11 +71,36 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_supervisor_killed_by_sigkill_takes_its_ranks_with_it(tmp_path):
+OLD_SETPRIV = "#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n"   # util-linux < 2.33's
+
+
+def host_path(tmp_path: Path, spawn: str) -> str:
+    """PATH of a host whose supervisor starts processes `spawn`: "setpriv" (util-linux >= 2.33's
+    setpriv, this machine's), "fork" (a setpriv without --pdeathsig first on PATH, as on CentOS 7)."""
+    if spawn == "setpriv":
+        assert shutil.which("setpriv", path="/usr/bin:/bin"), "util-linux's setpriv is missing on this machine"
+        return "/usr/bin:/bin"
+    old = tmp_path / "old-util-linux"
+    old.mkdir()
+    (old / "setpriv").write_text(OLD_SETPRIV)
+    (old / "setpriv").chmod(0o755)
+    return f"{old}:/usr/bin:/bin"
+
+
+def spawned(cfg: dict, spawn: str) -> None:
+    """The supervisor said how it starts processes, as the host made it."""
+    log = (Path(cfg["rundir"]) / "agent.log").read_text()
+    said = "through /usr/bin/setpriv --pdeathsig" if spawn == "setpriv" else "by fork (no setpriv with --pdeathsig"
+    assert f"processes start {said}" in log, log
+
+
+@pytest.mark.parametrize("spawn", ["setpriv", "fork"])
+def test_a_supervisor_killed_by_sigkill_takes_its_ranks_with_it(tmp_path, spawn):
     """kill -9 of a host's supervisor (the OOM killer, a careless admin): its ranks, in sessions of
-    their own, do not outlive it (they die with their parent: PR_SET_PDEATHSIG)."""
+    their own, do not outlive it (they die with their parent: PR_SET_PDEATHSIG), whether setpriv
+    gave them the signal or the supervisor's fork did."""
     cfg = config(tmp_path, [rank_proc(0, ["sleep", "300"]), rank_proc(1, ["sleep", "300"])], [0, 1])
-    p = start(tmp_path, cfg)
+    p = start(tmp_path, cfg, host_path(tmp_path, spawn))
     try:
         def started():
             doc = state(cfg)
@@ -88,6 +114,42 @@ def test_a_supervisor_killed_by_sigkill_takes_its_ranks_with_it(tmp_path):
         p.wait(10)
         wait(lambda: not any(alive(x) for x in pids), 10)
         print(f"\nsupervisor SIGKILLed: its ranks gone {time.monotonic() - t0:.3f} s later")
+        spawned(cfg, spawn)
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("spawn", ["setpriv", "fork"])
+def test_a_rank_starts_as_popen_would_start_it_or_orch_says_why_not(tmp_path, spawn):
+    """Either way a rank starts in its cwd, its own session, with SIGPIPE's default action (python
+    ignores it) and no descriptor of the supervisor's beyond 0-2; a program not on the rank's PATH,
+    or not executable, is orch's "cannot start" and exit code 127 (not setpriv's words)."""
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "not-executable").write_text("echo no\n")
+    probe = "pwd; grep SigIgn /proc/self/status; echo $(ls /proc/self/fd); ps -o sid= -p $$; echo pid $$"
+    procs = [rank_proc(0, ["sh", "-c", probe]), rank_proc(1, ["no-such-program", "x"]),
+             rank_proc(2, ["/no/such/program"]), rank_proc(3, ["./not-executable"])]
+    for p in procs:
+        p["cwd"] = str(tmp_path / "cwd")
+    cfg = config(tmp_path, procs, [0, 1, 2, 3])
+    cfg["on_failure"] = "continue"
+    p = start(tmp_path, cfg, host_path(tmp_path, spawn))
+    try:
+        p.wait(30)
+        doc = state(cfg)
+        assert [(r["exit_code"], r["signal"]) for r in doc["ranks"]] == [(0, None), (127, None), (127, None),
+                                                                          (127, None)], doc
+        logs = [(Path(cfg["rundir"]) / "a1" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(4)]
+        cwd, sigign, fds, sid, pid = logs[0].splitlines()
+        assert cwd == str(tmp_path / "cwd")
+        assert not int(sigign.split()[1], 16) & (1 << (signal.SIGPIPE - 1)), sigign
+        assert set(fds.split()) <= {"0", "1", "2", "3"}, fds   # 3: ls's own listing
+        assert sid.strip() == pid.split()[1], (sid, pid)   # a session of its own
+        assert logs[1] == "orch: cannot start no-such-program: No such file or directory\n", logs[1]
+        assert logs[2] == "orch: cannot start /no/such/program: No such file or directory\n", logs[2]
+        assert logs[3] == "orch: cannot start ./not-executable: Permission denied\n", logs[3]
+        spawned(cfg, spawn)
     finally:
         p.kill()
         p.wait()
