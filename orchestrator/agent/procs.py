@@ -111,9 +111,11 @@ _setpriv = []  # type: list  # [setpriv's path] once tried and able to give a de
 
 def death_setpriv():
     """The path of this host's setpriv when it starts a process with a death signal, in a session
-    of its own (tried once per supervisor: `setpriv --pdeathsig KILL -- setpriv --version`,
-    started as spawn_dying starts a rank); None when it does not (then fork, as before). Called
-    before the supervisor's SIGCHLD handler is installed (Local()), which would reap the try."""
+    of its own; None when it does not (then fork, as before). Tried once per supervisor, one exec:
+    `setpriv --pdeathsig KILL --version` (setpriv reads its options in order: one that lacks the
+    option stops at it, exit 1; one that has it prints its version, exit 0), posix_spawn'ed with
+    setsid as spawn_dying starts a rank. Called before the supervisor's SIGCHLD handler is
+    installed (Local()), which would reap the try."""
     if not _setpriv:
         _setpriv.append(_try_setpriv(which("setpriv")))
     return _setpriv[0]
@@ -124,7 +126,7 @@ def _try_setpriv(path):
         return None
     null = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
     try:
-        pid = os.posix_spawn(path, [path, "--pdeathsig", "KILL", "--", path, "--version"], {"PATH": os.defpath},
+        pid = os.posix_spawn(path, [path, "--pdeathsig", "KILL", "--version"], {"PATH": os.defpath},
                              file_actions=null, setsid=True)
         deadline = now() + SETPRIV_TRY_WAIT
         while True:

@@ -69,3 +69,25 @@ def test_run_pids_finds_the_runs_processes_by_their_exact_id_and_not_its_supervi
         for p in ps:
             p.kill()
             p.wait()
+
+
+def test_setpriv_is_used_only_where_it_can_give_a_death_signal(tmp_path, monkeypatch):
+    """procs._try_setpriv: util-linux >= 2.33's setpriv (this machine's) is taken; one that lacks
+    --pdeathsig (it stops at the option, exit 1), one that hangs (killed after the wait), none at all: fork, as before."""
+    import shutil
+
+    from orchestrator.agent import procs
+
+    real = shutil.which("setpriv", path="/usr/bin:/bin")
+    assert real, "util-linux's setpriv is missing on this machine"
+    assert procs._try_setpriv(real) == real
+    old = tmp_path / "old-setpriv"
+    old.write_text("#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n")
+    old.chmod(0o755)
+    assert procs._try_setpriv(str(old)) is None
+    hangs = tmp_path / "hanging-setpriv"
+    hangs.write_text("#!/bin/sh\nexec sleep 60\n")
+    hangs.chmod(0o755)
+    monkeypatch.setattr(procs, "SETPRIV_TRY_WAIT", 0.3)
+    assert procs._try_setpriv(str(hangs)) is None   # unbounded, its sleep would end 0: taken
+    assert procs._try_setpriv(None) is None
