@@ -65,13 +65,14 @@ class Phase(str, Enum):
 
 
 class HostView:
-    __slots__ = ("joined", "connected", "last", "report", "address")
+    __slots__ = ("joined", "connected", "last", "report", "launchers", "address")
 
     def __init__(self, now: float) -> None:
         self.joined = False
         self.connected = False
         self.last = now
         self.report: dict[str, Any] | None = None   # the last report of the current attempt
+        self.launchers: list[dict[str, Any]] = []   # its processes that are no rank (mpirun...): _launchers
         self.address: str | None = None             # the head's address this host reached it on
 
 
@@ -109,6 +110,11 @@ class Head:
                     "restarts": self.restarts, "head_address": None, "reached": {},
                     "hosts": list(self.active), "spares": list(self.spares), "replaced": [], "spares_lost": [],
                     "left_nothing": []}   # members whose supervisor said, as it ended, nothing of the run lives there
+        # indexes of doc["ranks"], each turn reading them instead of every rank (1,024 at 128 x 8):
+        # rank -> its record (the records are never replaced); the records that turned failed this
+        # attempt (_merge, the one place a rank fails), in the order reported (_failures)
+        self.rank_rec: dict[int, dict[str, Any]] = {r["rank"]: r for r in self.doc["ranks"]}
+        self.failed: dict[int, dict[str, Any]] = {}
         self.phase = Phase.JOIN
         self.phase_until = now + float(cfg.get("join_timeout", 60))
         self.stop_request: str | None = None
@@ -191,6 +197,7 @@ def _apply(head: Head, ev: tuple[Any, ...], now: float) -> bool:
         if rep.get("attempt") != head.doc["attempt"]:
             return said
         h.report = rep
+        h.launchers = [p for p in rep["procs"] if p.get("rank") is None]
         metrics.merge(head.doc, head.rank_host, host, rep.get("progress"))   # published with the next beat
         load.merge(head.doc, host, rep.get("load"))
         return _merge(head, host, rep) or said
@@ -201,10 +208,9 @@ def _merge(head: Head, host: str, rep: dict[str, Any]) -> bool:
     """A host's report of its own ranks -> the run's rank records. Only that host's ranks, only
     ranks not ended yet (a late report never undoes or rewrites an end), and only transitions
     the table allows."""
-    by_rank = {r["rank"]: r for r in head.doc["ranks"]}
     changed = False
     for x in rep["ranks"]:
-        r = by_rank.get(x["rank"])
+        r = head.rank_rec.get(x["rank"])
         if r is None or head.rank_host.get(x["rank"]) != host or x.get("attempt") != head.doc["attempt"]:
             continue
         old, new = RankState(r["state"]), RankState(x["state"])
@@ -214,6 +220,8 @@ def _merge(head: Head, host: str, rep: dict[str, Any]) -> bool:
             if r.get(k) != x.get(k):
                 r[k] = x.get(k)
                 changed = True
+        if new == RankState.FAILED:
+            head.failed[r["rank"]] = r
     return changed
 
 
@@ -321,8 +329,10 @@ def _start_attempt(head: Head, now: float, actions: list[tuple[Any, ...]], k: in
                                  "message": "", "first_failure": None, "hosts": list(head.active)})
     for r in head.doc["ranks"]:
         r.update(state=RankState.PENDING, pid=None, exit_code=None, signal=None, start=None, end=None, attempt=k)
+    head.failed = {}
     for _, h in head.hosts.items():
         h.report = None
+        h.launchers = []
     head.launcher_end = None
     head.attempt_started = now
     head.setup = setup if setup is not None else attempt_setup(head)
@@ -402,7 +412,7 @@ def _no_spare_said(head: Head, lost: list[str]) -> str:
 def _failures(head: Head, now: float) -> list[tuple[float, dict[str, Any], str]]:
     """(when, rank record, how) of every failed rank, the first to end first."""
     out = [((r.get("end") or now), r, describe(r["exit_code"], r["signal"]))
-           for r in head.doc["ranks"] if r["state"] == RankState.FAILED]
+           for r in head.failed.values() if r["state"] == RankState.FAILED]
     return sorted(out, key=lambda f: (f[0], f[1]["rank"]))
 
 
@@ -425,11 +435,8 @@ def _launchers(head: Head) -> dict[str, tuple[str, dict[str, Any]]]:
     """{key: (host, proc record)} of every launcher process (mpirun, msrun, torchrun), every host."""
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, h in head.hosts.items():
-        rep = h.report
-        if rep is None or rep.get("attempt") != head.doc["attempt"]:
-            continue
-        for p in rep["procs"]:
-            if p.get("rank") is None:
+        if h.launchers and h.report is not None and h.report.get("attempt") == head.doc["attempt"]:
+            for p in h.launchers:
                 out[p["key"]] = (name, p)
     return out
 

@@ -400,7 +400,8 @@ def test_a_host_reports_only_its_own_ranks_and_never_undoes_an_end():
 EVENT = st.one_of(
     st.tuples(st.just("report"), st.sampled_from(["a", "b"]),
               st.dictionaries(st.integers(0, 3), st.sampled_from(["running", "exited", "failed", "stopped", "pending"]),
-                              max_size=4), st.booleans(), st.integers(0, 3)),
+                              max_size=4), st.booleans(), st.integers(0, 3),
+              st.sampled_from([None, "running", "exited", "failed"])),   # the host's launcher (mpirun), if any
     st.tuples(st.just("gone"), st.sampled_from(["b"])),
     st.tuples(st.just("stop"), st.just("orch down")),
     st.tuples(st.just("tick"), st.floats(0.05, 20)),
@@ -435,11 +436,15 @@ def test_no_sequence_of_events_makes_a_transition_outside_the_table(cfg, events)
         if ev[0] == "join":
             batch = [H.joined("b", "10.0.0.1")]
         elif ev[0] == "report":
-            _, host, states, live, dt = ev
+            _, host, states, live, dt, launcher = ev
             states = {r: (s, 0 if s == "exited" else (1 if s == "failed" else None),
                           15 if s == "stopped" else None, t - dt if s not in ("running", "pending") else None)
                       for r, s in states.items() if r // 2 == "ab".index(host)}
-            batch = [rep(head, host, states, live=live, out=t)] if head.doc["attempt"] else []
+            procs = [] if launcher is None else [{"key": "mpirun.%s" % host, "rank": None, "pid": 9,
+                                                  "exit_code": {"exited": 0, "failed": 1}.get(launcher),
+                                                  "signal": None, "start": T0, "end": None if launcher == "running"
+                                                  else t - dt}]
+            batch = [rep(head, host, states, live=live, out=t, procs=procs)] if head.doc["attempt"] else []
         elif ev[0] == "gone":
             batch = [H.gone(ev[1])]
         elif ev[0] == "stop":
@@ -448,6 +453,7 @@ def test_no_sequence_of_events_makes_a_transition_outside_the_table(cfg, events)
             t += ev[1]
             batch = []
         H.decide(head, batch, t)
+        _indexes_agree_with_the_records(head, t)
         history["run"].append(head.doc["state"])
         for a in head.doc["attempts"]:
             attempts.setdefault(a["attempt"], []).append(a["state"])
@@ -461,6 +467,17 @@ def test_no_sequence_of_events_makes_a_transition_outside_the_table(cfg, events)
     for hist in ranks.values():
         for x, y in _pairs(hist):
             assert y in RANK_TRANSITIONS.get(RankState(x), ()), (x, y)
+
+
+def _indexes_agree_with_the_records(head, now) -> None:
+    """The head's indexes (Head.rank_rec, Head.failed, HostView.launchers) give what a reading of
+    every record gives."""
+    assert all(head.rank_rec[r["rank"]] is r for r in head.doc["ranks"])
+    every = sorted(((r.get("end") or now), r["rank"]) for r in head.doc["ranks"] if r["state"] == RankState.FAILED)
+    assert [(t, r["rank"]) for t, r, _ in H._failures(head, now)] == every
+    launchers = {p["key"]: (n, p) for n, h in head.hosts.items() if h.report is not None
+                 and h.report.get("attempt") == head.doc["attempt"] for p in h.report["procs"] if p.get("rank") is None}
+    assert H._launchers(head) == launchers
 
 
 def _run_transitions_of(scenario) -> set:
