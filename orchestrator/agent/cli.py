@@ -23,7 +23,6 @@ import sys
 import time
 
 from . import protocol as proto
-from .delta import DeltaError, Follower
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
                      STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
 from .procs import pid_of_run, run_pids
@@ -297,6 +296,7 @@ def cmd_stop(rundir, reason):
     conn.send(proto.stop(reason))
     deadline = now() + float(os.environ.get("ORCH_STOP_WAIT", "20"))
     last = None
+    from .delta import DeltaError, Follower   # here: a supervisor's start does without (server.head_modules)
     doc = Follower()
     while now() < deadline and not conn.closed:
         select.select([conn], [], [], 0.5)
@@ -364,6 +364,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
     except (OSError, KeyError, proto.ProtocolError):
         conn = None
     state = None
+    from .delta import DeltaError, Follower   # here, as in cmd_stop
     doc = Follower()
     last_beat = 0.0
     last_msg = now()
