@@ -11,7 +11,9 @@ its own process; the attackers and members are this process. Prints:
 - authentication per join at 128 hosts: 127 members joining at once, the head's CPU per join and
   the wall time until all have joined;
 - the time from a head crash (kill -9) to the last rank of the run gone: on this machine (the
-  head's own ranks) and, with --lab, on every host of a 4-host lab.
+  head's own ranks) and, with --lab, on every host of a 4-host lab;
+- the head's decisions (head.decide, pure) at 128 hosts x 8 ranks: CPU per turn over every
+  member reporting 8 times while its ranks run, once as they end, and idle turns.
 """
 
 from __future__ import annotations
@@ -201,6 +203,43 @@ def crash_lab() -> None:
         lab.down()
 
 
+def decide(n_hosts: int = 128, slots: int = 8, rounds: int = 8, idle: int = 200) -> None:
+    """head.decide in this process (it is pure): what each turn of the head's loop costs in its
+    decisions as the run grows (every duty reads the run's ranks: Head's indexes keep it short)."""
+    from orchestrator.agent import head as H
+
+    hosts = [f"h{i}" for i in range(1, n_hosts + 1)]
+    ranks = [{"rank": h * slots + d, "host": hosts[h], "device": d, "pid": None, "state": "pending",
+              "exit_code": None, "signal": None, "start": None, "end": None, "attempt": 0}
+             for h in range(n_hosts) for d in range(slots)]
+    t = 1000.0
+    head = H.Head({"run_id": "r", "host": hosts[0], "hosts": hosts, "all_ranks": ranks, "launcher": "ranktable"}, t)
+    H.decide(head, [H.joined(h, "10.0.0.1") for h in hosts[1:]], t)
+
+    def report(i, state, end=None, code=None):
+        rs = [{"rank": i * slots + d, "host": hosts[i], "device": d, "pid": 100 + d, "state": state,
+               "exit_code": code, "signal": None, "start": 1001.0, "end": end, "attempt": 1} for d in range(slots)]
+        return H.reported(hosts[i], {"host": hosts[i], "attempt": 1, "out": t, "live": True, "stopping": None,
+                                     "ranks": rs, "procs": [dict(r, key=f"rank.{r['rank']}") for r in rs]})
+
+    turns = []
+    for k in range(rounds + 1):
+        for i in range(n_hosts):
+            t += 0.001
+            ev = report(i, "running") if k < rounds else report(i, "exited", t, 0)
+            c0 = time.process_time()
+            H.decide(head, [ev], t)
+            turns.append(time.process_time() - c0)
+    c0 = time.process_time()
+    for _ in range(idle):
+        t += 0.0005
+        H.decide(head, [], t)
+    idle_ms = (time.process_time() - c0) / idle * 1000
+    print(f"head.decide at {n_hosts} hosts x {slots} ranks: {len(turns)} reports, "
+          f"{sum(turns) / len(turns) * 1000:.3f} ms of CPU a turn with a report (median "
+          f"{statistics.median(turns) * 1000:.3f}), {idle_ms:.3f} ms an idle turn; the run {head.doc['state']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lab", action="store_true", help="also the crash on a 4-host lab (root)")
@@ -208,6 +247,7 @@ def main() -> None:
     args = ap.parse_args()
     hostile()
     joins(args.hosts)
+    decide(args.hosts)
     crash_local()
     if args.lab:
         crash_lab()
