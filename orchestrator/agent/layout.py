@@ -102,11 +102,11 @@ def read_json(path, limit=64 << 20):
         return None
 
 
-def which(name, path=None):
-    """shutil.which(name) for a bare name: the executable file of that name on `path` (a PATH
+def which(name, search=None):
+    """shutil.which(name) for a bare name: the executable file of that name on `search` (a PATH
     value; this process's PATH when None), or None. (Importing shutil loads bz2, lzma and
     fnmatch: ~3 ms of every supervisor's start, on every host, for this alone.)"""
-    for d in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
+    for d in (os.environ.get("PATH", os.defpath) if search is None else search).split(os.pathsep):
         path = os.path.join(d or os.curdir, name)
         if os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path):
             return path

@@ -148,7 +148,10 @@ def spawn_dying(setpriv, argv, cwd, env, fd, sig):
     close_fds=True, preexec_fn=die_with_parent(sig)) does, by setpriv. Its pid. Raises OSError as
     Popen would, a program not found or not executable included (its name searched on env's PATH
     here: else setpriv would say it, not orch)."""
-    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
+    try:   # the supervisor's own directory, to come back to (O_PATH: one it may not read)
+        here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
+    except OSError:
+        here = None
     try:
         os.chdir(cwd)   # posix_spawn has no cwd; the supervisor has one thread
         prog = argv[0]
@@ -165,8 +168,11 @@ def spawn_dying(setpriv, argv, cwd, env, fd, sig):
         return os.posix_spawn(setpriv, [setpriv, "--pdeathsig", DEATH_SIGNALS[sig], "--"] + list(argv), env,
                               file_actions=actions, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     finally:
-        os.fchdir(here)
-        os.close(here)
+        if here is None:
+            os.chdir("/")
+        else:
+            os.fchdir(here)
+            os.close(here)
 
 
 def inheritable_fds():
