@@ -296,7 +296,7 @@ def cmd_stop(rundir, reason):
     conn.send(proto.stop(reason))
     deadline = now() + float(os.environ.get("ORCH_STOP_WAIT", "20"))
     last = None
-    from .delta import DeltaError, Follower   # here: a supervisor's start does without (server.head_modules)
+    from .delta import DeltaError, Follower   # lazy: a supervisor's start does without it (server.head_modules)
     doc = Follower()
     while now() < deadline and not conn.closed:
         select.select([conn], [], [], 0.5)
@@ -364,7 +364,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
     except (OSError, KeyError, proto.ProtocolError):
         conn = None
     state = None
-    from .delta import DeltaError, Follower   # here, as in cmd_stop
+    from .delta import DeltaError, Follower   # lazy: as in cmd_stop
     doc = Follower()
     last_beat = 0.0
     last_msg = now()

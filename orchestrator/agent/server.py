@@ -40,8 +40,9 @@ History: Any = None  # orch_agent.history.History
 def head_modules():
     global heads, deltas, History
     if heads is None:
+        # lazy: the head's alone (above)
         from . import delta, head
-        from .history import History as history
+        from .history import History as history  # lazy: the head's alone
         heads, deltas, History = head, delta, history
 
 TICK = 0.1         # the loop's turn while ranks' output grows or a stop is under way
@@ -856,5 +857,5 @@ def tail_lines(path, lines=12, limit=2000):
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    from .words import launcher_words   # here: the head's, for a failed launcher alone
+    from .words import launcher_words   # lazy: the head's, for a failed launcher alone
     return launcher_words(text, lines, limit)
