@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 INTERVAL = 5.0
+FIRST_AFTER = 1.0   # the first sample, this long after the host's processes were started (Sampler.begin)
 SMI_TIMEOUT = 10
 MAX_DEVICES = 64
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
@@ -133,6 +134,7 @@ class Sampler:
     def __init__(self, run_id, rundir, run_pids, note=None):
         self.run_id, self.rundir, self.run_pids, self.note = run_id, rundir, run_pids, note
         self.last = 0.0
+        self.due = float("inf")  # no sample before the host's part of an attempt starts (begin)
         self.cpu = {}            # pid -> CPU seconds at the last sample
         self.sample = None
         self.tools = [(name, path, args, parse) for name, args, parse in SMI
@@ -140,9 +142,16 @@ class Sampler:
         self.pending = {}        # tool -> (pid, output file) started and not read yet
         self.devices = {}        # tool -> its last parsed devices
 
+    def begin(self, now):
+        """The host's part of an attempt has started: the first sample FIRST_AFTER seconds from now.
+        Not before: a sample reads the environment of every process of the host (run_pids), and
+        while the run's supervisors join and start their ranks, every host's CPU goes to that
+        (at 128 lab hosts on 2 cores, one process table: 127 scans of ~1,000 processes each)."""
+        self.due = min(self.due, now + FIRST_AFTER)
+
     def tick(self, now):
         """Take a sample when one is due. True when it did."""
-        if now - self.last < INTERVAL:
+        if now < self.due or now - self.last < INTERVAL:
             return False
         dt = now - self.last if self.last else None
         # the first CPU figure needs two samples: the second comes a second after the first

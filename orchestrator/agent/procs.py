@@ -265,6 +265,7 @@ class Local:
         self.procs = {}
         for p in self.cfg["procs"]:
             self.spawn(p, attempt, adir)
+        self.load.begin(now())
         self.changed = True
 
     def write_launch_file(self, name, text):

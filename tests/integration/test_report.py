@@ -21,7 +21,7 @@ TRAIN = ("import os, sys, time\n"
          "    print('epoch: 1, step: %d, loss is %.4f acc=%.3f' % (s, 2.0 / s + rank, s / 50.0), flush=True)\n"
          "    time.sleep(0.1 if rank == 3 else 0.02)\n"
          "if rank == 2:\n"
-         "    time.sleep(1.5)\n"
+         "    time.sleep(3.0)\n"   # past the second load sample (2 s after the start): its CPU figure
          "    print('Traceback: something broke on rank 2', flush=True)\n"
          "    sys.exit(3)\n"
          "time.sleep(30)\n")

@@ -64,6 +64,7 @@ def test_the_run_processes_cpu_and_memory_from_proc(tmp_path):
         assert busy.stdout is not None and busy.stdout.readline() == b"\n"
         s = load.Sampler(run_id, str(tmp_path), run_pids)
         s.tools = []
+        s.begin(1000.0 - load.FIRST_AFTER)
         assert s.tick(1000.0) and s.sample["procs"] == 1 and s.sample["cpu"] is None
         assert s.sample["mem_mib"] > 1 and 0 < s.sample["host_mem_pct"] < 100
         assert not s.tick(1000.5)    # not due yet (the second sample comes a second after the first)
@@ -77,6 +78,25 @@ def test_the_run_processes_cpu_and_memory_from_proc(tmp_path):
         busy.wait()
 
 
+def test_no_sample_before_the_hosts_processes_start_the_first_a_second_after(tmp_path):
+    """A sample reads every process's environment: none while the supervisors join and start
+    their ranks (Local.start calls begin), the first FIRST_AFTER seconds after, the second a second
+    after it, then every INTERVAL; a restart's begin brings nothing forward."""
+    scans = []
+    s = load.Sampler("NO-SUCH-RUN", str(tmp_path), lambda run_id: scans.append(run_id) or [])
+    s.tools = []
+    assert not s.tick(1000.0) and not s.tick(5000.0) and scans == [] and s.sample is None
+    s.begin(5000.0)
+    assert not s.tick(5000.0 + load.FIRST_AFTER / 2) and scans == []
+    first = 5000.0 + load.FIRST_AFTER
+    assert s.tick(first) and len(scans) == 1
+    s.begin(first + 0.5)
+    assert not s.tick(first + 0.5)
+    assert s.tick(first + 1.0) and len(scans) == 2
+    assert not s.tick(first + 1.0 + load.INTERVAL / 2)
+    assert s.tick(first + 1.0 + load.INTERVAL) and len(scans) == 3
+
+
 def test_a_tool_is_read_at_the_next_sample_without_waiting_for_it(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -87,6 +107,7 @@ def test_a_tool_is_read_at_the_next_sample_without_waiting_for_it(tmp_path, monk
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     s = load.Sampler("NO-SUCH-RUN", str(tmp_path), run_pids)
     assert [t[0] for t in s.tools] == ["nvidia-smi"]
+    s.begin(0.0)
     s.tick(1000.0)
     assert "acc" not in s.sample      # started, not waited for
     pid = s.pending["nvidia-smi"][0]
