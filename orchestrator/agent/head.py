@@ -112,7 +112,7 @@ class Head:
                     "left_nothing": []}   # members whose supervisor said, as it ended, nothing of the run lives there
         # indexes of doc["ranks"], each turn reading them instead of every rank (1,024 at 128 x 8):
         # rank -> its record (the records are never replaced); the records that turned failed this
-        # attempt (_merge, the one place a rank fails), in the order reported (_failures)
+        # attempt (_merge, the one place a rank fails; _failures keeps those still failed, by end)
         self.rank_rec: dict[int, dict[str, Any]] = {r["rank"]: r for r in self.doc["ranks"]}
         self.failed: dict[int, dict[str, Any]] = {}
         self.phase = Phase.JOIN

@@ -4,6 +4,7 @@ The controller (orchestrator.launchers, supervisor, logs, ...) and the superviso
 both read these; nothing here does I/O but the small helpers at the end.
 """
 
+import errno
 import os
 
 # typing's name for it, which mypy reads as True: the modules import typing for mypy alone (`if
@@ -102,12 +103,27 @@ def read_json(path, limit=64 << 20):
         return None
 
 
-def which(name, search=None):
-    """shutil.which(name) for a bare name: the executable file of that name on `search` (a PATH
-    value; this process's PATH when None), or None. (Importing shutil loads bz2, lzma and
-    fnmatch: ~3 ms of every supervisor's start, on every host, for this alone.)"""
+def which(name):
+    """shutil.which(name) for a bare name: the executable file of that name on PATH, or None.
+    (Importing shutil loads bz2, lzma and fnmatch: ~3 ms of every supervisor's start, on every
+    host, for this alone.)"""
+    return find_program(name)[0]
+
+
+def find_program(name, search=None):
+    """Where an exec by name (execvp) finds `name`: (its path, 0), or (None, the errno the exec
+    fails with). A name with a "/" is that file; a bare name is searched on `search` (a PATH
+    value; this process's PATH when None): EACCES when a file of that name was there but not
+    executable (or a directory), as execvp says, else ENOENT."""
+    if "/" in name:
+        if not os.path.exists(name):
+            return None, errno.ENOENT
+        return (name, 0) if os.access(name, os.X_OK) and not os.path.isdir(name) else (None, errno.EACCES)
+    err = errno.ENOENT
     for d in (os.environ.get("PATH", os.defpath) if search is None else search).split(os.pathsep):
         path = os.path.join(d or os.curdir, name)
-        if os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path):
-            return path
-    return None
+        if os.path.exists(path):
+            if os.access(path, os.X_OK) and not os.path.isdir(path):
+                return path, 0
+            err = errno.EACCES
+    return None, err

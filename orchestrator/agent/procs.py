@@ -17,7 +17,7 @@ import time
 from . import load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
-                     attempt_dir, rank_log, read_json, which, write_atomic)
+                     attempt_dir, find_program, rank_log, read_json, which, write_atomic)
 from .rank import die_with_parent, enter_rank_dir
 from .states import RankState
 
@@ -125,6 +125,11 @@ def _try_setpriv(path):
     if path is None or not hasattr(os, "posix_spawn"):
         return None
     null = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    # its end is ours to wait for: not reaped by a handler, not discarded (SIGCHLD ignored, inherited)
+    try:
+        old = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:   # not the main thread (a test's): as it is
+        old = None
     try:
         pid = os.posix_spawn(path, [path, "--pdeathsig", "KILL", "--version"], {"PATH": os.defpath},
                              file_actions=null, setsid=True)
@@ -140,26 +145,29 @@ def _try_setpriv(path):
             time.sleep(0.002)
     except (OSError, NotImplementedError, TypeError, ValueError):   # no setsid in this libc's posix_spawn...
         return None
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGCHLD, old)
 
 
 def spawn_dying(setpriv, argv, cwd, env, fd, sig):
     """Start argv in cwd with env, stdin /dev/null, stdout and stderr on fd, in a session of its
     own, to get `sig` when this process dies: what subprocess.Popen(start_new_session=True,
-    close_fds=True, preexec_fn=die_with_parent(sig)) does, by setpriv. Its pid. Raises OSError as
-    Popen would, a program not found or not executable included (its name searched on env's PATH
-    here: else setpriv would say it, not orch)."""
+    close_fds=True, preexec_fn=die_with_parent(sig)) does, by setpriv. Its pid; None when setpriv
+    would not run it as Popen's exec does (direct_exec): then the caller starts it so. Raises
+    OSError as Popen would: a program not found on env's PATH, not executable, or a script whose
+    interpreter is (else setpriv would say so in the rank's log, not orch)."""
     try:   # the supervisor's own directory, to come back to (O_PATH: one it may not read)
         here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
     except OSError:
         here = None
     try:
         os.chdir(cwd)   # posix_spawn has no cwd; the supervisor has one thread
-        prog = argv[0]
-        found = (prog if os.access(prog, os.X_OK) and not os.path.isdir(prog) else None) if "/" in prog \
-            else which(prog, env.get("PATH", os.defpath))
+        found, err = find_program(argv[0], env.get("PATH", os.defpath))
         if found is None:
-            code = errno.EACCES if "/" in prog and os.path.exists(prog) else errno.ENOENT
-            raise OSError(code, os.strerror(code), prog)
+            raise OSError(err, os.strerror(err), argv[0])
+        if not direct_exec(found, argv[0]):
+            return None
         # Popen's close_fds: every descriptor of ours is close-on-exec (PEP 446) but any left
         # inheritable (a caller's), closed in the child; SIGPIPE and SIGXFSZ, which python
         # ignores, back to their default (Popen's restore_signals)
@@ -173,6 +181,32 @@ def spawn_dying(setpriv, argv, cwd, env, fd, sig):
         else:
             os.fchdir(here)
             os.close(here)
+
+
+def direct_exec(path, name):
+    """Does setpriv's exec of `path` (execvp) do what Popen's execve does? For an ELF program, and
+    for a script ("#!") whose interpreter is there (OSError, as the execve's, naming the program
+    `name`, when it is missing or not executable). Anything else (no "#!", not ELF: execvp hands it
+    to /bin/sh where execve fails, "Exec format error"; a format of binfmt_misc; a file it cannot
+    read) is not: False."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)   # the kernel reads no more of a "#!" line (BINPRM_BUF_SIZE)
+    except OSError:
+        return False
+    if head.startswith(b"\x7fELF"):
+        return True
+    if not head.startswith(b"#!"):
+        return False
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words:
+        return False
+    interpreter = os.fsdecode(words[0])
+    if not os.path.exists(interpreter):
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), name)
+    return True
 
 
 def inheritable_fds():
@@ -358,9 +392,8 @@ class Local:
             # a rank dies with its supervisor; a launcher (mpirun, msrun, torchrun) is told to stop,
             # which it passes on to its ranks
             sig = signal.SIGKILL if rank is not None else signal.SIGTERM
-            if self.setpriv:
-                pid = spawn_dying(self.setpriv, argv, cwd, env, fd, sig)
-            else:
+            pid = spawn_dying(self.setpriv, argv, cwd, env, fd, sig) if self.setpriv else None
+            if pid is None:
                 import subprocess   # here: ~5 ms of a supervisor's start (most start nothing: mpirun's members)
                 proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fd,
                                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,

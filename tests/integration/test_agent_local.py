@@ -123,32 +123,44 @@ def test_a_supervisor_killed_by_sigkill_takes_its_ranks_with_it(tmp_path, spawn)
 @pytest.mark.parametrize("spawn", ["setpriv", "fork"])
 def test_a_rank_starts_as_popen_would_start_it_or_orch_says_why_not(tmp_path, spawn):
     """Either way a rank starts in its cwd, its own session, with SIGPIPE's default action (python
-    ignores it) and no descriptor of the supervisor's beyond 0-2; a program not on the rank's PATH,
-    or not executable, is orch's "cannot start" and exit code 127 (not setpriv's words)."""
-    (tmp_path / "cwd").mkdir()
-    (tmp_path / "cwd" / "not-executable").write_text("echo no\n")
+    ignores it) and no descriptor of the supervisor's beyond 0-2; a program that cannot start is
+    orch's "cannot start" with the exec's reason and exit code 127 (not setpriv's words): not on the
+    rank's PATH, not executable (there, or on PATH), a script whose interpreter is missing, a file
+    with no "#!" that is no program (not run by /bin/sh, as setpriv's execvp would)."""
+    cwd, bindir = tmp_path / "cwd", tmp_path / "bin"
+    cwd.mkdir()
+    bindir.mkdir()
+    for where, name, text, mode in ((cwd, "not-executable", "echo no\n", 0o644), (bindir, "on-path", "echo no\n", 0o644),
+                                    (cwd, "bad-interpreter", "#!/no/such/python\nprint(1)\n", 0o755),
+                                    (cwd, "no-shebang", "echo ran by sh\n", 0o755),
+                                    (cwd, "good-script", "#!/bin/sh\necho script $1\n", 0o755)):
+        (where / name).write_text(text)
+        (where / name).chmod(mode)
     probe = "pwd; grep SigIgn /proc/self/status; echo $(ls /proc/self/fd); ps -o sid= -p $$; echo pid $$"
-    procs = [rank_proc(0, ["sh", "-c", probe]), rank_proc(1, ["no-such-program", "x"]),
-             rank_proc(2, ["/no/such/program"]), rank_proc(3, ["./not-executable"])]
+    path = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    argvs = [["sh", "-c", probe], ["no-such-program", "x"], ["/no/such/program"], ["./not-executable"],
+             ["on-path"], ["./bad-interpreter"], ["./no-shebang"], ["./good-script", "ok"]]
+    procs = [rank_proc(r, argv, env=path) for r, argv in enumerate(argvs)]
     for p in procs:
-        p["cwd"] = str(tmp_path / "cwd")
-    cfg = config(tmp_path, procs, [0, 1, 2, 3])
+        p["cwd"] = str(cwd)
+    cfg = config(tmp_path, procs, list(range(len(argvs))))
     cfg["on_failure"] = "continue"
     p = start(tmp_path, cfg, host_path(tmp_path, spawn))
     try:
         p.wait(30)
         doc = state(cfg)
-        assert [(r["exit_code"], r["signal"]) for r in doc["ranks"]] == [(0, None), (127, None), (127, None),
-                                                                          (127, None)], doc
-        logs = [(Path(cfg["rundir"]) / "a1" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(4)]
-        cwd, sigign, fds, sid, pid = logs[0].splitlines()
-        assert cwd == str(tmp_path / "cwd")
+        assert [(r["exit_code"], r["signal"]) for r in doc["ranks"]] == [(0, None)] + [(127, None)] * 6 + [(0, None)], doc
+        logs = [(Path(cfg["rundir"]) / "a1" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(len(argvs))]
+        here, sigign, fds, sid, pid = logs[0].splitlines()
+        assert here == str(cwd)
         assert not int(sigign.split()[1], 16) & (1 << (signal.SIGPIPE - 1)), sigign
         assert set(fds.split()) <= {"0", "1", "2", "3"}, fds   # 3: ls's own listing
         assert sid.strip() == pid.split()[1], (sid, pid)   # a session of its own
-        assert logs[1] == "orch: cannot start no-such-program: No such file or directory\n", logs[1]
-        assert logs[2] == "orch: cannot start /no/such/program: No such file or directory\n", logs[2]
-        assert logs[3] == "orch: cannot start ./not-executable: Permission denied\n", logs[3]
+        assert logs[1:7] == [f"orch: cannot start {name}: {why}\n" for name, why in (
+            ("no-such-program", "No such file or directory"), ("/no/such/program", "No such file or directory"),
+            ("./not-executable", "Permission denied"), ("on-path", "Permission denied"),
+            ("./bad-interpreter", "No such file or directory"), ("./no-shebang", "Exec format error"))], logs
+        assert logs[7] == "script ok\n", logs[7]
         spawned(cfg, spawn)
     finally:
         p.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -91,3 +92,29 @@ def test_setpriv_is_used_only_where_it_can_give_a_death_signal(tmp_path, monkeyp
     monkeypatch.setattr(procs, "SETPRIV_TRY_WAIT", 0.3)
     assert procs._try_setpriv(str(hangs)) is None   # unbounded, its sleep would end 0: taken
     assert procs._try_setpriv(None) is None
+
+
+def test_the_setpriv_try_waits_for_its_own_child_whatever_sigchld_is(tmp_path):
+    """Ignored SIGCHLD (inherited through exec: the kernel then reaps every child at once) or a
+    handler that reaps: the try still sees its child's exit status, and the disposition is put back."""
+    import shutil
+
+    from orchestrator.agent import procs
+
+    real = shutil.which("setpriv", path="/usr/bin:/bin")
+    assert real, "util-linux's setpriv is missing on this machine"
+    reaped = []
+
+    def reaper(*_):
+        try:
+            reaped.append(os.waitpid(-1, os.WNOHANG))
+        except ChildProcessError:
+            pass
+
+    for disposition in (signal.SIG_IGN, reaper):
+        old = signal.signal(signal.SIGCHLD, disposition)
+        try:
+            assert procs._try_setpriv(real) == real
+            assert signal.getsignal(signal.SIGCHLD) is disposition
+        finally:
+            signal.signal(signal.SIGCHLD, old)
