@@ -134,6 +134,21 @@ def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
 # ------------------------------------------------------------------ processes and hosts
 
 
+def described(pids: list[str]) -> str:
+    """What each of `pids` is (its state, parent and command line), for an assertion's message."""
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            out.append(f"{pid}: gone")
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out.append(f"{pid} ({fields[0]}, parent {fields[1]}): {cmd.strip()[:300]}")
+    return "; ".join(out)
+
+
 def leftovers(run_id: str, comm: str | None = None) -> list[str]:
     """Live processes anywhere on this machine (so on every lab host) that belong to the run;
     with `comm`, only those whose command name is `comm` (say the ranks' `sleep`, leaving out

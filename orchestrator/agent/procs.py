@@ -595,11 +595,14 @@ class Local:
                     signal_pids([p], signal.SIGABRT)
 
     def report(self):
+        # live: what the head waits for before it ends an attempt. While a stop goes on, any process
+        # of the run here counts (live()): a launcher's worker it left behind as it died on TERM is
+        # no child of ours and no rank of our own, but the stop KILLs it after the grace
+        live = bool(self.children) or bool(self.pending_ranks()) or (self.stopping is not None and self.live())
         return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
                 "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
                 "stopping": self.stopping[0] if self.stopping else None,
-                "live": bool(self.children) or bool(self.pending_ranks()), "progress": self.progress.report(now()),
-                "load": self.load.sample}
+                "live": live, "progress": self.progress.report(now()), "load": self.load.sample}
 
 
 def _number(v):

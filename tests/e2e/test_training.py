@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from orchestrator.supervisor import STOP_GRACE
-from tests.support import REPO, budget, leftovers, orch, run_record, timed
+from tests.support import REPO, budget, described, leftovers, orch, run_record, timed
 
 pytestmark = pytest.mark.lab
 PLAYBOOKS = REPO / "playbooks"
@@ -84,7 +84,8 @@ def up_ok(tmp_path: Path, timeout: float) -> tuple[dict, float]:
     assert res.returncode == 0, (res.stdout.decode()[-3000:], res.stderr.decode()[-5000:])
     rec = run_record(tmp_path)
     assert rec["state"] == "succeeded" and set(rec["exit_codes"].values()) == {0}, rec["exit_codes"]
-    assert leftovers(rec["id"]) == []
+    left = leftovers(rec["id"])
+    assert left == [], described(left)
     return rec, took
 
 
@@ -111,7 +112,8 @@ def up_fails_naming(tmp_path: Path, lab, *, rank: int, host: int, code: int, hea
     rec = run_record(tmp_path)
     assert rec["state"] == "failed" and rec["first_failure"]["rank"] == rank \
         and rec["first_failure"]["exit_code"] == code
-    assert leftovers(rec["id"]) == []
+    left = leftovers(rec["id"])
+    assert left == [], described(left)
     return rec
 
 

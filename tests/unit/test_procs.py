@@ -118,3 +118,28 @@ def test_the_setpriv_try_waits_for_its_own_child_whatever_sigchld_is(tmp_path):
             assert signal.getsignal(signal.SIGCHLD) is disposition
         finally:
             signal.signal(signal.SIGCHLD, old)
+
+
+def test_while_a_stop_goes_on_a_process_of_the_run_that_is_no_child_keeps_the_host_live(tmp_path):
+    """The head ends an attempt once every host reports nothing live. A launcher that dies on TERM
+    can leave a worker behind (no child of the supervisor, no rank record of its own): until the
+    stop has killed it, the host's report says live, so `orch up` never returns with it running."""
+    run_id = f"R-orphan-{os.getpid()}-{time.monotonic_ns()}"
+    local = Local({"run_id": run_id, "rundir": str(tmp_path), "host": "h", "launcher": "msrun"}, lambda t: None)
+    # it outlives the stop's TERM (as a worker busy in a collective would, until the KILL)
+    orphan = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 60"], env={"PATH": "/usr/bin:/bin",
+                                                                                "ORCH_RUN_ID": run_id})
+    try:
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{orphan.pid}/comm").read().strip() != "sleep":   # TERM ignored from here on
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert local.report()["live"] is False   # no stop: what is not ours is not scanned for
+        local.stop("a test", 5.0)
+        assert local.report()["live"] is True
+        orphan.kill()
+        orphan.wait()
+        assert local.report()["live"] is False
+    finally:
+        orphan.kill()
+        orphan.wait()
