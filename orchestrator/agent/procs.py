@@ -244,6 +244,7 @@ class Local:
         self.procs = {}           # key -> record
         self.ranks = {}           # rank -> record
         self.stopping = None      # [reason, deadline, killed]
+        self.left = False         # a stop goes on and processes of the run live here (stop_tick: live())
         self.last_output = 0.0
         self.sizes = {}
         self.grew = False         # the last poll found a rank's output grown (the loop turns quickly then)
@@ -483,6 +484,7 @@ class Local:
         if self.stopping is not None:
             return
         self.stopping = [reason, now() + grace, False]
+        self.left = True          # until stop_tick has looked
         self.signal_all(signal.SIGTERM)
         self.changed = True
 
@@ -503,7 +505,8 @@ class Local:
         """Advance a stop: KILL what outlived the grace period. True once nothing of the run lives."""
         if self.stopping is None:
             return False
-        if not self.live():
+        self.left = self.live()
+        if not self.left:
             self.finish_pending(self.stop_state)
             return True
         if now() > self.stopping[1] and not self.stopping[2]:
@@ -514,6 +517,7 @@ class Local:
             self.note("processes of the run still alive %gs after SIGKILL: %s" % (KILL_WAIT, run_pids(self.run_id)))
             self.finish_pending(self.stop_state)
             self.children.clear()
+            self.left = False     # said; the head no longer waits for them
             return True
         return False
 
@@ -596,9 +600,10 @@ class Local:
 
     def report(self):
         # live: what the head waits for before it ends an attempt. While a stop goes on, any process
-        # of the run here counts (live()): a launcher's worker it left behind as it died on TERM is
-        # no child of ours and no rank of our own, but the stop KILLs it after the grace
-        live = bool(self.children) or bool(self.pending_ranks()) or (self.stopping is not None and self.live())
+        # of the run here counts (self.left, from stop_tick's own look each turn): a launcher's
+        # worker it left behind as it died on TERM is no child of ours and no rank of our own, but
+        # the stop KILLs it after the grace
+        live = bool(self.children) or bool(self.pending_ranks()) or (self.stopping is not None and self.left)
         return {"host": self.host, "attempt": self.attempt, "ranks": [dict(r) for r in self.ranks.values()],
                 "procs": [dict(p) for p in self.procs.values()], "out": self.last_output,
                 "stopping": self.stopping[0] if self.stopping else None,

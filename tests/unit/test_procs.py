@@ -137,9 +137,10 @@ def test_while_a_stop_goes_on_a_process_of_the_run_that_is_no_child_keeps_the_ho
         assert local.report()["live"] is False   # no stop: what is not ours is not scanned for
         local.stop("a test", 5.0)
         assert local.report()["live"] is True
+        assert local.stop_tick() is False and local.report()["live"] is True   # it outlived the TERM
         orphan.kill()
         orphan.wait()
-        assert local.report()["live"] is False
+        assert local.stop_tick() is True and local.report()["live"] is False
     finally:
         orphan.kill()
         orphan.wait()
