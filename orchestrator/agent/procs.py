@@ -484,8 +484,7 @@ class Local:
         if self.stopping is not None:
             return
         self.stopping = [reason, now() + grace, False]
-        self.left = True          # until stop_tick has looked
-        self.signal_all(signal.SIGTERM)
+        self.left = self.signal_all(signal.SIGTERM)   # stop_tick looks again each turn
         self.changed = True
 
     def restop(self, reason, grace):
@@ -494,12 +493,15 @@ class Local:
         self.stop(reason, grace)
 
     def signal_all(self, sig):
+        """`sig` to every process of the run here; whether there was any."""
         for pid in list(self.children):
             try:
                 os.killpg(pid, sig)
             except OSError:
                 pass
-        signal_pids(run_pids(self.run_id), sig)
+        pids = run_pids(self.run_id)
+        signal_pids(pids, sig)
+        return bool(self.children) or bool(pids)
 
     def stop_tick(self):
         """Advance a stop: KILL what outlived the grace period. True once nothing of the run lives."""

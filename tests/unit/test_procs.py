@@ -144,3 +144,12 @@ def test_while_a_stop_goes_on_a_process_of_the_run_that_is_no_child_keeps_the_ho
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_a_stop_with_nothing_of_the_run_left_is_not_live_from_its_first_report(tmp_path):
+    """The end of a run that succeeded: the head's stop finds nothing of the run on the host, whose
+    next report says so at once (the head ends the run without waiting for another turn here)."""
+    local = Local({"run_id": f"R-none-{os.getpid()}", "rundir": str(tmp_path), "host": "h", "launcher": "msrun"},
+                  lambda t: None)
+    local.stop("the end", 5.0)
+    assert local.report()["live"] is False
