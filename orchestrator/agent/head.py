@@ -434,10 +434,9 @@ def _failure_message(ff: dict[str, Any]) -> str:
 def _launchers(head: Head) -> dict[str, tuple[str, dict[str, Any]]]:
     """{key: (host, proc record)} of every launcher process (mpirun, msrun, torchrun), every host."""
     out: dict[str, tuple[str, dict[str, Any]]] = {}
-    for name, h in head.hosts.items():
-        if h.launchers and h.report is not None and h.report.get("attempt") == head.doc["attempt"]:
-            for p in h.launchers:
-                out[p["key"]] = (name, p)
+    for name, h in head.hosts.items():   # h.launchers: of this attempt's last report (_apply), or none
+        for p in h.launchers:
+            out[p["key"]] = (name, p)
     return out
 
 

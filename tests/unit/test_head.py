@@ -64,8 +64,9 @@ def starts(actions):
     return [a[:3] for a in actions if a[0] == "start"]
 
 
-def finish_stopping(head, t, hosts=("a", "b")):
-    """Every host reports nothing live any more: the attempt's stop completes."""
+def finish_stopping(head, t, hosts=("a", "b"), procs=None):
+    """Every host reports nothing live any more: the attempt's stop completes. `procs`: {host:
+    the processes its report still lists}."""
     if not head.stop_sent:
         _, a1 = H.decide(head, [], t)           # the stop goes out
         assert "stop" in kinds(a1)
@@ -77,7 +78,7 @@ def finish_stopping(head, t, hosts=("a", "b")):
             if r["host"] == h:
                 states[r["rank"]] = ((r["state"], r["exit_code"], r["signal"], r["end"]) if r["end"] is not None
                                      else ("stopped", None, 15, t))
-        evs.append(rep(head, h, states, live=False, out=prev["out"] if prev else T0))
+        evs.append(rep(head, h, states, live=False, out=prev["out"] if prev else T0, procs=(procs or {}).get(h, ())))
     return H.decide(head, evs, t + 0.5)
 
 
@@ -364,6 +365,19 @@ def test_a_failed_attempt_restarts_after_the_delay_while_restarts_remain():
     H.decide(head, [rep(head, "b", {3: ("failed", 1, None, T0 + 12)})], T0 + 12)
     finish_stopping(head, T0 + 13)
     assert head.state == RunState.FAILED and [a["state"] for a in head.doc["attempts"]] == ["failed", "failed"]
+
+
+def test_a_restarted_attempt_knows_no_launcher_of_the_attempt_before():
+    """A launcher (mpirun) that failed in attempt 1 is not attempt 2's: attempt 2 starts with no
+    launcher known on any host, so no launcher verdict of attempt 1 decides attempt 2."""
+    head = running(restarts=1, restart_delay=5)
+    mpirun = {"key": "mpirun.a", "rank": None, "pid": 9, "exit_code": 1, "signal": None, "start": T0, "end": T0 + 4}
+    H.decide(head, [rep(head, "a", {0: ("failed", 1, None, T0 + 4)}, procs=[mpirun])], T0 + 4)
+    assert H._launchers(head) == {"mpirun.a": ("a", mpirun)}
+    finish_stopping(head, T0 + 5, procs={"a": [mpirun]})   # a's last report of attempt 1 still lists it
+    assert H._launchers(head) == {"mpirun.a": ("a", mpirun)}
+    H.decide(head, [], T0 + 10.6)
+    assert head.doc["attempt"] == 2 and H._launchers(head) == {}
 
 
 def test_a_stop_during_the_restart_delay_ends_stopped():
