@@ -5,6 +5,7 @@ wait for a condition, and time a faulty run against a healthy one."""
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -132,6 +133,24 @@ def lab_cluster(lab, tmp_path: Path, **kw) -> Cluster:
 
 
 # ------------------------------------------------------------------ processes and hosts
+
+
+def util_linux_setpriv() -> str:
+    """This machine's setpriv (util-linux >= 2.33: --pdeathsig), which the hosts' supervisors start
+    processes through (orchestrator/agent/procs.py); scripts/test.sh's machines have it."""
+    path = shutil.which("setpriv", path="/usr/bin:/bin")
+    assert path, "util-linux's setpriv is missing on this machine"
+    return path
+
+
+def old_setpriv(directory: Path) -> Path:
+    """directory/setpriv as util-linux < 2.33 has it (CentOS 7, Ubuntu 18.04): no --pdeathsig,
+    it stops at the option, exit 1."""
+    directory.mkdir(exist_ok=True)
+    path = directory / "setpriv"
+    path.write_text("#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
 
 
 def described(pids: list[str]) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import old_setpriv, util_linux_setpriv
 from tests.unit.test_launchers import install_agent
 
 PY = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
@@ -71,20 +71,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-OLD_SETPRIV = "#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n"   # util-linux < 2.33's
-
-
 def host_path(tmp_path: Path, spawn: str) -> str:
     """PATH of a host whose supervisor starts processes `spawn`: "setpriv" (util-linux >= 2.33's
     setpriv, this machine's), "fork" (a setpriv without --pdeathsig first on PATH, as on CentOS 7)."""
     if spawn == "setpriv":
-        assert shutil.which("setpriv", path="/usr/bin:/bin"), "util-linux's setpriv is missing on this machine"
+        util_linux_setpriv()
         return "/usr/bin:/bin"
-    old = tmp_path / "old-util-linux"
-    old.mkdir()
-    (old / "setpriv").write_text(OLD_SETPRIV)
-    (old / "setpriv").chmod(0o755)
-    return f"{old}:/usr/bin:/bin"
+    return f"{old_setpriv(tmp_path / 'old-util-linux').parent}:/usr/bin:/bin"
 
 
 def spawned(cfg: dict, spawn: str) -> None:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from orchestrator.agent.procs import Local
+from tests.support import old_setpriv, util_linux_setpriv
 
 
 def test_a_childs_end_is_the_moment_it_ended_not_when_the_loop_next_looked(tmp_path):
@@ -75,17 +76,11 @@ def test_run_pids_finds_the_runs_processes_by_their_exact_id_and_not_its_supervi
 def test_setpriv_is_used_only_where_it_can_give_a_death_signal(tmp_path, monkeypatch):
     """procs._try_setpriv: util-linux >= 2.33's setpriv (this machine's) is taken; one that lacks
     --pdeathsig (it stops at the option, exit 1), one that hangs (killed after the wait), none at all: fork, as before."""
-    import shutil
-
     from orchestrator.agent import procs
 
-    real = shutil.which("setpriv", path="/usr/bin:/bin")
-    assert real, "util-linux's setpriv is missing on this machine"
+    real = util_linux_setpriv()
     assert procs._try_setpriv(real) == real
-    old = tmp_path / "old-setpriv"
-    old.write_text("#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n")
-    old.chmod(0o755)
-    assert procs._try_setpriv(str(old)) is None
+    assert procs._try_setpriv(str(old_setpriv(tmp_path / "old"))) is None
     hangs = tmp_path / "hanging-setpriv"
     hangs.write_text("#!/bin/sh\nexec sleep 60\n")
     hangs.chmod(0o755)
@@ -97,12 +92,9 @@ def test_setpriv_is_used_only_where_it_can_give_a_death_signal(tmp_path, monkeyp
 def test_the_setpriv_try_waits_for_its_own_child_whatever_sigchld_is(tmp_path):
     """Ignored SIGCHLD (inherited through exec: the kernel then reaps every child at once) or a
     handler that reaps: the try still sees its child's exit status, and the disposition is put back."""
-    import shutil
-
     from orchestrator.agent import procs
 
-    real = shutil.which("setpriv", path="/usr/bin:/bin")
-    assert real, "util-linux's setpriv is missing on this machine"
+    real = util_linux_setpriv()
     reaped = []
 
     def reaper(*_):
