@@ -15,14 +15,13 @@
 """
 
 import fcntl
-import json
 import os
 import select
 import stat
 import sys
 import time
 
-from . import protocol as proto
+from . import jsonc, protocol as proto
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
                      STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
 from .procs import pid_of_run, run_pids
@@ -80,7 +79,7 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     if config:
         path = config.replace("{node}", os.environ.get("SLURMD_NODENAME", ""))
         with open(path) as fh:
-            cfg = json.load(fh)
+            cfg = jsonc.loads(fh.read())
         os.unlink(path)  # it may hold secret env values: read once
     else:
         # the configuration's line; a member started beside its head (the controller does not wait
@@ -88,9 +87,9 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
         # addresses. No second line (stdin closed): the head did not start, nor does this host.
         lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
         sys.stdin.close()
-        cfg = json.loads(lines[0])
+        cfg = jsonc.loads(lines[0])
         for later in lines[1:2]:
-            cfg.update(json.loads(later))
+            cfg.update(jsonc.loads(later))
         if cfg["role"] == "member" and not cfg.get("head_port"):
             _unmake(rundir)
             print(NO_HEAD)
@@ -216,7 +215,7 @@ def cmd_batch(gofile):
     members' as a second step, wait for both. Exits with the head's status."""
     with open(gofile) as fh:
         rundir = fh.readline().strip()
-        spec = json.loads(fh.readline())
+        spec = jsonc.loads(fh.readline())
     os.unlink(gofile)  # once: a requeued job waits for a new go instead of repeating this run
     import subprocess   # here: Slurm's batch alone (procs.Local.start)
     head, members = spec["head"], spec["members"]
@@ -230,7 +229,7 @@ def cmd_batch(gofile):
     env[RUN_VAR] = spec["run_id"]
     # A step's SLURM_NODELIST, SLURM_TASKS_PER_NODE... describe the step (one node); what the
     # supervisors start (mpirun above all) must see the job's, as in the batch script.
-    env[SLURM_JOB_VAR] = json.dumps({k: v for k, v in os.environ.items() if k in SLURM_JOB_KEYS})
+    env[SLURM_JOB_VAR] = jsonc.dumps({k: v for k, v in os.environ.items() if k in SLURM_JOB_KEYS})
     head_proc = subprocess.Popen(step([head]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                  env=env)
     line = b""
@@ -288,10 +287,10 @@ def cmd_stop(rundir, reason):
     try:
         conn = head_client(rundir, "control", proto.WATCH_LINE)
     except KeyError:
-        print(json.dumps({"stop": "no supervisor here"}))
+        print(jsonc.dumps({"stop": "no supervisor here"}))
         return 0
     except (OSError, proto.ProtocolError) as exc:
-        print(json.dumps({"stop": "head unreachable: %s" % exc}))
+        print(jsonc.dumps({"stop": "head unreachable: %s" % exc}))
         return 0
     conn.send(proto.stop(reason))
     deadline = now() + float(os.environ.get("ORCH_STOP_WAIT", "20"))
@@ -307,12 +306,12 @@ def cmd_stop(rundir, reason):
                 if t in ("state", "delta"):
                     last = doc.on(t, f)
                     if run_state(last.get("state")).is_terminal:
-                        print(json.dumps({"stop": "done", "state": last}))
+                        print(jsonc.dumps({"stop": "done", "state": last}))
                         return 0
         except (proto.ProtocolError, DeltaError) as exc:
-            print(json.dumps({"stop": "sent", "state": last, "error": str(exc)}))
+            print(jsonc.dumps({"stop": "sent", "state": last, "error": str(exc)}))
             return 0
-    print(json.dumps({"stop": "sent", "state": last}))
+    print(jsonc.dumps({"stop": "sent", "state": last}))
     return 0
 
 
@@ -328,7 +327,7 @@ def cmd_status(rundir):
     doc["alive_ranks"] = sorted(r["rank"] for r in doc.get("ranks") or []
                                 if isinstance(r, dict) and r.get("host") == me and r.get("pid")
                                 and pid_of_run(r["pid"], run))
-    print(json.dumps(doc))
+    print(jsonc.dumps(doc))
     return 0
 
 
@@ -391,7 +390,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
         out.flush()
 
     def event(doc):
-        out.write(b"E " + json.dumps(doc or {}, separators=(",", ":")).encode() + b"\n")
+        out.write(b"E " + jsonc.dumps(doc or {}, separators=(",", ":")).encode() + b"\n")
 
     while True:
         if conn is not None and not conn.closed:
@@ -405,7 +404,7 @@ def cmd_watch(rundir, ranks, offsets, first_attempt=1, to_end=False):
                         event(state)
                     elif t == "delta":
                         state = doc.on(t, f)
-                        out.write(b"D " + json.dumps(f["delta"], separators=(",", ":")).encode() + b"\n")
+                        out.write(b"D " + jsonc.dumps(f["delta"], separators=(",", ":")).encode() + b"\n")
             except (proto.ProtocolError, DeltaError) as exc:
                 note(info.get("host", "?"), "watch: %s" % exc)
                 conn.close()

@@ -14,8 +14,8 @@ Pure; stdlib only.
 
 from __future__ import annotations
 
-import json
 
+from . import jsonc
 from .layout import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class DeltaError(ValueError):
 
 def copy(doc):
     """A deep copy of a JSON document (what the watchers were last sent)."""
-    return json.loads(json.dumps(doc))
+    return jsonc.loads(jsonc.dumps(doc))
 
 
 def diff(old, new, skip=()):

@@ -7,8 +7,9 @@ doubles, so a long run thins its history instead of filling the disk.
      "p": {"<rank>": [steps, loss, steps/s]}, "l": {"<host>": [cpu %, memory MiB, accelerator %]}}
 """
 
-import json
 import os
+
+from . import jsonc
 
 HISTORY = "history.jsonl"
 LIMIT = 64 << 20
@@ -41,7 +42,7 @@ class History:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
-                os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+                os.write(fd, (jsonc.dumps(line, separators=(",", ":")) + "\n").encode())
                 size = os.fstat(fd).st_size
             finally:
                 os.close(fd)

@@ -92,13 +92,13 @@ def write_atomic(path, text, mode=0o600):
 
 def read_json(path, limit=64 << 20):
     """A JSON document from a file (None when missing, unreadable, too large or not JSON)."""
-    import json   # here, not at the top: the rank wrapper (rank.py) imports this module and no json
+    from . import jsonc   # lazy: the rank wrapper (rank.py) imports this module, and reads no JSON without secrets
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)
         if len(data) > limit:
             return None
-        return json.loads(data.decode("utf-8"))
+        return jsonc.loads(data.decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
 

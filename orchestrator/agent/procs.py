@@ -9,12 +9,11 @@ Nothing here forces a umask: the ranks, their logs and checkpoints get the user'
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import time
 
-from . import load, metrics
+from . import jsonc, load, metrics
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, find_program, rank_log, read_json, which, write_atomic)
@@ -327,7 +326,7 @@ class Local:
             return
         self.secrets_path = os.path.join(self.rundir, SECRETS)
         try:
-            write_atomic(self.secrets_path, json.dumps(secrets), 0o600)
+            write_atomic(self.secrets_path, jsonc.dumps(secrets), 0o600)
         except OSError as exc:
             self.note("cannot write the ranks' secret environment: %s" % exc)
 
@@ -364,7 +363,7 @@ class Local:
         env = dict(os.environ)
         env.pop(AGENT_VAR, None)
         if SLURM_JOB_VAR in env:  # a Slurm job step: the processes see the whole allocation again
-            env.update(json.loads(env.pop(SLURM_JOB_VAR)))
+            env.update(jsonc.loads(env.pop(SLURM_JOB_VAR)))
             env.setdefault("OMPI_MCA_plm_slurm_args", "--overlap")  # mpirun's orteds share our nodes
         env.update({k: substitute(v, adir, self.head_address) for k, v in p["env"].items()})
         # the hosts replaced by spares so far ("" when none): mpirun passes it on to its ranks (-x)

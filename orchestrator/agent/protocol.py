@@ -41,7 +41,6 @@ wrong MAC, deep nesting - raises ProtocolError, and the server closes that one c
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import struct
@@ -61,6 +60,7 @@ from _operator import _compare_digest
 from .load import parse_load
 from .metrics import parse_progress
 from .states import RankState
+from . import jsonc
 from .layout import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def decode(line: bytes, limit: int) -> Msg:
     if len(line) > limit:
         raise ProtocolError("line of %d bytes (limit %d)" % (len(line), limit))
     try:
-        m = json.loads(line.decode("utf-8"))
+        m = jsonc.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("not JSON: %s" % str(exc)[:80]) from None
     if not isinstance(m, dict) or not isinstance(m.get("t"), str):
@@ -159,7 +159,7 @@ def decode(line: bytes, limit: int) -> Msg:
 
 
 def encode(m: Msg) -> bytes:
-    return json.dumps(m, separators=(",", ":")).encode()
+    return jsonc.dumps(m, separators=(",", ":")).encode()
 
 
 class Lines:
@@ -337,7 +337,7 @@ FILES_RAW_MAX = 64 << 20   # and uncompressed: what a member inflates, at most
 
 def pack_files(files: dict[str, str]) -> str:
     """Launch files as a start message carries them: base64 of zlib of their JSON."""
-    raw = json.dumps(files, separators=(",", ":")).encode()
+    raw = jsonc.dumps(files, separators=(",", ":")).encode()
     return base64.b64encode(zlib.compress(raw, 6)).decode("ascii") if files else ""
 
 
@@ -355,7 +355,7 @@ def unpack_files(packed: str, key: str = "files") -> dict[str, str]:
         raw = z.decompress(base64.b64decode(packed, validate=True), FILES_RAW_MAX)
         if z.unconsumed_tail:
             raise ProtocolError("field %r: more than %d bytes of files" % (key, FILES_RAW_MAX))
-        v = json.loads(raw)
+        v = jsonc.loads(raw)
     except (ValueError, zlib.error) as exc:
         raise ProtocolError("field %r: not packed launch files (%s)" % (key, str(exc)[:80])) from None
     if not isinstance(v, dict) or len(v) > 4:

@@ -12,7 +12,6 @@ MAX_WATCHERS watchers.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import selectors
 import signal
@@ -20,7 +19,7 @@ import socket
 import stat
 import time
 
-from . import protocol as proto
+from . import jsonc, protocol as proto
 from .layout import TYPE_CHECKING, INFO, STATE, WAKE, attempt_dir, read_json, write_atomic
 from .procs import Local
 from .states import RankState, RunState
@@ -344,7 +343,7 @@ class Supervisor:
     def save(self):
         doc = dict(self.document(), agent_pid=os.getpid(), updated=now())
         try:
-            write_atomic(os.path.join(self.rundir, STATE), json.dumps(doc), 0o666)
+            write_atomic(os.path.join(self.rundir, STATE), jsonc.dumps(doc), 0o666)
         except (OSError, ValueError) as exc:
             note(self.host, "cannot write state: %s" % exc)
 
@@ -840,7 +839,7 @@ def write_info(rundir, cfg, **more):
     """agent.json: how local clients (watch, stop) reach the run's head; it holds the run's token
     (0600, in a 0700 directory)."""
     info = {k: cfg.get(k) for k in ("run_id", "host", "role", "head_addresses", "head_port", "launcher", "token")}
-    write_atomic(os.path.join(rundir, INFO), json.dumps(dict(info, **more)), 0o600)
+    write_atomic(os.path.join(rundir, INFO), jsonc.dumps(dict(info, **more)), 0o600)
 
 
 def read_info(rundir):

@@ -66,9 +66,10 @@ def test_the_package_is_every_module_of_orchestrator_agent():
 # for the whole import, measured with bytecode cached; hashlib and hmac, which load OpenSSL, ~2.8 ms
 # more: protocol.py's HMAC is on CPython's own sha256), and a 64-host lab's supervisors start on
 # 2 shared cores. subprocess is imported where a process is started (procs.Local.start: not on
-# mpirun's members); the rank wrapper imports less still (rank.py).
+# mpirun's members); the rank wrapper imports less still (rank.py). json loads re (~3 ms with
+# its own parts): the agent reads and writes JSON through CPython's C functions (jsonc.py).
 HEAVY_AT_START = {"typing", "subprocess", "shutil", "ipaddress", "bz2", "lzma", "threading", "hashlib", "hmac",
-                  "_hashlib"}
+                  "_hashlib", "json"}
 # ... nor the head's own modules (server.head_modules: imported when the supervisor is the head),
 # ~1 ms of each member's start
 HEAD_ONLY = {"orch_agent.head", "orch_agent.delta", "orch_agent.history", "orch_agent.tables", "orch_agent.words"}
