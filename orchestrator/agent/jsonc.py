@@ -36,8 +36,8 @@ def _no_json_form(o: Any) -> Any:
 
 def _c_functions() -> tuple[Callable[[Any, tuple[str, str]], str], Callable[[str], Any]] | None:
     try:
-        from _json import encode_basestring_ascii as esc  # type: ignore[import-not-found,unused-ignore]
-        from _json import make_encoder, make_scanner  # type: ignore[import-not-found,unused-ignore]
+        from _json import encode_basestring_ascii as esc  # type: ignore[import-not-found,unused-ignore]  # CPython's C module: no stub
+        from _json import make_encoder, make_scanner  # type: ignore[import-not-found,unused-ignore]  # CPython's C module: no stub
         scan = make_scanner(_Context())   # type: ignore[arg-type]  # it reads the attributes json's decoder has
     except (ImportError, TypeError, AttributeError):
         return None

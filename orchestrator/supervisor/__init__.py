@@ -135,8 +135,9 @@ def _home_in(orch: str) -> str:
 def agent_stub(home: str) -> str:
     """agent.py of a run: the package from `home` (<workdir>/.orch/agent-<hash>), then its main."""
     return (f"import sys\nsys.path.insert(0, {home!r})\n"
+            f"from {AGENT_MODULE}.layout import leave\n"
             f"if sys.argv[1:2] == ['rank']:\n    from {AGENT_MODULE}.rank import main\n"
-            f"else:\n    from {AGENT_MODULE}.cli import main\nsys.exit(main(sys.argv))\n")
+            f"else:\n    from {AGENT_MODULE}.cli import main\nleave(main(sys.argv))\n")
 
 
 # The package travels compressed (base64 of zlib of {file name: source}, one line on stdin) and is
@@ -180,8 +181,8 @@ _BOOT_PY = ("import os,sys,stat\n"
             "  import shutil\n  shutil.rmtree(t,True)\n  if not os.path.isdir(h):\n   raise\n"
             "if sys.argv[4:]==['start']:\n"
             " sys.path.insert(0,h)\n"
-            f" from {AGENT_MODULE}.cli import main\n"
-            " sys.exit(main([a,'start',r]))\n")
+            f" from {AGENT_MODULE}.cli import main\n from {AGENT_MODULE}.layout import leave\n"
+            " leave(main([a,'start',r]))\n")
 
 
 @lru_cache(maxsize=1)
