@@ -276,9 +276,12 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
     """`up` once the hosts are known."""
     from . import launchers, lifecycle, sync
     from . import prepare as preparing
-    from .runs import create_run
+    from .runs import create_run, new_run_id
     from .transport import Pool
 
+    # the run's id, chosen now: each member's check may stay to be its supervisor (checks/reach.py
+    # HOLD_PY), and a supervisor is found by the id it was started with
+    planned = new_run_id()
     # what is synced, read once: the probe lists it on the hosts (or prepare does, with
     # --skip-checks) and sync sends what they lack; unreadable: the check says why, else this
     try:
@@ -294,7 +297,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
 
             events.step(f"checking {len(cluster.hosts)} host(s)")
             # the probes read prepare's facts too (report.prepared): no round trip of its own
-            report = checks.run_checks(cluster, pool, rp, prepare=True, entries=entries)
+            report = checks.run_checks(cluster, pool, rp, prepare=True, entries=entries, run_id=planned)
             if not report.ok:
                 exc = PreflightFailed("preflight failed: nothing was started",
                                       hint="fix the problems above, or pass --skip-checks to launch anyway")
@@ -310,7 +313,9 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         for other, hosts in prepared.live.items():   # --force
             events.step(f"--force: stopping run {other} on {', '.join(hosts)} (workdir {cluster.job.workdir})")
             lifecycle.stop_run(cluster, rp, pool, other, "`orch up --force` of another run")
-        run = create_run(cluster, rp.to_dict())
+        run = create_run(cluster, rp.to_dict(), run_id=planned)
+        if run.id != planned:   # taken meanwhile (the same second and random part): nothing held is of this run
+            pool.release_held()
         if alloc is not None:
             run.data["slurm"] = alloc.record()
             run.save()
@@ -325,6 +330,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             run_lifecycle.distribute(launch, entries, {**(report.listed if report is not None else {}),
                                                        **prepared.listed}, prepared.share)
             run_lifecycle.start(launch, prepared.agent)
+            pool.release_held()   # what no start took (a spare's, say): its process exits
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:
             stop_reason = "a SIGTERM to `orch up`" if isinstance(exc, Terminated) else "Ctrl-C in `orch up`"

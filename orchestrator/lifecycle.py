@@ -228,8 +228,15 @@ class Lifecycle:
         told = _HeadLine(self.cluster.ssh.command_timeout + self.cluster.ssh.connect_timeout)
 
         def member(h):
-            command, first = supervisor.member_start(cfgs[h.name], h.name not in have_agent)
-            r = self.pool[h].run(command, stdin=told.reader(first)).check("starting the run's supervisor")
+            send = h.name not in have_agent
+            # the python3 of the host's check, when it stayed for it (checks/reach.py HOLD_PY): no
+            # SSH session nor python3 start of its own; else a session of its own
+            env, args, first = supervisor.member_boot(cfgs[h.name], send)
+            r = self.pool[h].start_held(env, args, told.reader(first))
+            if r is None:
+                command, first = supervisor.member_start(cfgs[h.name], send)
+                r = self.pool[h].run(command, stdin=told.reader(first))
+            r = r.check("starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
                 raise LaunchError(f"{h.name}: the run's supervisor did not start: "

@@ -36,6 +36,7 @@ from typing import Iterable, Literal, Mapping, Sequence, TypedDict
 from . import devices
 from .devices import HccnDevice
 from .logins import SHARE_DIR
+from .transport.base import PROBE_END
 from .model import Cluster, Host
 from .interpreters import is_python
 from .supervisor import parse_python
@@ -193,16 +194,17 @@ def parse_interface(text: str) -> IfAddr | None:
     return None
 
 
-def _background_start(body: str, i: int = 0) -> str:
+def _background_start(body: str, i: int = 0, keep: bool = True) -> str:
     """Start a section in the background, right away: the slowest ones (mesh: a connection to
     every other host; reach: a connection to the launch host) then run while the other sections
     do. Its output waits in a temporary file (mktemp's: no name another user could plant; removed
     when the probe's shell exits) for the section's turn. Without one (mktemp failed: /tmp full
-    or read-only), the section says so. `i`: the how-manieth background section (its variables)."""
+    or read-only), the section says so. `i`: the how-manieth background section (its variables);
+    not `keep`: descriptors 3 and 4 closed for it (assemble's `hold`: another section's)."""
     mo, mp = _background_vars(i)
     files = " ".join(f'"${_background_vars(k)[0]}"' for k in range(i + 1))
     return (f"if {mo}=$(mktemp 2>/dev/null); then\ntrap 'rm -f {files}' EXIT\n"
-            f"(\n{body}\n) > \"${mo}\" 2>&1 &\n{mp}=$!\nfi")
+            f"(\n{body}\n) {'' if keep else '3<&- 4>&- '}> \"${mo}\" 2>&1 &\n{mp}=$!\nfi")
 
 
 def _background_vars(i: int) -> tuple[str, str]:
@@ -217,22 +219,32 @@ def _background_section(name: str, i: int = 0) -> str:
 
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
-             body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]]) -> str:
+             body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "") -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `body` in order, `background` printed, `last`.
+    `hold`: the background section that holds the session (checks/reach.py HOLD_PY) gets its
+    stdin and its output as descriptors 3 and 4, no other section does, and the script's output
+    ends with PROBE_END (transport.base: all of it, the session still open). Its output then goes
+    through `cat`, which the session's shell waits for: the session, and its stdin, stay open
+    while anything holds descriptor 4 (sshd closes a session's stdin once its shell has ended).
     Pure: same inputs, same script (checks/runner.py says which sections)."""
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
+        *(["exec 3<&0", "{", "exec 4>&1"] if hold else []),
         "exec 2>&1 </dev/null",
         "_b() { printf '%sbegin %s\\n' '" + MARK + "' \"$1\"; }",
         "_e() { printf '\\n%send %s %s\\n' '" + MARK + "' \"$1\" \"$2\"; }",
         f"T=; command -v timeout >/dev/null 2>&1 && T='timeout {SECTION_TIMEOUT}'",
     ]
     parts += [section_script(n, b) for n, b in first]
-    parts += [_background_start(b, i) for i, (_, b) in enumerate(background)]
+    parts += [_background_start(b, i, keep=not hold or n == hold) for i, (n, b) in enumerate(background)]
+    if hold:
+        parts.append("exec 3<&- 4>&-")
     parts += [section_script(n, b) for n, b in body]
     parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]
     parts += [section_script(n, b) for n, b in last]
+    if hold:
+        parts += [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]
     return "\n".join(parts) + "\n"
 
 

@@ -238,15 +238,16 @@ class Run:
 RUN_VERSION = 1   # of run.json's layout (records before it have no "v" and read the same way)
 
 
-def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None) -> Run:
+def create_run(cluster: Cluster, plan_doc: dict, *, cwd: Path | None = None, run_id: str = "") -> Run:
+    """The run's record, under `run_id` when given (and free: else a new id, as without one)."""
     root = (cwd or Path.cwd()) / RUNS_DIR
-    run_id = ""
     try:  # a full disk, a read-only directory, a file in the way: said, never a crash
         root.mkdir(parents=True, exist_ok=True)
-        while not run_id:  # the id is the directory; mkdir is the lock that keeps two runs apart
-            run_id = new_run_id()
+        while True:  # the id is the directory; mkdir is the lock that keeps two runs apart
+            run_id = run_id or new_run_id()
             try:
                 (root / run_id).mkdir()
+                break
             except FileExistsError:
                 run_id = ""
     except OSError as exc:

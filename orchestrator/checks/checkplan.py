@@ -115,10 +115,15 @@ class CheckPlan:
     # `orch up` whose launch host tests the mesh (mpirun, the sync relay): the name of the sockets
     # its test keeps the connections open on, for mpirun's and the relay's own ssh (logins.share_name)
     share: str = ""
+    # `orch up` (not on Slurm): how long each other host's reach test waits to be its supervisor
+    # (reach.HOLD_PY: the start then needs no SSH session of its own); 0: it does not
+    hold: float = 0.0
+    run_id: str = ""  # `orch up`: the id the run will have (a holding test starts with it: supervisor.run_env)
 
 
 def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
-                    deep: bool = False, prepare: bool = False, entries: Sequence[Entry] | None = None) -> CheckPlan:
+                    deep: bool = False, prepare: bool = False, entries: Sequence[Entry] | None = None,
+                    run_id: str = "") -> CheckPlan:
     """The check plan for `cluster`. `rank_plan`: the rank plan the caller made (or the PlanError
     making it gave); None: made here. `prepare`: the probe reads `orch up`'s prepare facts too,
     and lists what each host has of the sync (`entries`: up's sync manifest, see up_files)."""
@@ -137,7 +142,9 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
                      manifest=tuple(manifest), missing_sync=tuple(missing), mesh_from=mesh_from,
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
                      listing=listing,
-                     share=share_name(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "")
+                     share=share_name(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "",
+                     hold=2.0 * cluster.ssh.command_timeout if prepare and run_id and cluster.slurm is None else 0.0,
+                     run_id=run_id)
 
 
 def try_plan(cluster: Cluster) -> RankPlan | PlanError:

@@ -29,8 +29,9 @@ from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, SECTION_TIMEOUT, Listen, ReachTarget, Section
 from ..prepare import probe_facts
-from ..supervisor import FACTS_PY, PYTHON_PY, parse_python
+from ..supervisor import FACTS_PY, PYTHON_PY, parse_python, run_env
 from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
+from ..transport.base import HELD_EXIT, HELD_GO
 from .base import Check, CheckResult, Probe, register, result, section
 
 SECTION = "reach"
@@ -147,11 +148,80 @@ for x in a:print("to",x,r.get(x,"no answer within %%gs"%%(2*t+1)))
 _LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTION_TIMEOUT + LIST_INSIDE
 
 
-def connect_program(facts: bool, listing: bool) -> str:
+# `orch up`: once it has tested and listed, the program stays, in the background of the probe,
+# to be this host's supervisor (holds): the supervisor's start then needs no SSH session and no
+# python3 start of its own (sshd's session, the login shell, sh, python3: ~13 ms of CPU a host).
+# It says `held`, then a child of it keeps the channel's stdin (fd 3) and stdout (fd 4), which the
+# probe's shell gave only to it, and waits HOLD_ENV seconds at most for `go N\n` and N bytes: the
+# start's environment and arguments (transport.held_go); it answers HELD_GO and runs them as
+# `python3 -S -c` would (the start's boot, supervisor.member_boot), in a child whose exit status
+# follows its output (HELD_EXIT). Its stdin at EOF, no go in time or anything else: it exits,
+# nothing started (the start then goes its own way, a session of its own). Signals as a fresh
+# python3 has them (a background job of sh has SIGINT and SIGQUIT ignored); the probe's own
+# variables (the listing's) left out.
+HOLD_ENV = "ORCH_HOLD"
+HELD = "held"
+HOLD_PY = r"""def _hold(secs):
+ import select,_signal as G
+ try:os.fstat(3);os.fstat(4)
+ except OSError:return
+ print("%(held)s");sys.stdout.flush()
+ if os.fork():return
+ os.setsid();d=os.open(os.devnull,os.O_RDWR)
+ for i in (0,1,2):os.dup2(d,i)
+ for f in os.listdir("/proc/self/fd"):
+  if int(f)>4:
+   try:os.close(int(f))
+   except OSError:pass
+ b=b"";n=-1
+ while n<0 or len(b)<n:
+  if not select.select([3],[],[],secs if not b else 30)[0]:os._exit(0)
+  x=os.read(3,65536)
+  if not x:os._exit(0)
+  b+=x
+  if n<0 and b"\n" in b:
+   h,_,b=b.partition(b"\n");h=h.split()
+   if len(h)!=2 or h[0]!=b"go" or not h[1].isdigit() or int(h[1])>1<<20:os._exit(2)
+   n=int(h[1])
+  elif n<0 and len(b)>64:os._exit(2)
+ if len(b)!=n:os._exit(2)
+ f=b.split(b"\0");k=int(f[0]);e,a=f[1:1+2*k],[os.fsdecode(x) for x in f[1+2*k:]]
+ os.write(4,%(go)r)
+ p=os.fork()
+ if not p:
+  c=1
+  try:
+   for i in (0,1,2):os.dup2(3 if i==0 else 4,i)
+   os.close(3);os.close(4)
+   G.signal(G.SIGINT,G.default_int_handler);G.signal(G.SIGQUIT,G.SIG_DFL)
+   os.environ.pop("%(list)s",None)
+   for i in range(k):os.environ[os.fsdecode(e[2*i])]=os.fsdecode(e[2*i+1])
+   sys.stdin=open(0,"r",closefd=False);sys.stdout=open(1,"w",closefd=False)
+   sys.stderr=open(2,"w",buffering=1,closefd=False);sys.argv=["-c"]+a[1:]
+   exec(compile(a[0],"<string>","exec"),{"__name__":"__main__","__builtins__":__builtins__});c=0
+  except SystemExit as x:
+   c=x.code
+   if c is None:c=0
+   elif not isinstance(c,int):sys.stderr.write("%%s\n"%%c);c=1
+  except BaseException:
+   import traceback;traceback.print_exc()
+  try:sys.stdout.flush();sys.stderr.flush()
+  except Exception:pass
+  os._exit(c)
+ os.close(3);_,t=os.waitpid(p,0)
+ os.write(4,b"\n%(exit)s %%d\n"%%(os.WEXITSTATUS(t) if os.WIFEXITED(t) else 128+os.WTERMSIG(t)))
+ os._exit(0)
+_s=os.environ.pop("%(env)s","")
+if _s:_hold(float(_s))
+""" % {"held": HELD, "go": HELD_GO, "exit": HELD_EXIT.decode(), "list": LIST_ENV, "env": HOLD_ENV}
+
+
+def connect_program(facts: bool, listing: bool, hold: bool = False) -> str:
     """The test's program: orch check's (CONNECT_PY); in `orch up` it prints prepare's facts first
     (supervisor.FACTS_PY) and, once it has tested, lists the sync (lists_sync: sync's listing
-    without a python3 start of its own)."""
-    return (FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + _CONNECT + (_LIST_AFTER if listing else "")
+    without a python3 start of its own); `hold`: then it waits to be the host's supervisor (HOLD_PY)."""
+    return (FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + _CONNECT + (_LIST_AFTER if listing else "") \
+        + (HOLD_PY if hold else "")
 
 
 CONNECT_PY = connect_program(False, False)   # orch check's
@@ -231,10 +301,11 @@ def connect_body(plan, host: Host) -> str:
     args = " ".join(q(str(a)) for a in (index, target.port, connect_timeout(plan), *target.addresses))
     facts = probe_facts(plan)
     listing = lists_sync(plan, host)
+    hold = holds(plan, host)
     env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
-                          ENV_OUT: tout})
+                          ENV_OUT: tout, **({HOLD_ENV: f"{plan.hold:g}", **run_env(plan.run_id)} if hold else {})})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing))} {args} 2>&1"
+            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing, hold))} {args} 2>&1"
             + (f" {list_heredoc(plan.listing)}" if listing else ""))
 
 
@@ -245,6 +316,18 @@ def tests_by_python(plan, host: Host) -> bool:
     known (plan.reach)."""
     return (SECTION in plan.checks and _applies(plan, host) and host.name != plan.launch.name
             and plan.reach is not None and bool(plan.reach.port))
+
+
+def holds(plan, host: Host) -> bool:
+    """Does this host's reach test stay to be its supervisor (HOLD_PY; plan.hold)? Its probe's
+    shell then gives it the session's stdin and stdout (probes.assemble's `hold`)."""
+    return plan.hold > 0 and tests_by_python(plan, host)
+
+
+def held(sections) -> bool:
+    """Did the host's reach test say it holds the session (HELD)?"""
+    sec = None if sections is None else sections.get(SECTION)
+    return sec is not None and HELD in sec.body.split("\n")
 
 
 def lists_sync(plan, host: Host) -> bool:

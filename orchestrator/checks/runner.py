@@ -73,7 +73,8 @@ def probe_script(plan: CheckPlan, host: Host) -> str:
     frame = sections_for(plan, host, [c for c in checks if any(p.place == "frame" for p in c.probes)])["frame"]
     got = sections_for(plan, host, [c for c in checks if c.name in plan.checks])
     got["body"] += PREPARE.shell(plan, host) + SYNC_LISTING.shell(plan, host)  # `orch up`'s: none otherwise
-    return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:])
+    return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:],
+                           hold=reach.SECTION if reach.holds(plan, host) else "")
 
 
 def check_script(plan: CheckPlan, host: Host, check: Check) -> str:
@@ -143,8 +144,9 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
                 return watch is None or watch(text)
 
             sink = _Watch(seen)
+        hold = reach.holds(hplan, host)
         try:
-            res = transport.run(script, sink=sink)  # a script of any size goes on stdin
+            res = transport.probe(script, sink=sink, hold=hold)  # a script of any size goes on stdin
         except OrchError as exc:
             return ProbeRun(host, None, exc, "probe", connect_time=connect_time, addresses=addresses)
     finally:
@@ -152,6 +154,8 @@ def probe_host(plan: CheckPlan, pool, host: Host, on_started: Callable[[], None]
     t_recv = time.time()
     out = (sink.buf.decode("utf-8", "replace") if sink is not None else "") + res.out
     sections = probes.split_sections(out)
+    if hold and not reach.held(sections):   # its reach test did not stay: the start goes its own way
+        transport.release_held()
     if not sections:
         tail = (res.err.strip() or out.strip())[-300:]
         return ProbeRun(host, None, HostError(host.name, f"the probe printed nothing usable (exit code "
@@ -184,7 +188,8 @@ class _Once:
 
 def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = None, *, full_mesh: bool = False,
                deep: bool = False, on_result: Callable[[CheckResult], None] | None = None,
-               procs: int = 1, prepare: bool = False, entries: Sequence[Entry] | None = None) -> Report:
+               procs: int = 1, prepare: bool = False, entries: Sequence[Entry] | None = None,
+               run_id: str = "") -> Report:
     """Run every check on every host of `cluster` (one probe per host, `cluster.ssh.fanout` at once);
     deep: also the device health probes (check `health`). `rank_plan`: the plan the caller made
     (or the PlanError making it gave: check device-rules reports it); None: planned here.
@@ -195,7 +200,8 @@ def run_checks(cluster: Cluster, pool, rank_plan: RankPlan | PlanError | None = 
     each host has of `entries`, up's sync manifest (Report.listed; checkplan.up_files)."""
 
     t0 = time.monotonic()
-    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare, entries=entries)
+    plan = make_check_plan(cluster, rank_plan, full_mesh=full_mesh, deep=deep, prepare=prepare, entries=entries,
+                           run_id=run_id)
     results: list[CheckResult] = []
 
     def emit(rs: Iterable[CheckResult]) -> None:

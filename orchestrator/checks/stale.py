@@ -14,8 +14,9 @@ STALE = Probe("stale", lambda plan, host: [("stale", (
     f"{sh.env_values(RUN_VAR)}\ntrue"))])
 
 
-def judge_stale(host: Host, sec: Section) -> list[CheckResult]:
-    runs = probes.parse_stale(sec.body)
+def judge_stale(host: Host, sec: Section, own: str = "") -> list[CheckResult]:
+    """`own`: the id of the run `orch up` is starting (its check's python3 carries it: reach.holds)."""
+    runs = {r: p for r, p in probes.parse_stale(sec.body).items() if r != own}
     if not runs:
         return [result("stale", host, "pass", "no processes of an earlier orch run")]
     out = []
@@ -26,4 +27,4 @@ def judge_stale(host: Host, sec: Section) -> list[CheckResult]:
     return out
 
 
-register(Check("stale", probes=(STALE,), judge=lambda plan, run: judge_stale(run.host, section(run.sections, "stale"))))
+register(Check("stale", probes=(STALE,), judge=lambda plan, run: judge_stale(run.host, section(run.sections, "stale"), plan.run_id)))

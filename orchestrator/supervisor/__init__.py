@@ -210,13 +210,23 @@ def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | No
 
 def _boot(rdir: str) -> str:
     """Shell: _BOOT_PY for the run directory `rdir` (its arguments: nothing secret)."""
-    q = shlex.quote
+    return " ".join([*PY, "-c", *(shlex.quote(a) for a in boot_args(rdir))])
+
+
+def boot_args(rdir: str) -> list[str]:
+    """What follows `python3 -S -c` in a start: _BOOT_PY and its arguments, for `rdir`."""
     home = _home_in(rdir.rsplit("/", 1)[0])
-    return f"{' '.join(PY)} -c {q(_BOOT_PY)} {q(home)} {q(rdir)} {q(agent_stub(home))}"
+    return [_BOOT_PY, home, rdir, agent_stub(home)]
 
 
 def _run_env(cfg: Mapping) -> dict[str, str]:
-    return {RUN_VAR: cfg["run_id"], layout.AGENT_VAR: "1"}
+    return run_env(cfg["run_id"])
+
+
+def run_env(run_id: str) -> dict[str, str]:
+    """A supervisor's own environment: the run's id, and that it is a supervisor (what sweeps and
+    `agent.py status` find it by, in /proc/PID/environ: the environment it was started with)."""
+    return {RUN_VAR: run_id, layout.AGENT_VAR: "1"}
 
 
 def start_script(cfg: Mapping, send: bool = True) -> str:
@@ -234,8 +244,17 @@ def member_start(cfg: Mapping, send: bool = True) -> tuple[str, bytes]:
     host's python then unpacks, imports and waits for one more line, head_line(), sent once the
     head runs, before it starts the supervisor; stdin closed without it: nothing starts there
     (the agent's NO_HEAD), and the run directory made for it is removed."""
-    return (f"{sh.assignments(_run_env(cfg))} exec {_boot(cfg['rundir'])} start",
-            f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode())
+    return (f"{sh.assignments(_run_env(cfg))} exec {_boot(cfg['rundir'])} start", _member_first(cfg, send))
+
+
+def member_boot(cfg: Mapping, send: bool = True) -> tuple[dict[str, str], list[str], bytes]:
+    """member_start for a host whose check probe's python3 waits to be it (reach.HOLD_PY): (the
+    environment, the arguments after `python3 -S -c`, what goes first on its stdin)."""
+    return _run_env(cfg), [*boot_args(cfg["rundir"]), "start"], _member_first(cfg, send)
+
+
+def _member_first(cfg: Mapping, send: bool) -> bytes:
+    return f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode()
 
 
 def head_line(port: int, addresses: Sequence[str]) -> bytes:

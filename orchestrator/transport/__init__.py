@@ -54,6 +54,13 @@ class Pool:
             self._gateways = Gateways(self.cluster.ssh)
         return self._gateways
 
+    def release_held(self) -> None:
+        """Every session a probe held for a later command (Transport.probe(hold=True)) closed."""
+        with self._lock:
+            transports = list(self._transports.values())
+        for t in transports:
+            t.release_held()
+
     def close(self) -> None:
         with self._lock:
             transports: list[Transport | Gateways]

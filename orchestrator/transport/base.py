@@ -33,6 +33,16 @@ CHUNK = 1 << 16
 # What runs on the remote command line when the script comes on stdin: read it all (stdin is
 # then at EOF for the script's commands, as it would be without a script on it), then run it.
 BOOTSTRAP = 'eval "$(cat)"'
+# A session held for a later command (Transport.probe(hold=True), then start_held): the script
+# comes on stdin, but stdin stays open after it, so it reads exactly its bytes; once the script's
+# shell ends (its last line PROBE_END), a process the script left holding the channel's stdin
+# and stdout (checks/reach.py: HOLD_PY) takes `go N` and N bytes (held_go), answers HELD_GO,
+# runs them and ends with `HELD_EXIT <status>`.
+HELD_BOOTSTRAP = 'eval "$(head -c {n})"'
+PROBE_END = b"@@orch:probe-end\n"
+HELD_GO = b"@@orch:go\n"
+HELD_EXIT = b"@@orch:exit"
+HELD_MAX = 1 << 20  # bytes of a go at most
 
 
 class Reader(Protocol):
@@ -118,6 +128,20 @@ class Transport(ABC):
             rc, out, err = self._exec(script, stdin=stdin, sink=sink, timeout=timeout)
         return Result(self.host.name, script, rc, out, err, time.monotonic() - start)
 
+    def probe(self, script: str, *, sink: Writer | None = None, hold: bool = False) -> Result:
+        """run(script, sink=sink); `hold` (SSH): the session stays open past the script's end for
+        start_held, if the script left a process holding it (else release_held drops it)."""
+        return self.run(script, sink=sink)
+
+    def start_held(self, env: Mapping[str, str], argv: Sequence[str], stdin: Reader) -> Result | None:
+        """In the session probe(hold=True) kept: `python3 -S -c argv...` with `env`, its stdin
+        from `stdin`, as the process that holds it runs it. None: no session held, or its
+        process was gone before it took the command (nothing ran: run it another way)."""
+        return None
+
+    def release_held(self) -> None:  # noqa: B027 - a no-op unless a session is held
+        """Close the session probe(hold=True) kept, if any (its process then exits)."""
+
     def put(self, data: bytes | str | os.PathLike, remote: str, *, mode: int | None = None,
             timeout: float | None = None) -> None:
         """Write bytes or a local file to `remote` atomically (temp file + rename).
@@ -193,6 +217,16 @@ class _LocalSink:
 
     def tell(self) -> int:
         return self._fh.tell()
+
+
+def held_go(env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+    """What a held session's process takes (HOLD_PY): `go N`, then N bytes: the number of
+    variables, each name and value, then the arguments, NUL-separated (none of them can hold one)."""
+    fields = [str(len(env)), *(x for kv in env.items() for x in kv), *argv]
+    payload = b"\0".join(os.fsencode(f) for f in fields)
+    if len(payload) > HELD_MAX or any("\0" in f for f in fields):
+        raise ValueError("a held session's command is too long or holds a NUL byte")
+    return b"go %d\n" % len(payload) + payload
 
 
 def quote_argv(argv: Iterable[str]) -> str:

@@ -37,7 +37,7 @@ from ..errors import (  # noqa: E402 - as above
     AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError,
 )
 from ..model import Host, SshSettings  # noqa: E402 - as above
-from .base import CHUNK, Transport  # noqa: E402 - as above
+from .base import CHUNK, HELD_BOOTSTRAP, HELD_EXIT, HELD_GO, PROBE_END, Result, Transport, held_go  # noqa: E402 - as above
 
 # paramiko logs what it catches (a host that never sends its SSH banner: 60 lines of traceback);
 # orch reports each failure itself, once, as an error naming the host. With no handler
@@ -271,6 +271,7 @@ class SshTransport(Transport):
         self._client: paramiko.SSHClient | None = None
         self._transport: paramiko.Transport | None = None
         self._lock = threading.Lock()
+        self._held: paramiko.Channel | None = None  # probe(hold=True)'s session, until start_held
         self.connections_opened = 0
         self._refused: ConnectError | None = None  # a refused key / host key: final for this invocation
         self.failure_memory = 0.0  # a jump host: seconds a failed connect (after its retries) stands
@@ -486,6 +487,7 @@ class SshTransport(Transport):
         return ConnectError(h.name, f"cannot connect to {h.target}: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
+        self.release_held()
         with self._lock:
             if self._client is not None:
                 self._client.close()
@@ -495,7 +497,8 @@ class SshTransport(Transport):
             self.gateways.close()
 
     # ---- the primitive
-    def _exec(self, script, *, stdin, sink, timeout):
+    def _exec(self, script, *, stdin, sink, timeout, keep=False):
+        """_drive on a new session; `keep`: the session, if _drive kept it, becomes the held one."""
         self.connect()
         transport = self._transport
         assert transport is not None
@@ -506,13 +509,79 @@ class SshTransport(Transport):
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
+        kept = False
         try:
-            return _drive(chan, script, stdin, sink, deadline, self.host.name, timeout)
+            rc, out, err, kept = _drive(chan, script, stdin, sink, deadline, self.host.name, timeout, keep)
+            if kept:
+                self.release_held()
+                self._held = chan
+            return rc, out, err
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
         finally:
+            if not kept:
+                chan.close()
+
+    # ---- a session held for a later command (base.HELD_BOOTSTRAP)
+    def probe(self, script, *, sink=None, hold=False):
+        if not hold:
+            return super().probe(script, sink=sink)
+        data = script.encode()
+        start = time.monotonic()
+        rc, out, err = self._exec(HELD_BOOTSTRAP.format(n=len(data)), stdin=data, sink=sink,
+                                  timeout=self.command_timeout, keep=True)
+        return Result(self.host.name, script, rc, out, err, time.monotonic() - start)
+
+    def start_held(self, env, argv, stdin):
+        with self._lock:
+            chan, self._held = self._held, None
+        if chan is None:
+            return None
+        start = time.monotonic()
+        deadline = start + self.command_timeout
+        try:
+            if chan.closed or chan.eof_received:   # its process gave up waiting: nothing ran
+                chan.close()
+                return None
+            chan.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                chan.sendall(held_go(env, argv))
+            except OSError:
+                if chan.closed or chan.eof_received:   # gone meanwhile: nothing ran
+                    return None
+                raise
+            # its answer (it runs the command), or its end: nothing ran, the caller runs it its own way
+            got = bytearray()
+            chan.settimeout(0.0)
+            while HELD_GO not in got:
+                if chan.recv_ready():
+                    got += chan.recv(RECV_MAX)
+                    continue
+                if chan.eof_received or chan.closed:
+                    return None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RemoteTimeout(self.host.name, f"the held session did not answer within {self.command_timeout:g}s",
+                                        hint="raise ssh.command_timeout if the host is just slow")
+                select.select([chan], [], [], min(remaining, 1.0))
+            said = bytes(got[got.index(HELD_GO) + len(HELD_GO):])
+            _, out, err, _ = _feed_and_read(chan, stdin, None, deadline, self.host.name, self.command_timeout, out=said)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
+                                        hint=_UNREACHABLE_HINT) from None
+        finally:
+            chan.close()
+        rc, out = _held_status(out)
+        argv_text = " ".join(shlex.quote(a) for a in argv[1:])
+        return Result(self.host.name, f"(held session) python3 -c <boot> {argv_text}", rc, out, err,
+                      time.monotonic() - start)
+
+    def release_held(self):
+        with self._lock:
+            chan, self._held = self._held, None
+        if chan is not None:
             chan.close()
 
 
@@ -573,9 +642,18 @@ def _make_transport(sock, **kwargs) -> paramiko.Transport:
 
 
 def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, host: str,
-           timeout: float) -> tuple[int, bytes, bytes]:
+           timeout: float, keep: bool = False) -> tuple[int, bytes, bytes, bool]:
+    """Run `script` on `chan`: (exit status, stdout, stderr, whether the channel is kept open:
+    `keep` and the script's shell ended with PROBE_END while something still holds its output)."""
     # `sh -c` so the remote login shell (bash, zsh, csh...) only ever parses one quoted word.
     chan.exec_command("exec sh -c " + shlex.quote(script))
+    return _feed_and_read(chan, stdin, sink, deadline, host, timeout, keep=keep)
+
+
+def _feed_and_read(chan: paramiko.Channel, stdin, sink, deadline: float, host: str, timeout: float,
+                   keep: bool = False, out: bytes = b"") -> tuple[int, bytes, bytes, bool]:
+    """_drive's, once the command runs: `stdin` sent (and then its end, unless `keep`), the output
+    read to its end (`keep`: to PROBE_END once the shell has ended). `out`: what came already."""
     if stdin is not None:
         chan.settimeout(max(0.1, deadline - time.monotonic()))
         try:
@@ -593,9 +671,9 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
             # what it said and its exit status, read below, are the error, not this.
             if not chan.closed and not chan.exit_status_ready() and not chan.recv_stderr_ready():
                 raise
-    if not chan.closed:
+    if not chan.closed and not keep:
         chan.shutdown_write()
-    out, err = bytearray(), bytearray()
+    buf, err, tail = bytearray(out), bytearray(), b""
     chan.settimeout(0.0)
     while True:
         progressed = False
@@ -604,13 +682,14 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
             if not data:
                 break
             progressed = True
+            tail = (tail + data)[-len(PROBE_END):]
             if sink is not None:
                 sink.write(data)
                 # streaming a file (a rank's log): the timeout bounds a stall, not the transfer,
                 # which may be gigabytes long
                 deadline = max(deadline, time.monotonic() + timeout)
             else:
-                out += data
+                buf += data
         while chan.recv_stderr_ready():
             data = chan.recv_stderr(RECV_MAX)
             if not data:
@@ -623,6 +702,8 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
             break
         if chan.closed and not chan.recv_ready():
             break
+        if keep and tail == PROBE_END and not chan.recv_ready():
+            return 0, bytes(buf), bytes(err), True   # all the script said: its session stays
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise RemoteTimeout(host, f"command timed out after {timeout:g}s",
@@ -632,4 +713,13 @@ def _drive(chan: paramiko.Channel, script: str, stdin, sink, deadline: float, ho
     rc = chan.recv_exit_status()
     if rc == -1:
         raise TransientNetworkError(host, "the SSH channel closed without an exit status")
-    return rc, bytes(out), bytes(err)
+    return rc, bytes(buf), bytes(err), False
+
+
+def _held_status(out: bytes) -> tuple[int, bytes]:
+    """A held session's output -> (the command's exit status, its output without HELD_EXIT's line);
+    255 when that line is missing (the holding process died)."""
+    head, sep, last = out.rstrip(b"\n").rpartition(b"\n" + HELD_EXIT + b" ")
+    if sep and last.isdigit():
+        return int(last), head
+    return 255, out + b"\norch: the held session ended without the command's exit status\n"

@@ -93,6 +93,53 @@ def test_the_launch_host_logs_in_to_each_host_once_sharing_its_mesh_tests_connec
     assert ("ControlPath=/tmp/orch-ssh-0/" in mpirun) is not planted
 
 
+def _sessions(lab, i: int) -> int:
+    """Commands (SSH sessions) host i ran so far for this machine (its sshd log: LogLevel VERBOSE;
+    this machine's address on the lab's bridge, x.y.z.1: not the launch host's, mpirun's own)."""
+    me = lab.host(i).address.rsplit(".", 1)[0] + ".1"
+    return sum("Starting session: " in ln and f" from {me} port " in ln
+               for ln in lab.sshd_log(i).read_text(errors="replace").splitlines())
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ranktable"])
+def test_each_members_supervisor_starts_in_its_checks_session(lab, job, tmp_path, launcher):
+    """`orch up` (nothing to sync): a member host runs two commands, its check (whose python3
+    then becomes the run's supervisor, checks/reach.py HOLD_PY) and the gather; the launch host
+    starts its head in a session of its own. Nothing is left holding a session afterwards."""
+    extra = {"launcher": "ranktable", "platform": "ascend", "defaults": {"slots": 8},
+             "checks": {"versions": ["python"]}} if launcher == "ranktable" else {}
+    job(f"/data/up-held-{launcher}", hosts=3, **extra)
+    orch("up", cwd=tmp_path, check_rc=0)   # the first: syncs
+    before = [_sessions(lab, i) for i in (2, 3)]
+    orch("up", cwd=tmp_path, check_rc=0)
+    rec = run_record(tmp_path)
+    assert rec["state"] == "succeeded"
+    assert [_sessions(lab, i) - b for i, b in zip((2, 3), before)] == [2, 2]
+    assert leftovers(rec["id"]) == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _holds(p)], "a held session's process is left"
+
+
+def _holds(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return any(e.startswith(b"ORCH_HOLD=") for e in env)
+
+
+def test_a_failed_check_leaves_no_process_holding_a_session(lab, job, tmp_path):
+    """The members' checks hold their sessions for the start; the preflight fails (a file to
+    sync is missing): nothing starts, and what held the sessions is gone with them."""
+    job("/data/up-held-fail", hosts=3, sync=["rank.py", "missing.py"])
+    res = orch("up", cwd=tmp_path)
+    assert res.returncode != 0 and b"missing.py" in res.stdout + res.stderr
+    deadline = __import__("time").monotonic() + 10
+    while [p for p in os.listdir("/proc") if p.isdigit() and _holds(p)]:
+        assert __import__("time").monotonic() < deadline, "a held session's process outlived `orch up`"
+        __import__("time").sleep(0.1)
+
+
 LIVE_PY = """\
 import os, time
 r = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID"))
