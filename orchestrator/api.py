@@ -330,7 +330,7 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             run_lifecycle.distribute(launch, entries, {**(report.listed if report is not None else {}),
                                                        **prepared.listed}, prepared.share)
             run_lifecycle.start(launch, prepared.agent)
-            pool.release_held()   # what no start took (a spare's, say): its process exits
+            pool.release_held()   # any a start did not take (none, unless one fell back): its process exits
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:
             stop_reason = "a SIGTERM to `orch up`" if isinstance(exc, Terminated) else "Ctrl-C in `orch up`"

@@ -151,53 +151,63 @@ _LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTIO
 # `orch up`: once it has tested and listed, the program stays, in the background of the probe,
 # to be this host's supervisor (holds): the supervisor's start then needs no SSH session and no
 # python3 start of its own (sshd's session, the login shell, sh, python3: ~13 ms of CPU a host).
-# It says `held`, then a child of it keeps the channel's stdin (fd 3) and stdout (fd 4), which the
-# probe's shell gave only to it, and waits HOLD_ENV seconds at most for `go N\n` and N bytes: the
-# start's environment and arguments (transport.held_go); it answers HELD_GO and runs them as
-# `python3 -S -c` would (the start's boot, supervisor.member_boot), in a child whose exit status
-# follows its output (HELD_EXIT). Its stdin at EOF, no go in time or anything else: it exits,
-# nothing started (the start then goes its own way, a session of its own). Signals as a fresh
-# python3 has them (a background job of sh has SIGINT and SIGQUIT ignored); the probe's own
-# variables (the listing's) left out.
+# It says `held`, then a child of it keeps the channel's stdin (fd 3), stdout (4) and stderr (5),
+# pipes or sockets which the probe's shell gave only to it (probes.assemble), and waits for
+# `go N\n` and N bytes, the start's environment and arguments (transport.held_go): HOLD_ENV's
+# seconds for the first byte, 30 for each further piece. It answers HELD_GO and runs them as
+# `python3 -S -c` would (the start's boot, supervisor.member_boot) in a child, whose exit status
+# follows its output (HELD_EXIT). Its stdin at EOF, no go in time, anything else: it exits and
+# nothing started (the start then takes a session of its own). A thread of the test still alive
+# (an address that did not answer): it does not hold (no fork beside a thread). As a fresh python3:
+# SIGINT and SIGQUIT at their defaults (a background job of sh has them ignored), the streams'
+# encodings and error handlers; the variables the probe gave the test (HOLD_ENV names them after
+# the seconds) gone from its environment. /proc/PID/environ, which no process can rewrite, still
+# shows them, as `ps` shows the test's command line.
 HOLD_ENV = "ORCH_HOLD"
 HELD = "held"
-HOLD_PY = r"""def _hold(secs):
- import select,_signal as G
- try:os.fstat(3);os.fstat(4)
+HOLD_PY = r"""def _hold(v):
+ import select,stat,_signal as G,_thread
+ secs,names=float(v.split()[0]),v.split()[1:]
+ try:
+  if _thread._count() or not all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in (os.fstat(i).st_mode for i in (3,4,5))):
+   return
  except OSError:return
  print("%(held)s");sys.stdout.flush()
  if os.fork():return
  os.setsid();d=os.open(os.devnull,os.O_RDWR)
  for i in (0,1,2):os.dup2(d,i)
  for f in os.listdir("/proc/self/fd"):
-  if int(f)>4:
+  if int(f)>5:
    try:os.close(int(f))
    except OSError:pass
- b=b"";n=-1
+ b=b"";n=-1;w=secs
  while n<0 or len(b)<n:
-  if not select.select([3],[],[],secs if not b else 30)[0]:os._exit(0)
-  x=os.read(3,65536)
+  if not select.select([3],[],[],w)[0]:os._exit(0)
+  x=os.read(3,65536);w=30
   if not x:os._exit(0)
   b+=x
   if n<0 and b"\n" in b:
    h,_,b=b.partition(b"\n");h=h.split()
-   if len(h)!=2 or h[0]!=b"go" or not h[1].isdigit() or int(h[1])>1<<20:os._exit(2)
+   if len(h)!=2 or h[0]!=b"go" or not h[1].isdigit() or not 0<int(h[1])<=1<<20:os._exit(2)
    n=int(h[1])
   elif n<0 and len(b)>64:os._exit(2)
- if len(b)!=n:os._exit(2)
- f=b.split(b"\0");k=int(f[0]);e,a=f[1:1+2*k],[os.fsdecode(x) for x in f[1+2*k:]]
+ f=b.split(b"\0")
+ if len(b)!=n or not f[0].isdigit() or len(f)<2+2*int(f[0]):os._exit(2)
+ k=int(f[0]);e,a=f[1:1+2*k],[os.fsdecode(x) for x in f[1+2*k:]]
  os.write(4,%(go)r)
  p=os.fork()
  if not p:
   c=1
   try:
-   for i in (0,1,2):os.dup2(3 if i==0 else 4,i)
-   os.close(3);os.close(4)
+   q=[(x.encoding,x.errors) for x in (sys.__stdin__,sys.__stdout__,sys.__stderr__)]
+   for i in (0,1,2):os.dup2(i+3,i)
+   for i in (3,4,5):os.close(i)
    G.signal(G.SIGINT,G.default_int_handler);G.signal(G.SIGQUIT,G.SIG_DFL)
-   os.environ.pop("%(list)s",None)
+   for x in names:os.environ.pop(x,None)
    for i in range(k):os.environ[os.fsdecode(e[2*i])]=os.fsdecode(e[2*i+1])
-   sys.stdin=open(0,"r",closefd=False);sys.stdout=open(1,"w",closefd=False)
-   sys.stderr=open(2,"w",buffering=1,closefd=False);sys.argv=["-c"]+a[1:]
+   sys.stdin=open(0,"r",encoding=q[0][0],errors=q[0][1],closefd=False)
+   sys.stdout=open(1,"w",encoding=q[1][0],errors=q[1][1],closefd=False)
+   sys.stderr=open(2,"w",buffering=1,encoding=q[2][0],errors=q[2][1],closefd=False);sys.argv=["-c"]+a[1:]
    exec(compile(a[0],"<string>","exec"),{"__name__":"__main__","__builtins__":__builtins__});c=0
   except SystemExit as x:
    c=x.code
@@ -208,12 +218,12 @@ HOLD_PY = r"""def _hold(secs):
   try:sys.stdout.flush();sys.stderr.flush()
   except Exception:pass
   os._exit(c)
- os.close(3);_,t=os.waitpid(p,0)
+ os.close(3);os.close(5);_,t=os.waitpid(p,0)
  os.write(4,b"\n%(exit)s %%d\n"%%(os.WEXITSTATUS(t) if os.WIFEXITED(t) else 128+os.WTERMSIG(t)))
  os._exit(0)
 _s=os.environ.pop("%(env)s","")
-if _s:_hold(float(_s))
-""" % {"held": HELD, "go": HELD_GO, "exit": HELD_EXIT.decode(), "list": LIST_ENV, "env": HOLD_ENV}
+if _s:_hold(_s)
+""" % {"held": HELD, "go": HELD_GO, "exit": HELD_EXIT.decode(), "env": HOLD_ENV}
 
 
 def connect_program(facts: bool, listing: bool, hold: bool = False) -> str:
@@ -303,7 +313,11 @@ def connect_body(plan, host: Host) -> str:
     listing = lists_sync(plan, host)
     hold = holds(plan, host)
     env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
-                          ENV_OUT: tout, **({HOLD_ENV: f"{plan.hold:g}", **run_env(plan.run_id)} if hold else {})})
+                          ENV_OUT: tout})
+    if hold:   # the seconds it waits, and the names it drops from its environment once it is the supervisor
+        env += " " + sh.assignments({**run_env(plan.run_id), HOLD_ENV: " ".join(
+            [f"{plan.hold:g}", *facts, *([LIST_ENV] if listing else []), ENV_IN, ENV_OUT]
+        )})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
             f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing, hold))} {args} 2>&1"
             + (f" {list_heredoc(plan.listing)}" if listing else ""))

@@ -504,7 +504,14 @@ class SshTransport(Transport):
         assert transport is not None
         deadline = time.monotonic() + timeout
         try:
-            chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
+            try:
+                chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
+            except paramiko.ChannelException:
+                if self._held is None:
+                    raise
+                # a server that allows one session at a time (sshd's MaxSessions): without the held one
+                self.release_held()
+                chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
@@ -569,6 +576,7 @@ class SshTransport(Transport):
             said = bytes(got[got.index(HELD_GO) + len(HELD_GO):])
             _, out, err, _ = _feed_and_read(chan, stdin, None, deadline, self.host.name, self.command_timeout, out=said)
         except (OSError, paramiko.SSHException, EOFError) as exc:
+            self.close()
             raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
                                         hint=_UNREACHABLE_HINT) from None
         finally:

@@ -23,6 +23,7 @@ from tests.support import lab_cluster
 # what the started program prints: its argv, an env value, its stdin, the dispositions of
 # SIGINT and SIGQUIT (SigIgn), then it exits with the code given
 PROGRAM = ("import os,sys\nsys.stdout.write(repr(sys.argv[1:])+'|'+os.environ.get('X','-')+'|'+sys.stdin.read())\n"
+           "sys.stdout.write('|tag=%s' % os.environ.get('ORCH_TAG', '-'))\nsys.stderr.write('to stderr \\udcff\\n')\n"
            "ign=int([l for l in open('/proc/self/status') if l.startswith('SigIgn')][0].split()[1],16)\n"
            "sys.stdout.write('|int-quit-ignored=%d' % (ign & 0b110))\n"
            "code=sys.argv[-1]\nsys.exit(int(code) if code.isdigit() else code)\n")
@@ -47,7 +48,8 @@ def host(lab, tmp_path):
 def held_probe(tag: str, hold: float) -> str:
     """A probe holding its session as up's does: the reach section's python3 with HOLD_PY (and
     a section after it that lingers, as any other section may)."""
-    body = f"ORCH_TAG={tag} {reach.HOLD_ENV}={hold:g} python3 -S -c {shlex.quote('import os,sys' + chr(10) + reach.HOLD_PY)} 2>&1"
+    body = (f"ORCH_TAG={tag} {reach.HOLD_ENV}='{hold:g} ORCH_TAG' "
+            f"python3 -S -c {shlex.quote('import os,sys' + chr(10) + reach.HOLD_PY)} 2>&1")
     return probes.assemble("h", [], [(reach.SECTION, body)], [("other", "echo other")], [], hold=reach.SECTION)
 
 
@@ -82,7 +84,8 @@ def test_the_held_session_runs_one_command_with_its_env_argv_stdin_and_exit_stat
     assert tagged(tag), "nothing holds the session"
     got = host.start_held({"X": "it's $HOME"}, [PROGRAM, "a b", "", "3"], _Stdin(b"in\nput"))
     assert got is not None
-    assert (got.exit_code, got.out) == (3, "['a b', '', '3']|it's $HOME|in\nput|int-quit-ignored=0")
+    assert (got.exit_code, got.out) == (3, "['a b', '', '3']|it's $HOME|in\nput|tag=-|int-quit-ignored=0")
+    assert got.err == "to stderr \\udcff\n"   # its own stream, as python3's stderr writes what it cannot encode
     assert gone(tag), "the held process outlived its command"
 
 
@@ -91,14 +94,14 @@ def test_sys_exit_with_a_message_or_none_is_pythons_own(host, last, code, said):
     tag = uuid.uuid4().hex
     host.probe(held_probe(tag, 30), hold=True)
     got = host.start_held({}, ["import sys\nsys.exit(%s)" % last], _Stdin(b""))
-    assert got is not None and (got.exit_code, got.out) == (code, said)
+    assert got is not None and (got.exit_code, got.out, got.err) == (code, "", said)
 
 
 def test_a_command_that_raises_gives_its_traceback_and_status_1(host):
     host.probe(held_probe(uuid.uuid4().hex, 30), hold=True)
     got = host.start_held({}, ["raise RuntimeError('boom')"], _Stdin(b""))
     assert got is not None and got.exit_code == 1
-    assert "RuntimeError: boom" in got.out
+    assert "RuntimeError: boom" in got.err and got.out == ""
 
 
 def test_a_holder_that_gave_up_waiting_runs_nothing_and_says_so(host):
