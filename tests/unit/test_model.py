@@ -117,3 +117,13 @@ def test_the_file_shape_and_the_model_name_the_same_fields():
                      (spec.RawJob, model.Job), (spec.RawHost, model.Host)):
         assert set(raw.model_fields) - nested.get(raw, set()) == \
             {f.name for f in fields(typ)} - derived.get(typ, set()), typ.__name__
+
+
+def test_a_run_takes_the_id_chosen_for_it_and_a_new_one_when_that_is_taken(tmp_path):
+    """`orch up` chooses the id before its preflight (a member's check may stay to be its
+    supervisor, which is found by that id); taken meanwhile, the run gets another, and `orch up`
+    closes what held sessions for the first (api._up_on)."""
+    c = full_cluster(tmp_path)
+    assert create_run(c, {}, cwd=tmp_path, run_id="20261128-000000-abcdef").id == "20261128-000000-abcdef"
+    other = create_run(c, {}, cwd=tmp_path, run_id="20261128-000000-abcdef").id
+    assert other != "20261128-000000-abcdef" and len(other) == len("20261128-000000-abcdef")
