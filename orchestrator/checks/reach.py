@@ -166,10 +166,10 @@ _LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTIO
 HOLD_ENV = "ORCH_HOLD"
 HELD = "held"
 HOLD_PY = r"""def _hold(v):
- import select,stat,_signal as G,_thread
+ import select,_signal as G,_thread
  secs,names=float(v.split()[0]),v.split()[1:]
  try:
-  if _thread._count() or not all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in (os.fstat(i).st_mode for i in (3,4,5))):
+  if _thread._count() or not all(os.fstat(i).st_mode&0o170000 in (0o010000,0o140000) for i in (3,4,5)):
    return
  except OSError:return
  print("%(held)s");sys.stdout.flush()
