@@ -200,11 +200,11 @@ def _background_start(body: str, i: int = 0, keep: bool = True) -> str:
     do. Its output waits in a temporary file (mktemp's: no name another user could plant; removed
     when the probe's shell exits) for the section's turn. Without one (mktemp failed: /tmp full
     or read-only), the section says so. `i`: the how-manieth background section (its variables);
-    not `keep`: descriptors 3 to 5 closed for it (assemble's `hold`: another section's)."""
+    not `keep`: descriptors 3 to 5 and 7 closed for it (assemble's `hold`: another section's)."""
     mo, mp = _background_vars(i)
     files = " ".join(f'"${_background_vars(k)[0]}"' for k in range(i + 1))
     return (f"if {mo}=$(mktemp 2>/dev/null); then\ntrap 'rm -f {files}' EXIT\n"
-            f"(\n{body}\n) {'' if keep else '3<&- 4>&- 5>&- '}> \"${mo}\" 2>&1 &\n{mp}=$!\nfi")
+            f"(\n{body}\n) {'' if keep else '3<&- 4>&- 5>&- 7>&- '}> \"${mo}\" 2>&1 &\n{mp}=$!\nfi")
 
 
 def _background_vars(i: int) -> tuple[str, str]:
@@ -223,14 +223,15 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `body` in order, `background` printed, `last`.
     `hold`: the background section that holds the session (checks/reach.py HOLD_PY) gets its
-    stdin, stdout and stderr as descriptors 3, 4 and 5, no other section does, and the script's output
-    ends with PROBE_END (transport.base: all of it, the session still open). Its output then goes
-    through `cat`, which the session's shell waits for: the session, and its stdin, stay open
-    while anything holds descriptor 4 (sshd closes a session's stdin once its shell has ended).
+    stdin, stdout and stderr as descriptors 3, 4 and 5, and 7, the write end of a pipe to a `cat`
+    that the session's shell waits for; no other section gets them. The session, and its stdin,
+    stay open while anything holds 7 (sshd closes a session's stdin once its shell has ended); the
+    script's output goes to the session as ever (through `cat` it cost 3-7 ms more a probe) and ends
+    with PROBE_END (transport.base: all of it, the session still open).
     Pure: same inputs, same script (checks/runner.py says which sections)."""
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
-        *(["exec 3<&0 5>&2", "{", "exec 4>&1"] if hold else []),
+        *(["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"] if hold else []),
         "exec 2>&1 </dev/null",
         "_b() { printf '%sbegin %s\\n' '" + MARK + "' \"$1\"; }",
         "_e() { printf '\\n%send %s %s\\n' '" + MARK + "' \"$1\" \"$2\"; }",
@@ -239,7 +240,7 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     parts += [section_script(n, b) for n, b in first]
     parts += [_background_start(b, i, keep=not hold or n == hold) for i, (n, b) in enumerate(background)]
     if hold:
-        parts.append("exec 3<&- 4>&- 5>&-")
+        parts.append("exec 3<&- 4>&- 5>&- 7>&-")
     parts += [section_script(n, b) for n, b in body]
     parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]
     parts += [section_script(n, b) for n, b in last]

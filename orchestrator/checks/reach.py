@@ -152,7 +152,8 @@ _LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTIO
 # to be this host's supervisor (holds): the supervisor's start then needs no SSH session and no
 # python3 start of its own (sshd's session, the login shell, sh, python3: ~13 ms of CPU a host).
 # It says `held`, then a child of it keeps the channel's stdin (fd 3), stdout (4) and stderr (5),
-# pipes or sockets which the probe's shell gave only to it (probes.assemble), and waits for
+# pipes or sockets which the probe's shell gave only to it, and 7, which keeps the session's shell
+# waiting (probes.assemble; the command it runs gets none of them but 0-2), and waits for
 # `go N\n` and N bytes, the start's environment and arguments (transport.held_go): HOLD_ENV's
 # seconds for the first byte, 30 for each further piece. It answers HELD_GO and runs them as
 # `python3 -S -c` would (the start's boot, supervisor.member_boot) in a child, whose exit status
@@ -169,7 +170,7 @@ HOLD_PY = r"""def _hold(v):
  import select,_signal as G,_thread
  secs,names=float(v.split()[0]),v.split()[1:]
  try:
-  if _thread._count() or not all(os.fstat(i).st_mode&0o170000 in (0o010000,0o140000) for i in (3,4,5)):
+  if _thread._count() or not all(os.fstat(i).st_mode&0o170000 in (0o010000,0o140000) for i in (3,4,5,7)):
    return
  except OSError:return
  print("%(held)s");sys.stdout.flush()
@@ -177,7 +178,7 @@ HOLD_PY = r"""def _hold(v):
  os.setsid();d=os.open(os.devnull,os.O_RDWR)
  for i in (0,1,2):os.dup2(d,i)
  for f in os.listdir("/proc/self/fd"):
-  if int(f)>5:
+  if int(f) not in (0,1,2,3,4,5,7):
    try:os.close(int(f))
    except OSError:pass
  b=b"";n=-1;w=secs
@@ -201,7 +202,7 @@ HOLD_PY = r"""def _hold(v):
   try:
    q=[(x.encoding,x.errors) for x in (sys.__stdin__,sys.__stdout__,sys.__stderr__)]
    for i in (0,1,2):os.dup2(i+3,i)
-   for i in (3,4,5):os.close(i)
+   for i in (3,4,5,7):os.close(i)
    G.signal(G.SIGINT,G.default_int_handler);G.signal(G.SIGQUIT,G.SIG_DFL)
    for x in names:os.environ.pop(x,None)
    for i in range(k):os.environ[os.fsdecode(e[2*i])]=os.fsdecode(e[2*i+1])

@@ -39,10 +39,10 @@ def test_a_holding_probe_gives_the_session_to_its_section_alone_and_ends_with_pr
     script = probes.assemble("h", [("clock0", "date")], [("reach", "python3 x"), ("mesh", "ssh y")],
                              [("user", "id -un")], [("clock1", "date")], hold="reach")
     lines = script.splitlines()
-    assert lines[1:4] == ["exec 3<&0 5>&2", "{", "exec 4>&1"]
+    assert lines[1:4] == ["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"]
     assert lines[-2:] == [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]
-    assert ") > \"$_mo\" 2>&1 &" in script and ") 3<&- 4>&- 5>&- > \"$_mo1\" 2>&1 &" in script
-    assert script.index("exec 3<&- 4>&- 5>&-") < script.index("_b user")
+    assert ") > \"$_mo\" 2>&1 &" in script and ") 3<&- 4>&- 5>&- 7>&- > \"$_mo1\" 2>&1 &" in script
+    assert script.index("exec 3<&- 4>&- 5>&- 7>&-") < script.index("_b user")
     plain = probes.assemble("h", [("clock0", "date")], [("reach", "python3 x"), ("mesh", "ssh y")],
                             [("user", "id -un")], [("clock1", "date")])
     assert "3<&" not in plain and "4>&" not in plain and "| cat" not in plain and "probe-end" not in plain
