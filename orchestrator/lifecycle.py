@@ -222,20 +222,18 @@ class Lifecycle:
             return self._start_slurm(cfgs)
         members = [h for h in self.plan.all_hosts if h.name != head.name]
         # the members' starts go out with the head's, not after it: each host unpacks and imports
-        # meanwhile and waits for the head's port and addresses (supervisor.member_start), which
+        # meanwhile and waits for the head's port and addresses (supervisor.member_boot), which
         # follow on its stdin once the head runs; if the head does not start, their stdin closes
         # and nothing starts there
         told = _HeadLine(self.cluster.ssh.command_timeout + self.cluster.ssh.connect_timeout)
 
         def member(h):
-            send = h.name not in have_agent
             # the python3 of the host's check, when it stayed for it (checks/reach.py HOLD_PY): no
             # SSH session nor python3 start of its own; else a session of its own
-            env, args, first = supervisor.member_boot(cfgs[h.name], send)
+            env, args, first = supervisor.member_boot(cfgs[h.name], h.name not in have_agent)
             r = self.pool[h].start_held(env, args, told.reader(first))
             if r is None:
-                command, first = supervisor.member_start(cfgs[h.name], send)
-                r = self.pool[h].run(command, stdin=told.reader(first))
+                r = self.pool[h].run(supervisor.boot_command(env, args), stdin=told.reader(first))
             r = r.check("starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":

@@ -204,7 +204,7 @@ def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | No
     if conf is None:
         return f"{_boot(rdir)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF\n"
     assert "\n" not in conf
-    return (f"{sh.assignments(env or {})} exec {_boot(rdir)} start "
+    return (f"{boot_command(env or {}, [*boot_args(rdir), 'start'])} "
             f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF\n")
 
 
@@ -244,17 +244,21 @@ def member_start(cfg: Mapping, send: bool = True) -> tuple[str, bytes]:
     host's python then unpacks, imports and waits for one more line, head_line(), sent once the
     head runs, before it starts the supervisor; stdin closed without it: nothing starts there
     (the agent's NO_HEAD), and the run directory made for it is removed."""
-    return (f"{sh.assignments(_run_env(cfg))} exec {_boot(cfg['rundir'])} start", _member_first(cfg, send))
+    env, args, first = member_boot(cfg, send)
+    return boot_command(env, args), first
 
 
 def member_boot(cfg: Mapping, send: bool = True) -> tuple[dict[str, str], list[str], bytes]:
-    """member_start for a host whose check probe's python3 waits to be it (reach.HOLD_PY): (the
-    environment, the arguments after `python3 -S -c`, what goes first on its stdin)."""
-    return _run_env(cfg), [*boot_args(cfg["rundir"]), "start"], _member_first(cfg, send)
+    """A member's start as its parts: (the environment, the arguments after `python3 -S -c`,
+    what goes first on its stdin). A host whose check's python3 waits to be its supervisor
+    (reach.HOLD_PY) takes them as they are; any other runs boot_command of them (member_start)."""
+    first = f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode()
+    return _run_env(cfg), [*boot_args(cfg["rundir"]), "start"], first
 
 
-def _member_first(cfg: Mapping, send: bool) -> bytes:
-    return f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode()
+def boot_command(env: Mapping[str, str], args: Sequence[str]) -> str:
+    """Shell: `python3 -S -c ARGS...` with `env`, in the shell's place."""
+    return f"{sh.assignments(env)} exec {' '.join([*PY, '-c', *(shlex.quote(a) for a in args)])}"
 
 
 def head_line(port: int, addresses: Sequence[str]) -> bytes:

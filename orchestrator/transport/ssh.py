@@ -520,8 +520,10 @@ class SshTransport(Transport):
         try:
             rc, out, err, kept = _drive(chan, script, stdin, sink, deadline, self.host.name, timeout, keep)
             if kept:
-                self.release_held()
-                self._held = chan
+                with self._lock:
+                    before, self._held = self._held, chan
+                if before is not None:
+                    before.close()
             return rc, out, err
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
