@@ -335,8 +335,9 @@ def tests_by_python(plan, host: Host) -> bool:
 
 def holds(plan, host: Host) -> bool:
     """Does this host's reach test stay to be its supervisor (HOLD_PY; plan.hold)? Its probe's
-    shell then gives it the session's stdin and stdout (probes.assemble's `hold`)."""
-    return plan.hold > 0 and tests_by_python(plan, host)
+    shell then gives it the session's stdin and stdout (probes.assemble's `hold`). Not on a
+    `connection: local` host: its commands run as subprocesses of orch, with no session to hold."""
+    return plan.hold > 0 and host.connection != "local" and tests_by_python(plan, host)
 
 
 def held(sections) -> bool:

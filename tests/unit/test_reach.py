@@ -631,3 +631,20 @@ def test_the_listener_and_the_test_start_lean_and_look_up_only_names():
     assert without_version(got.stdout).splitlines()[0] == "to 127.0.0.1 ok"
     assert got.stderr.splitlines() == ["getaddrinfo localhost"]   # the name only
     assert gone(int(port), reach.GRACE + 3)
+
+
+def test_in_up_each_other_ssh_host_holds_its_session_and_nothing_else_does():
+    """reach.holds: `orch up` (a run id, not Slurm), the hosts whose reach test runs (not the
+    launch host), over SSH; the probe's frame (probes.assemble's hold) exactly there."""
+    c = cluster(n=3)
+    target = ReachTarget(43121, (LAUNCH,), 0.0)
+    up = replace(checks.make_check_plan(c, prepare=True, run_id="R1"), reach=target)
+    assert [reach.holds(up, h) for h in up.hosts] == [False, True, True]
+    assert ["exec 3<&0" in runner.probe_script(up, h) for h in up.hosts] == [False, True, True]
+    assert not any(reach.holds(p, h) for p in (
+        replace(checks.make_check_plan(c, prepare=True), reach=target),      # no run id: prepare's own round trip
+        replace(checks.make_check_plan(c), reach=target),                    # orch check
+        replace(up, reach=None)) for h in up.hosts)                          # no listener to test
+    local = cluster(hosts=[host(i, connection="local") for i in (1, 2)])
+    lp = replace(checks.make_check_plan(local, prepare=True, run_id="R1"), reach=target)
+    assert not any(reach.holds(lp, h) for h in lp.hosts)
