@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import time
 import uuid
 
@@ -130,10 +131,13 @@ def test_a_holder_killed_before_the_command_runs_nothing(host):
     assert host.start_held({}, [PROGRAM, "0"], _Stdin(b"")) is None
 
 
-def test_closing_the_connection_ends_the_holder(host):
+def test_a_connection_dropped_under_it_ends_the_holder(host):
+    """`orch up` killed, or its network gone: no channel is closed, the TCP connection just ends;
+    sshd ends the session and the holder, with it, its stdin."""
     tag = uuid.uuid4().hex
     host.probe(held_probe(tag, 60), hold=True)
-    host.close()
+    assert tagged(tag)
+    host._transport.sock.shutdown(socket.SHUT_RDWR)   # not close(): what a killed process's kernel does
     assert gone(tag), "the held process outlived the connection"
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -134,10 +135,10 @@ def test_a_failed_check_leaves_no_process_holding_a_session(lab, job, tmp_path):
     job("/data/up-held-fail", hosts=3, sync=["rank.py", "missing.py"])
     res = orch("up", cwd=tmp_path)
     assert res.returncode != 0 and b"missing.py" in res.stdout + res.stderr
-    deadline = __import__("time").monotonic() + 10
+    deadline = time.monotonic() + 10
     while [p for p in os.listdir("/proc") if p.isdigit() and _holds(p)]:
-        assert __import__("time").monotonic() < deadline, "a held session's process outlived `orch up`"
-        __import__("time").sleep(0.1)
+        assert time.monotonic() < deadline, "a held session's process outlived `orch up`"
+        time.sleep(0.1)
 
 
 LIVE_PY = """\
