@@ -14,7 +14,6 @@ Pure; stdlib only.
 
 from __future__ import annotations
 
-
 from . import jsonc
 from .layout import TYPE_CHECKING
 

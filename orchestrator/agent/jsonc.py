@@ -73,22 +73,23 @@ def _c_functions() -> tuple[Callable[[Any, tuple[str, str]], str], Callable[[str
     return dumps, loads
 
 
-_C = _c_functions()
+_C = _c_functions()   # (dumps, loads) through the C functions; None: json does the work
+_c_dumps, _c_loads = _C if _C is not None else (None, None)
 
 
 def dumps(obj: Any, separators: tuple[str, str] | None = None) -> str:
     """json.dumps(obj, separators=separators), its other options at their defaults."""
-    if _C is None:
+    if _c_dumps is None:
         import json   # lazy: only where CPython's C functions are not (see the module's text)
         return json.dumps(obj, separators=separators)
-    return _C[0](obj, separators or (", ", ": "))
+    return _c_dumps(obj, separators or (", ", ": "))
 
 
 def loads(s: str | bytes | bytearray) -> Any:
     """json.loads(s) (bytes: UTF-8 only)."""
     if not isinstance(s, str):
         s = bytes(s).decode("utf-8")
-    if _C is None:
+    if _c_loads is None:
         import json   # lazy: as in dumps
         return json.loads(s)
-    return _C[1](s)
+    return _c_loads(s)

@@ -59,8 +59,8 @@ from _operator import _compare_digest
 
 from .load import parse_load
 from .metrics import parse_progress
-from .states import RankState
 from . import jsonc
+from .states import RankState
 from .layout import TYPE_CHECKING
 
 if TYPE_CHECKING:
