@@ -15,7 +15,6 @@ supervisor forks its ranks, and a fork beside a running thread can deadlock the 
 from __future__ import annotations
 
 import os
-import re
 
 from .layout import TYPE_CHECKING, which
 
@@ -65,6 +64,7 @@ def loadavg():
 
 
 def _num(word):
+    import re   # here, as in parse_npu_smi: a host without devices never needs it (metrics.compiled)
     m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", word)
     return float(m.group(1)) if m else None
 
@@ -89,7 +89,7 @@ def parse_gpu_csv(text):
     return out
 
 
-_CELLS = re.compile(r"^\|(.*)\|(.*)\|(.*)\|\s*$")
+_CELLS = r"^\|(.*)\|(.*)\|(.*)\|\s*$"
 
 
 def parse_npu_smi(text):
@@ -97,12 +97,13 @@ def parse_npu_smi(text):
     chip's memory)}]. Each device is two table rows: `| NPU Name | Health | Power Temp Hugepages |`
     then `| Chip [Phy-ID] | Bus-Id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |`; the process
     table below them is not read."""
+    import re
     out = []
     npu = None
     for ln in text.splitlines():
         if "Process id" in ln:
             break
-        m = _CELLS.match(ln.strip())
+        m = re.match(_CELLS, ln.strip())
         if not m:
             continue
         first, second, third = (c.strip() for c in m.groups())

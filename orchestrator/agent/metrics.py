@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
 from .layout import TYPE_CHECKING
 
@@ -33,24 +32,45 @@ READ_BUDGET = 1 << 20     # bytes read per rank and tick
 MAX_LINE = 4096           # an unfinished line kept at most this long
 MAX_NAMES = 32            # job.metrics entries
 MAX_VALUES = 48           # values kept per rank (built-in + job.metrics + HF dict keys)
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
+_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_REST = _NAME_FIRST | frozenset("0123456789.-")
 RATE_WINDOW = 10.0        # seconds over which steps/s is measured
 REPORT_VALUES = 256 << 10  # the values of a host's ranks in one report, at most (a frame is 1 MiB)
 
 _NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf|Infinity)"
-# name, pattern: named groups `epoch`, `step`, `loss` feed the core fields, others become values
+# name, what a match must contain (a chunk without it is not searched), pattern: named groups
+# `epoch`, `step`, `loss` feed the core fields, others become values
 BUILTIN = (
     # MindSpore's LossMonitor and the playbooks: "epoch: 1, step: 20, loss is 2.30" (also without
     # the commas, and MindSpore's "loss is Tensor(shape=[], dtype=Float32, value= 2.30)")
-    ("mindspore", rb"epoch:\s*(?P<epoch>\d+)\s*,?\s*step:\s*(?P<step>\d+)\s*,?\s*loss is\s*"
+    ("mindspore", b"epoch:", rb"epoch:\s*(?P<epoch>\d+)\s*,?\s*step:\s*(?P<step>\d+)\s*,?\s*loss is\s*"
                   rb"(?:Tensor\([^)\n]{0,80}?value=\s*)?\[?\s*(?P<loss>" + _NUM + rb")"),
     # MindSpore's TimeMonitor: "epoch time: 1234.5 ms, per step time: 12.3 ms" ("Train epoch time" in 2.x)
-    ("mindspore_time", rb"epoch time:\s*(?P<epoch_time_ms>" + _NUM + rb")\s*ms,\s*per step time:\s*"
+    ("mindspore_time", b"epoch time:", rb"epoch time:\s*(?P<epoch_time_ms>" + _NUM + rb")\s*ms,\s*per step time:\s*"
                        rb"(?P<step_time_ms>" + _NUM + rb")\s*ms"),
     # Hugging Face Trainer's logged dicts: {'loss': 0.69, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}
-    ("hf", rb"\{'(?:loss|eval_loss|train_loss|train_runtime)': [^{}\n]{0,2000}\}"),
+    ("hf", b"{'", rb"\{'(?:loss|eval_loss|train_loss|train_runtime)': [^{}\n]{0,2000}\}"),
 )
-_HF_PAIR = re.compile(rb"'([A-Za-z_][A-Za-z0-9_]{0,63})': (" + _NUM + rb")(?=[,}])")
+_HF_PAIR = rb"'([A-Za-z_][A-Za-z0-9_]{0,63})': (" + _NUM + rb")(?=[,}])"
+_COMPILED = {}  # type: dict
+
+
+def compiled(pattern):
+    """One of this module's patterns, compiled (MULTILINE) at its first use: `re` is imported then,
+    not at every supervisor's start (re imports enum: ~4 ms of CPU with the compiling, on every
+    host, for output that may never hold a progress line)."""
+    rx = _COMPILED.get(pattern)
+    if rx is None:
+        import re
+        rx = _COMPILED[pattern] = re.compile(pattern, re.MULTILINE)
+    return rx
+
+
+def name_ok(name):
+    """A metric's name: a letter or _, then up to 63 letters (ASCII), digits, _ . or -
+    (the regular expression [A-Za-z_][A-Za-z0-9_.-]{0,63}\\Z, without re)."""
+    return (isinstance(name, str) and 0 < len(name) <= 64 and name[0] in _NAME_FIRST
+            and all(c in _NAME_REST for c in name[1:]))
 _HF_STEP = ("global_step", "step")
 
 
@@ -65,11 +85,12 @@ class MetricsError(ValueError):
 def check_pattern(name, pattern):
     """One job.metrics entry -> its compiled pattern (bytes, MULTILINE). MetricsError names what
     is wrong: the name, a pattern that does not compile, not exactly one group."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not name_ok(name):
         raise MetricsError(str(name)[:64], "a metric's name is a letter or _ followed by up to 63 letters, "
                                            "digits, _ . or - (e.g. loss, top1_acc)")
     if not isinstance(pattern, str) or not pattern:
         raise MetricsError(name, "the pattern must be a non-empty string (a regular expression with one group)")
+    import re   # here: job.metrics alone needs it (compiled above says why)
     try:
         rx = re.compile(pattern.encode("utf-8"), re.MULTILINE)
     except (re.error, OverflowError, RecursionError) as exc:
@@ -149,7 +170,6 @@ class Progress:
         except MetricsError as exc:   # the controller checked it already; an old one did not
             if note:
                 note("job.metrics ignored: %s" % exc)
-        self.builtin = [(n, re.compile(p, re.MULTILINE)) for n, p in BUILTIN]
         self.ranks = {}
 
     def reset(self, ranks):
@@ -218,7 +238,10 @@ class Progress:
         """Complete lines -> p's fields. Each pattern scans the whole text (in C); only the lines
         that match cost python time, and of a chunk only the last value of each counts."""
         steps = 0
-        for name, rx in self.builtin:
+        for name, needle, pattern in BUILTIN:
+            if needle not in text:
+                continue
+            rx = compiled(pattern)
             last = None
             for m in rx.finditer(text):
                 if name == "mindspore":
@@ -263,7 +286,7 @@ class Progress:
         """Hugging Face Trainer's dicts: loss, epoch and every other number (learning_rate, grad_norm...)."""
         steps = 0
         for m in rx.finditer(text):
-            pairs = dict(_HF_PAIR.findall(m.group(0)))
+            pairs = dict(compiled(_HF_PAIR).findall(m.group(0)))
             if b"loss" in pairs:
                 p.loss = number(pairs[b"loss"])
                 p.records += 1
@@ -335,7 +358,7 @@ def parse_progress(items: Any, error: Callable[[str], Exception]) -> list[dict[s
             if vals:
                 rec["values"] = {}
                 for k, v in vals.items():
-                    if not isinstance(k, str) or not NAME.match(k):
+                    if not name_ok(k):
                         raise ValueError("a metric name %r" % str(k)[:40])
                     rec["values"][k] = _value(v)
         except ValueError as exc:

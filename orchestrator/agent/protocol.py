@@ -40,7 +40,7 @@ wrong MAC, deep nesting - raises ProtocolError, and the server closes that one c
 
 from __future__ import annotations
 
-import base64
+import binascii
 import math
 import os
 import struct
@@ -338,7 +338,25 @@ FILES_RAW_MAX = 64 << 20   # and uncompressed: what a member inflates, at most
 def pack_files(files: dict[str, str]) -> str:
     """Launch files as a start message carries them: base64 of zlib of their JSON."""
     raw = jsonc.dumps(files, separators=(",", ":")).encode()
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii") if files else ""
+    return binascii.b2a_base64(zlib.compress(raw, 6), newline=False).decode("ascii") if files else ""
+
+
+B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def b64decode(text: str | bytes) -> bytes:
+    """base64.b64decode(text, validate=True) without base64, which imports re: ValueError
+    (binascii.Error) as it raises it. Python >= 3.11 does it with binascii's strict mode; before,
+    with a regular expression (the alphabet, then at most two `=`), done here without one."""
+    data = text.encode("ascii") if isinstance(text, str) else bytes(text)   # UnicodeEncodeError: a ValueError
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)  # type: ignore[call-arg]  # 3.11+: TypeError before
+    except TypeError:   # no strict mode (< 3.11)
+        pass
+    body = data.rstrip(b"=")
+    if len(data) - len(body) > 2 or body.translate(None, B64):
+        raise binascii.Error("Non-base64 digit found")
+    return binascii.a2b_base64(data)
 
 
 def _files(m: Msg, key: str) -> dict[str, str]:
@@ -352,7 +370,7 @@ def unpack_files(packed: str, key: str = "files") -> dict[str, str]:
         return {}
     try:
         z = zlib.decompressobj()
-        raw = z.decompress(base64.b64decode(packed, validate=True), FILES_RAW_MAX)
+        raw = z.decompress(b64decode(packed), FILES_RAW_MAX)
         if z.unconsumed_tail:
             raise ProtocolError("field %r: more than %d bytes of files" % (key, FILES_RAW_MAX))
         v = jsonc.loads(raw)

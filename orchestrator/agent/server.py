@@ -1,5 +1,5 @@
 """The supervisor's event loop: the head's listeners and connections, a member's link to the
-head, this host's processes, all on one thread with `selectors` (no descriptor limit of 1024).
+head, this host's processes, all on one thread with epoll (Poller: no descriptor limit of 1024).
 
 A connection that breaks the protocol (protocol.py), that has not authenticated within
 HANDSHAKE_TIMEOUT, that sends a line longer than its limit, or whose handling raises anything
@@ -12,12 +12,18 @@ MAX_WATCHERS watchers.
 from __future__ import annotations
 
 import errno
+import math
 import os
-import selectors
-import signal
-import socket
+import select
 import stat
 import time
+
+try:   # CPython's C modules: `signal`, `socket` (and `selectors`, `re`) import enum, ~3.3 ms of CPU
+    import _signal as signal  # type: ignore[import-not-found]  # on every start of a supervisor and
+    import _socket as socket  # every agent call: states.py says more
+except ImportError:   # pragma: no cover - another Python
+    import signal
+    import socket  # type: ignore[no-redef]  # the same names as _socket's
 
 from . import jsonc, protocol as proto
 from .layout import TYPE_CHECKING, INFO, STATE, WAKE, attempt_dir, read_json, write_atomic
@@ -199,7 +205,7 @@ class Conn:
         return self.rx.open(line, limit) if self.rx is not None else proto.decode(line, proto.PREAUTH_LINE)
 
     def register(self, sel):
-        sel.register(self, selectors.EVENT_READ, self)
+        sel.register(self, self)
         self.sel = sel
 
     def close(self):
@@ -218,9 +224,109 @@ class Conn:
 
 
 def connect(address, port, timeout):
-    s = socket.create_connection((address, int(port)), timeout=timeout)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
+    """socket.create_connection((address, port), timeout) with TCP_NODELAY: each address the
+    name gives, in order, until one answers; OSError (the last one's) when none does."""
+    err: OSError | None = None
+    for family, sockaddr in addresses_of(address, int(port)):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.settimeout(timeout)
+            s.connect(sockaddr)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return s
+        except OSError as exc:
+            err = exc
+            s.close()
+    raise err or OSError(errno.EHOSTUNREACH, "%s: no address" % address)
+
+
+def addresses_of(address, port):
+    """[(family, sockaddr)] to connect to: an IPv4 or IPv6 address as it is; a name through
+    getaddrinfo, given as bytes when ASCII (a str host goes through the idna codec first, which
+    imports re and unicodedata: ~1 ms of every member's start)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, address)
+        except (OSError, ValueError):
+            continue
+        return [(family, (address, port) if family == socket.AF_INET else (address, port, 0, 0))]
+    host = address.encode("ascii") if address.isascii() else address
+    return [(f, sa) for f, _, _, _, sa in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)]
+
+
+def accept(listener):
+    """listener.accept() of socket.socket, on the C module's socket: (the new socket, its peer's
+    address); BlockingIOError when none is waiting."""
+    fd, addr = listener._accept()
+    try:
+        return socket.socket(listener.family, socket.SOCK_STREAM, 0, fd), addr
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class Key:
+    """A registered descriptor (selectors.SelectorKey's fields that the loop reads)."""
+    __slots__ = ("fileobj", "fd", "data")
+
+    def __init__(self, fileobj, fd, data):
+        self.fileobj, self.fd, self.data = fileobj, fd, data
+
+
+class Poller:
+    """selectors.DefaultSelector for reading alone (register, unregister, select: the same
+    errors), on select.epoll, or select.poll where there is none; `selectors` imports collections
+    and, through its namedtuple, more (its import ~0.5 ms of every start). Any number of
+    descriptors (no select() limit of 1024)."""
+
+    def __init__(self):
+        self.epoll = hasattr(select, "epoll")
+        self.impl: Any = select.epoll() if self.epoll else select.poll()
+        self.keys: dict[int, Key] = {}
+
+    def fd_of(self, fileobj):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        if fd < 0:   # closed: found by the object (as selectors does)
+            for key in self.keys.values():
+                if key.fileobj is fileobj:
+                    return key.fd
+            raise ValueError("Invalid file descriptor: %d" % fd)
+        return fd
+
+    def register(self, fileobj, data):
+        fd = self.fd_of(fileobj)
+        if fd in self.keys:
+            raise KeyError("%r (fd %d) is already registered" % (fileobj, fd))
+        self.impl.register(fd, select.EPOLLIN if self.epoll else select.POLLIN)
+        self.keys[fd] = Key(fileobj, fd, data)
+
+    def unregister(self, fileobj):
+        key = self.keys.pop(self.fd_of(fileobj))
+        try:
+            self.impl.unregister(key.fd)
+        except (OSError, KeyError):   # closed already: the kernel forgot it
+            pass
+        return key
+
+    def select(self, timeout=None):
+        """[(key, events)] of the descriptors ready within `timeout` seconds (None: no limit),
+        rounded up to the millisecond as selectors does (no busy wait on a sub-millisecond rest)."""
+        if timeout is None:
+            ms = -1
+        elif timeout <= 0:
+            ms = 0
+        else:
+            ms = math.ceil(timeout * 1e3)
+        if self.epoll:
+            ready = self.impl.poll(ms / 1e3 if ms >= 0 else -1, max(len(self.keys), 1))
+        else:
+            ready = self.impl.poll(ms if ms >= 0 else None)
+        return [(self.keys[fd], ev) for fd, ev in ready if fd in self.keys]
+
+    def close(self):
+        if self.epoll:
+            self.impl.close()
+        self.keys.clear()
 
 
 def _read_line(sock, buf, deadline, limit):
@@ -301,10 +407,10 @@ class Supervisor:
         self.lost_after = float(cfg.get("lost_after", 10))
         self.local = Local(cfg, lambda text: note(self.host, text))
         self.lock_fd = lock_fd
-        self.sel = selectors.DefaultSelector()
+        self.sel = Poller()
         self.listeners = list(listeners)
         for s in self.listeners:
-            self.sel.register(s, selectors.EVENT_READ, "listen")
+            self.sel.register(s, "listen")
         self.conns = []
         self.done = False
         self.stop_request = None
@@ -370,7 +476,7 @@ class Supervisor:
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         self.wake_fds = [r, w]
-        self.sel.register(r, selectors.EVENT_READ, "wake")
+        self.sel.register(r, "wake")
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         path = os.path.join(self.rundir, WAKE)
         try:
@@ -381,7 +487,7 @@ class Supervisor:
                     raise OSError("%s is not a FIFO" % path) from None
             fifo = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
             self.wake_fds += [fifo, os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)]
-            self.sel.register(fifo, selectors.EVENT_READ, "wake")
+            self.sel.register(fifo, "wake")
         except OSError as exc:
             note(self.host, "no wake-up FIFO (ranks' ends are read each second): %s" % exc)
 
@@ -486,7 +592,7 @@ class Supervisor:
         assert self.head is not None  # only the head listens
         for _ in range(64):
             try:
-                sock, addr = listener.accept()
+                sock, addr = accept(listener)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -521,7 +627,7 @@ class Supervisor:
             self.paused_until = 0.0
             for s in self.listeners:
                 try:
-                    self.sel.register(s, selectors.EVENT_READ, "listen")
+                    self.sel.register(s, "listen")
                 except (KeyError, ValueError, OSError):
                     pass
 

@@ -17,16 +17,72 @@ views the controller shows; no supervisor records them.
 
 from __future__ import annotations
 
-import signal
-from enum import Enum
-
 from .layout import TYPE_CHECKING
 
+try:   # CPython's C module: `signal` imports enum (below)
+    import _signal as signal  # type: ignore[import-not-found]  # no stub
+except ImportError:   # pragma: no cover - another Python
+    import signal
+
 if TYPE_CHECKING:
+    from enum import Enum as _Words
     from typing import AbstractSet, Iterable, Mapping, TypeVar
+else:
+    class _WordsType(type):
+        """What the states need of enum.Enum, for `str` members, without importing enum (~3.3 ms of
+        CPU, with functools and collections, on every start of a supervisor and every agent call on
+        every host; socket, signal, selectors and re import it too, and the agent uses none of them):
+        each upper-case class attribute becomes a member (an instance, equal to its string and hashing
+        as it does); Class(value) is that member (ValueError for anything else); iterating the class
+        gives the members in their order. Type checkers see enum.Enum (the TYPE_CHECKING branch): the
+        same names and the same use; tests/unit/test_states.py holds the two to the same behaviour."""
+
+        def __new__(mcs, name, bases, ns):
+            cls = super().__new__(mcs, name, bases, ns)
+            members = {}
+            for key, value in ns.items():
+                if key.isupper() and isinstance(value, str):
+                    member = str.__new__(cls, value)
+                    member._name_ = key
+                    members[value] = member
+                    setattr(cls, key, member)
+            cls._members_ = members
+            if "__repr__" not in ns:   # enum's: <RunState.RUNNING: 'running'> (str's would come first)
+                cls.__repr__ = _Words.__repr__
+            return cls
+
+        def __call__(cls, value):
+            if isinstance(value, str):
+                found = cls._members_.get(value)
+                if found is not None:
+                    return found
+            raise ValueError("%r is not a valid %s" % (value, cls.__name__))
+
+        def __iter__(cls):
+            return iter(list(cls._members_.values()))
+
+        def __len__(cls):
+            return len(cls._members_)
+
+    class _Words(metaclass=_WordsType):
+        __slots__ = ()
+
+        @property
+        def value(self):
+            return str.__str__(self)
+
+        @property
+        def name(self):
+            return self._name_
+
+        def __repr__(self):
+            return "<%s.%s: %r>" % (type(self).__name__, self._name_, str.__str__(self))
+
+        def __reduce__(self):
+            return type(self), (str.__str__(self),)
 
 
-class RunState(str, Enum):
+class RunState(str, _Words):
     STARTING = "starting"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -46,7 +102,7 @@ class RunState(str, Enum):
         return self in TERMINAL
 
 
-class RankState(str, Enum):
+class RankState(str, _Words):
     PENDING = "pending"
     RUNNING = "running"
     EXITED = "exited"
@@ -117,14 +173,25 @@ def rank_state(value: object, default: RankState = RankState.UNKNOWN) -> RankSta
         return default
 
 
+_SIGNAL_NAMES: dict[int, str] = {}
+
+
+def signal_name(sig: int) -> str | None:
+    """SIGKILL for 9: signal.Signals(sig).name without enum (an alias's value gets the first name
+    in alphabetical order, as Signals gives it: SIGABRT, not SIGIOT); None for a number no name has."""
+    if not _SIGNAL_NAMES:
+        for name in sorted(dir(signal), reverse=True):
+            value = getattr(signal, name)
+            if name.isupper() and name.startswith("SIG") and not name.startswith("SIG_") and isinstance(value, int):
+                _SIGNAL_NAMES[value] = name
+    return _SIGNAL_NAMES.get(sig)
+
+
 def describe(code: int | None, sig: int | None = None) -> str:
     """How a process ended, in words: `exit code 3`, `killed by signal 9 (SIGKILL)`. A shell's
     128+N is an exit code, not a signal: only `sig` says a signal killed it."""
     if sig:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "signal %d" % sig
+        name = signal_name(sig) or "signal %d" % sig
         return "killed by signal %d (%s)" % (sig, name)
     if code is None:
         return "no exit code (killed or lost)"
