@@ -64,7 +64,7 @@ def loadavg():
 
 
 def _num(word):
-    import re   # here, as in parse_npu_smi: a host without devices never needs it (metrics.compiled)
+    import re   # here, as in parse_npu_smi: a host without devices never needs it (re caches the patterns)
     m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", word)
     return float(m.group(1)) if m else None
 

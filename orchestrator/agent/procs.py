@@ -12,12 +12,8 @@ import errno
 import os
 import time
 
-try:   # the C module: `signal` imports enum (states.py says what that costs)
-    import _signal as signal  # type: ignore[import-not-found]  # CPython's C module: no stub
-except ImportError:   # pragma: no cover - another Python
-    import signal
-
 from . import jsonc, load, metrics
+from .layout import signal
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
                      RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, find_program, rank_log, read_json, which, write_atomic)

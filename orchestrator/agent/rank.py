@@ -14,11 +14,7 @@ import os
 import sys
 import time
 
-try:   # the C module that `signal` wraps in enums: importing enum is a third of the wrapper's start
-    import _signal as signal  # type: ignore[import-not-found]  # CPython's C module: no stub
-except ImportError:   # not CPython
-    import signal
-
+from .layout import signal   # _signal: importing enum would be a third of the wrapper's start
 from .layout import (ATTEMPT_VAR, DIR_VAR, RANK_DIRS_VAR, RANK_OUTPUT_VAR, SECRETS, SECRETS_VAR, WAKE, attempt_dir,
                      rank_log, read_json, write_atomic)
 

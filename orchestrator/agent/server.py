@@ -18,15 +18,13 @@ import select
 import stat
 import time
 
-try:   # CPython's C modules: `signal`, `socket` (and `selectors`, `re`) import enum, ~3.3 ms of CPU
-    import _signal as signal  # type: ignore[import-not-found]  # on every start of a supervisor and
-    import _socket as socket  # every agent call: states.py says more
+try:   # CPython's C module: `socket` (and `selectors`, `re`) import enum, ~3.3 ms of CPU on every
+    import _socket as socket  # start of a supervisor and every agent call (states.py says more)
 except ImportError:   # pragma: no cover - another Python
-    import signal
     import socket  # type: ignore[no-redef]  # the same names as _socket's
 
 from . import jsonc, protocol as proto
-from .layout import TYPE_CHECKING, INFO, STATE, WAKE, attempt_dir, read_json, write_atomic
+from .layout import TYPE_CHECKING, INFO, STATE, WAKE, attempt_dir, read_json, signal, write_atomic
 from .procs import Local
 from .states import RankState, RunState
 
@@ -274,8 +272,9 @@ class Key:
 
 
 class Poller:
-    """selectors.DefaultSelector for reading alone (register, unregister, select: the same
-    errors), on select.epoll, or select.poll where there is none; `selectors` imports collections
+    """selectors.DefaultSelector for reading alone (register, unregister, select; KeyError and
+    ValueError where it raises them, for descriptors and objects with fileno()), on select.epoll,
+    or select.poll where there is none; `selectors` imports collections
     and, through its namedtuple, more (its import ~0.5 ms of every start). Any number of
     descriptors (no select() limit of 1024)."""
 

@@ -17,12 +17,7 @@ views the controller shows; no supervisor records them.
 
 from __future__ import annotations
 
-from .layout import TYPE_CHECKING
-
-try:   # CPython's C module: `signal` imports enum (below)
-    import _signal as signal  # type: ignore[import-not-found]  # no stub
-except ImportError:   # pragma: no cover - another Python
-    import signal
+from .layout import TYPE_CHECKING, signal
 
 if TYPE_CHECKING:
     from enum import Enum as _Words
@@ -35,7 +30,7 @@ else:
         each upper-case class attribute becomes a member (an instance, equal to its string and hashing
         as it does); Class(value) is that member (ValueError for anything else); iterating the class
         gives the members in their order. Type checkers see enum.Enum (the TYPE_CHECKING branch): the
-        same names and the same use; tests/unit/test_states.py holds the two to the same behaviour."""
+        same names and the same use; tests/unit/test_agent_stdlib.py holds the two to the same behaviour."""
 
         def __new__(mcs, name, bases, ns):
             cls = super().__new__(mcs, name, bases, ns)

@@ -80,35 +80,33 @@ HEAVY_AT_START = {"typing", "subprocess", "shutil", "ipaddress", "bz2", "lzma", 
 HEAD_ONLY = {"orch_agent.head", "orch_agent.delta", "orch_agent.history", "orch_agent.tables", "orch_agent.words"}
 
 
-@pytest.mark.parametrize("module", ["cli", "rank"])
-def test_the_supervisor_and_the_rank_wrapper_start_without_heavy_imports(module, tmp_path):
+def run_package(tmp_path, code: str, head: str = "import sys"):
+    """`python -S -c` of `head`, the package (as the hosts get it, in tmp_path) on sys.path, `code`."""
     import subprocess
 
     pkg = tmp_path / "orch_agent"
     pkg.mkdir()
     for name, text in SOURCES.items():
         (pkg / name).write_text(text)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport orch_agent.{module}\n"
-            f"print(' '.join(sorted(m for m in {sorted(HEAVY_AT_START | HEAD_ONLY)!r} if m in sys.modules)))")
-    got = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-S", "-c", f"{head}\nsys.path.insert(0, {str(tmp_path)!r})\n{code}"],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", ["cli", "rank"])
+def test_the_supervisor_and_the_rank_wrapper_start_without_heavy_imports(module, tmp_path):
+    got = run_package(tmp_path, f"import orch_agent.{module}\n"
+                      f"print(' '.join(sorted(m for m in {sorted(HEAVY_AT_START | HEAD_ONLY)!r} if m in sys.modules)))")
     assert got.returncode == 0, got.stderr
     assert got.stdout.split() == []
 
 
 def test_output_without_a_progress_line_never_imports_re_and_a_progress_line_is_still_read(tmp_path):
-    import subprocess
-
-    pkg = tmp_path / "orch_agent"
-    pkg.mkdir()
-    for name, text in SOURCES.items():
-        (pkg / name).write_text(text)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom orch_agent import metrics, server\n"
-            "p = metrics.Progress()\np.reset([0])\nr = p.ranks[0]\n"
-            "p.feed(r, b'rank 0 device 0\\nworking {x} epoch\\n', 1.0)\n"
-            "print('re' in sys.modules, r.step)\n"
-            "p.feed(r, b'epoch: 1, step: 20, loss is 2.30\\n', 2.0)\n"
-            "print('re' in sys.modules, r.step, r.loss)\n")
-    got = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    got = run_package(tmp_path, "from orch_agent import metrics, server\n"
+                      "p = metrics.Progress()\np.reset([0])\nr = p.ranks[0]\n"
+                      "p.feed(r, b'rank 0 device 0\\nworking {x} epoch\\n', 1.0)\n"
+                      "print('re' in sys.modules, r.step)\n"
+                      "p.feed(r, b'epoch: 1, step: 20, loss is 2.30\\n', 2.0)\n"
+                      "print('re' in sys.modules, r.step, r.loss)\n")
     assert got.returncode == 0, got.stderr
     assert got.stdout.split("\n")[:2] == ["False None", "True 20 2.3"]
 
@@ -119,18 +117,11 @@ def test_the_death_signal_is_looked_up_once_in_the_supervisor_not_in_each_child(
     (each importing ctypes again: ~3 ms of CPU a rank). The child still gets the signal: killed
     with its parent."""
     import os
-    import subprocess
 
-    pkg = tmp_path / "orch_agent"
-    pkg.mkdir()
-    for name, text in SOURCES.items():
-        (pkg / name).write_text(text)
-    code = (f"import sys, os, signal, subprocess\nsys.path.insert(0, {str(tmp_path)!r})\n"
-            "from orch_agent import rank\nfn = rank.die_with_parent(signal.SIGKILL)\n"
-            "print('ctypes' in sys.modules, flush=True)\n"
-            "p = subprocess.Popen(['sleep', '300'], preexec_fn=fn)\nprint(p.pid, flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
-    got = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    got = run_package(tmp_path, "from orch_agent import rank\nfn = rank.die_with_parent(signal.SIGKILL)\n"
+                      "print('ctypes' in sys.modules, flush=True)\n"
+                      "p = subprocess.Popen(['sleep', '300'], preexec_fn=fn)\nprint(p.pid, flush=True)\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n", head="import sys, os, signal, subprocess")
     imported, pid = got.stdout.split()
     assert imported == "True"
     import time
