@@ -247,3 +247,23 @@ def test_a_name_goes_through_getaddrinfo():
     assert got and all(sa[1] == 7 for _, sa in got)
     with pytest.raises(OSError):
         server.addresses_of("no-such-host.invalid", 7)
+
+
+def test_a_port_taken_on_another_address_is_not_the_heads():
+    """The port the kernel gives 127.0.0.1 may be in use on the host's other address (a connection
+    of its own from that address): the head listens on another one, on every address, rather than
+    failing to start ("cannot listen on ..., nor on any other address")."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.2", 0))   # all of 127/8 is this host's: "another address" of it
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        lst, got, advertised = server.listen(["127.0.0.2"], True, first_port=port)
+        try:
+            assert got != port and advertised == ["127.0.0.2"]
+            assert sorted(s.getsockname()[0] for s in lst) == ["127.0.0.1", "127.0.0.2"]
+        finally:
+            for s in lst:
+                s.close()
+    finally:
+        taken.close()
