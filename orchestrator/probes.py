@@ -42,6 +42,10 @@ from .interpreters import is_python
 from .supervisor import parse_python
 
 MARK = "@@orch:"
+# A background section's output that starts with GIVEN_BEGIN carries whole sections first, up to
+# GIVEN_END (checks/reach.py GIVEN_PY: its python3 prints them for the sh): split_sections takes
+# them out as sections of their own.
+GIVEN_BEGIN, GIVEN_END = MARK + "given", MARK + "given-end"
 NOT_INSTALLED = "orch:not-installed"
 # Python distributions whose versions come from one importlib.metadata call.
 DIST_TOOLS = ("mindspore", "torch")
@@ -211,15 +215,24 @@ def _background_vars(i: int) -> tuple[str, str]:
     return ("_mo", "_mp") if i == 0 else (f"_mo{i}", f"_mp{i}")
 
 
-def _background_section(name: str, i: int = 0) -> str:
+def _background_section(name: str, i: int = 0, given: Sequence[tuple[str, str]] = ()) -> str:
+    """A background section printed in its place. `given`: the sections its program prints for the
+    sh when it runs (its output's first line GIVEN_BEGIN, read by the shell's own `read`); the sh
+    runs them right after, when it did not."""
     mo, mp = _background_vars(i)
-    return (f"_b {name}\nif [ -n \"${mo}\" ]; then wait \"${mp}\"; _mr=$?; cat \"${mo}\"; rm -f \"${mo}\"\n"
+    first = f"IFS= read -r _g < \"${mo}\"; " if given else ""
+    text = (f"_b {name}\n{'_g=; ' if given else ''}if [ -n \"${mo}\" ]; then wait \"${mp}\"; _mr=$?; {first}cat \"${mo}\"; rm -f \"${mo}\"\n"
             f"else echo 'orch: not run: mktemp could not create a temporary file on this host'; _mr=125; fi\n"
             f"_e {name} $_mr")
+    if given:
+        text += (f"\nif [ \"$_g\" != '{GIVEN_BEGIN}' ]; then\n"
+                 + "\n".join(section_script(n, b) for n, b in given) + "\nfi")
+    return text
 
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
-             body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "") -> str:
+             body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "",
+             given: Mapping[str, str] | None = None, given_by: str = "") -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `body` in order, `background` printed, `last`.
     `hold`: the background section that holds the session (checks/reach.py HOLD_PY) gets its
@@ -228,7 +241,12 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     stay open while anything holds 7 (sshd closes a session's stdin once its shell has ended); the
     script's output goes to the session as ever (through `cat` it cost 3-7 ms more a probe) and ends
     with PROBE_END (transport.base: all of it, the session still open).
+    `given` ({name: commands} of `body`), by the background section `given_by`: sections its
+    program prints (GIVEN_BEGIN), run by the sh after that section only where it did not.
     Pure: same inputs, same script (checks/runner.py says which sections)."""
+    given = given or {}
+    handed = [(n, b) for n, b in body if given.get(n) == b] if given_by else []
+    body = [s for s in body if s not in handed]
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
         *(["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"] if hold else []),
@@ -242,7 +260,7 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     if hold:
         parts.append("exec 3<&- 4>&- 5>&- 7>&-")
     parts += [section_script(n, b) for n, b in body]
-    parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]
+    parts += [_background_section(n, i, handed if n == given_by else ()) for i, (n, _) in enumerate(background)]
     parts += [section_script(n, b) for n, b in last]
     if hold:
         parts += [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]
@@ -272,7 +290,14 @@ def split_sections(text: str) -> dict[str, Section]:
             out[name] = Section(name, body.rstrip("\n"), None)
             pos = nxt.start() if nxt else len(text)
             continue
-        out[name] = Section(name, text[m.end():e.start() + 1][:-1], int(e.group(1)))
+        body = text[m.end():e.start() + 1][:-1]
+        if body.startswith(GIVEN_BEGIN + "\n"):   # sections a background program printed for the sh
+            inner, cut, body = body[len(GIVEN_BEGIN) + 1:].partition("\n" + GIVEN_END + "\n")
+            if not cut and inner.endswith("\n" + GIVEN_END):   # nothing of its own after them
+                inner, body = inner[:-len(GIVEN_END) - 1], ""
+            for s in split_sections(inner + "\n").values():
+                out.setdefault(s.name, s)
+        out[name] = Section(name, body, int(e.group(1)))
         pos = e.end()
 
 

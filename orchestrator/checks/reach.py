@@ -28,7 +28,9 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, SECTION_TIMEOUT, Listen, ReachTarget, Section
-from ..prepare import probe_facts
+from ..agent.layout import RUN_VAR
+from ..devices import HCCN_CONF
+from ..prepare import prepare_script, probe_facts, probe_section
 from ..supervisor import FACTS_PY, PYTHON_PY, parse_python, run_env
 from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
 from ..transport.base import HELD_EXIT, HELD_GO
@@ -227,12 +229,103 @@ if _s:_hold(_s)
 """ % {"held": HELD, "go": HELD_GO, "exit": HELD_EXIT.decode(), "env": HOLD_ENV}
 
 
-def connect_program(facts: bool, listing: bool, hold: bool = False) -> str:
+# Sections the test's python3 prints for the sh (given: their commands cost ~11 ms of CPU a host,
+# in ten execs: id, cat, grep, tr, uname, timeout and python3, mktemp, rm, id, readlink, stat), each
+# as the sh's commands print it (error messages in coreutils' words), first thing,
+# between GIVEN_BEGIN and GIVEN_END (probes.split_sections takes them out of the reach section's
+# output). Where it does not run them (no python3, or it failed first), the sh does, after the
+# reach section (probes.assemble's `given`). PYTHON_DOES: the sections it can give, each for the
+# one command of given(); tests/unit/test_given.py runs both ways and compares what they print.
+GIVEN_ENV, SELF_ENV, WORKDIR_ENV = "ORCH_GIVEN", "ORCH_SELF", "ORCH_GIVEN_W"
+PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir")
+GIVEN_PY = r"""def _given():
+ import os,sys
+ g=os.environ.pop("%(env)s","").split();me=os.environ.pop("%(self)s","");W=os.environ.pop("%(wenv)s","")
+ if not g:return
+ sys.stdout.flush();o=sys.stdout.buffer;o.write(b"%(begin)s\n")
+ for n in g:
+  rc,b=0,b""
+  try:
+   if n=="user":
+    import pwd
+    try:b=pwd.getpwuid(os.geteuid()).pw_name.encode()+b"\n"
+    except KeyError:rc,b=1,b"id: cannot find name for user ID %%d\n"%%os.geteuid()
+   elif n=="hccn":
+    p="%(hccn)s"
+    if os.path.isfile(p):
+     try:
+      with open(p,"rb") as f:b=f.read()
+     except OSError as e:rc,b=1,("cat: %%s: %%s\n"%%(p,e.strerror)).encode()
+    else:b=b"%(ni)s\n"
+   elif n=="stale":
+    b=("self=%%s\n"%%me).encode()
+    for q in os.listdir("/proc"):
+     if q.isdigit():
+      try:
+       with open("/proc/%%s/environ"%%q,"rb") as f:e=f.read()
+      except OSError:continue
+      for x in e.split(b"\0"):
+       if x.startswith(b"%(run)s="):b+=b"/proc/%%s/environ:%%s\n"%%(q.encode(),x)
+   elif n=="prepare":b=("arch %%s\n"%%os.uname().machine).encode()
+   elif n=="ver:python":b=("Python %%s\n"%%sys.version.split()[0]).encode()
+   elif n=="workdir":
+    t=[]
+    if os.path.isdir(W):t.append("existed=yes")
+    else:
+     t.append("existed=no")
+     try:os.makedirs(W);t.append("mkdir=ok")
+     except OSError as e:t.append("mkdir=mkdir: cannot create directory '%%s': %%s"%%(e.filename or W,e.strerror))
+    if os.path.isdir(W):
+     f=os.path.join(W,".orch-check."+os.urandom(6).hex())
+     try:os.close(os.open(f,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600));os.unlink(f);t.append("write=ok")
+     except OSError as e:t.append("write=mktemp: failed to create file via template '%%s': %%s"%%(
+      os.path.join(W,".orch-check.XXXXXXXX"),e.strerror))
+    t.append("uid=%%d"%%os.geteuid());r=os.path.realpath(W)
+    walk=not os.path.isdir(os.path.dirname(r))   # readlink -f fails: the existing parents of W itself
+    d=W if walk else r;c=[d]
+    while d not in("/",""):d=os.path.dirname(d);c.append(d)
+    for x in c:
+     try:
+      if walk and not os.path.exists(x):continue
+      s=os.lstat(x);t.append("perm=%%o %%d %%s"%%(s.st_mode&0o7777,s.st_uid,x))
+     except OSError:pass
+    b=("\n".join(t)+"\n").encode()
+  except Exception as e:rc,b=1,b+("orch: %%s: %%s\n"%%(type(e).__name__,e)).encode()
+  n=n.encode();o.write(b"%(mark)sbegin %%s\n%%s\n%(mark)send %%s %%d\n"%%(n,b,n,rc))
+ o.write(b"%(end)s\n");o.flush()
+_given()
+""" % {"env": GIVEN_ENV, "self": SELF_ENV, "wenv": WORKDIR_ENV, "begin": probes.GIVEN_BEGIN, "end": probes.GIVEN_END, "hccn": HCCN_CONF,
+       "ni": NOT_INSTALLED, "run": RUN_VAR, "mark": probes.MARK}
+
+
+def given(plan, host: Host) -> dict[str, str]:
+    """{section: its commands} of this host's probe that its test's python3 prints instead of the
+    sh (GIVEN_PY): those of PYTHON_DOES the plan's checks put into it; prepare's only when it reads
+    the arch alone; ver:python's only for the python3 the test is (the job's interpreter, no tool
+    environment). {} where no test runs python3 (tests_by_python)."""
+    if not tests_by_python(plan, host):
+        return {}
+    from . import devices, stale, user, versions, workdir  # lazy: those check modules import this package's first
+    out: dict[str, str] = {}
+    for check, probe in (("user", user.USER), ("stale", stale.STALE), ("devices", devices.ASCEND),
+                         ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR)):
+        if check in plan.checks:
+            out.update((n, b) for n, b in probe.shell(plan, host) if n in PYTHON_DOES)
+    if out.get("ver:python") != versions.python_version(PY[0]):   # another interpreter, or PATH set for tools
+        out.pop("ver:python", None)
+    arch = [("prepare", prepare_script(plan.cluster, read=("arch",)))]
+    if probe_section(plan) == arch:
+        out["prepare"] = arch[0][1]
+    return out
+
+
+def connect_program(facts: bool, listing: bool, hold: bool = False, given_first: bool = False) -> str:
     """The test's program: orch check's (CONNECT_PY); in `orch up` it prints prepare's facts first
     (supervisor.FACTS_PY) and, once it has tested, lists the sync (lists_sync: sync's listing
-    without a python3 start of its own); `hold`: then it waits to be the host's supervisor (HOLD_PY)."""
-    return (FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" + _CONNECT + (_LIST_AFTER if listing else "") \
-        + (HOLD_PY if hold else "")
+    without a python3 start of its own); `hold`: then it waits to be the host's supervisor (HOLD_PY);
+    `given_first`: before anything, the sections it gives the sh (GIVEN_PY)."""
+    return (GIVEN_PY if given_first else "") + (FACTS_PY if facts else PYTHON_PY) + "sys.stdout.flush()\n" \
+        + _CONNECT + (_LIST_AFTER if listing else "") + (HOLD_PY if hold else "")
 
 
 CONNECT_PY = connect_program(False, False)   # orch check's
@@ -313,14 +406,18 @@ def connect_body(plan, host: Host) -> str:
     facts = probe_facts(plan)
     listing = lists_sync(plan, host)
     hold = holds(plan, host)
+    gives = given(plan, host)
     env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
-                          ENV_OUT: tout})
+                          ENV_OUT: tout, **({GIVEN_ENV: " ".join(gives)} if gives else {}),
+                          **({WORKDIR_ENV: plan.cluster.job.workdir} if "workdir" in gives else {})})
+    if gives:   # the probe's shell, for stale's `self` as the sh's section prints it
+        env += f" {SELF_ENV}=$$"
     if hold:   # the seconds it waits, and the names it drops from its environment once it is the supervisor
         env += " " + sh.assignments({**run_env(plan.run_id), HOLD_ENV: " ".join(
             [f"{plan.hold:g}", *facts, *([LIST_ENV] if listing else []), ENV_IN, ENV_OUT]
         )})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing, hold))} {args} 2>&1"
+            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing, hold, bool(gives)))} {args} 2>&1"
             + (f" {list_heredoc(plan.listing)}" if listing else ""))
 
 

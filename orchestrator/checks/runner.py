@@ -74,7 +74,8 @@ def probe_script(plan: CheckPlan, host: Host) -> str:
     got = sections_for(plan, host, [c for c in checks if c.name in plan.checks])
     got["body"] += PREPARE.shell(plan, host) + SYNC_LISTING.shell(plan, host)  # `orch up`'s: none otherwise
     return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:],
-                           hold=reach.SECTION if reach.holds(plan, host) else "")
+                           hold=reach.SECTION if reach.holds(plan, host) else "",
+                           given=reach.given(plan, host), given_by=reach.SECTION)
 
 
 def check_script(plan: CheckPlan, host: Host, check: Check) -> str:

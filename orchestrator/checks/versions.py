@@ -21,14 +21,20 @@ _DISTS_PY = ("import sys\n"
              " except Exception: print(d, '-')\n")
 
 
+def python_version(python: str) -> str:
+    """ver:python's commands for the interpreter `python` (reach.given: the test's python3 prints
+    what they print for python3 with no tool environment)."""
+    qpy = shlex.quote(python)
+    return f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} --version 2>&1; else echo {NOT_INSTALLED}; fi"
+
+
 def _shell(plan, host: Host) -> list[tuple[str, str]]:
     tools = list(plan.tools)
     env = probes.tool_env(plan.cluster, host)
     out = []
     qpy = shlex.quote(probes.interpreter(plan.cluster))
     if "python" in tools:
-        out.append(("ver:python", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} --version 2>&1; "
-                                  f"else echo {NOT_INSTALLED}; fi"))
+        out.append(("ver:python", python_version(probes.interpreter(plan.cluster))))
     dists = [t for t in tools if t in DIST_TOOLS] + (list(NCCL_DISTS) if "nccl" in tools else [])
     if dists:
         out.append(("ver:dists", f"if command -v {qpy} >/dev/null 2>&1; then $T {qpy} -c {shlex.quote(_DISTS_PY)} "

@@ -366,9 +366,11 @@ def sh(script: str, timeout: float = 30) -> str:
 
 
 def without_version(out: str) -> str:
-    """A host's test output without its first line, the supervisor's python3 version for check path
+    """A host's test output without the sections it gives the sh (GIVEN_PY: taken out as the probe's
+    output is split) and its first line, the supervisor's python3 version for check path
     (supervisor.python_sh's line: the test's python3 is the supervisor's)."""
-    first, _, rest = out.partition("\n")
+    sections = probes.split_sections(f"{probes.MARK}begin reach\n{out}\n{probes.MARK}end reach 0\n")
+    first, _, rest = sections["reach"].body.partition("\n")
     assert re.fullmatch(r"supervisor\t3\.\d+", first), out
     return rest
 

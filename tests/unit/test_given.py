@@ -1,0 +1,206 @@
+"""Sections a host's reach test (its python3) prints for the probe's sh (checks/reach.py GIVEN_PY):
+the same text as the sh's commands, taken out of the reach section when the output is split, and
+run by the sh where the python3 did not print them."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from orchestrator import probes
+from orchestrator.checks import reach
+from orchestrator.checks.devices import ASCEND
+from orchestrator.checks.stale import STALE
+from orchestrator.checks.user import USER
+from orchestrator.checks.versions import VERSIONS
+from orchestrator.devices import HCCN_CONF
+from orchestrator.prepare import prepare_script
+
+from .test_reach import cluster, host, plan_of
+
+FUNCS = ("_b() { printf '%sbegin %s\\n' '@@orch:' \"$1\"; }\n"
+         "_e() { printf '\\n%send %s %s\\n' '@@orch:' \"$1\" \"$2\"; }\n")
+
+
+def commands(platform: str = "ascend") -> dict[str, str]:
+    """{section: the sh's commands} of the sections the python3 can give, as the checks write them."""
+    c = cluster([host(1), host(2)], platform=platform)
+    plan = plan_of(c)
+    out = {n: b for p in (USER, STALE, ASCEND, VERSIONS) for n, b in p.shell(plan, c.hosts[1]) if n in reach.PYTHON_DOES}
+    out["prepare"] = prepare_script(c, read=("arch",))
+    return out
+
+
+def by_sh(cmds: dict[str, str], hccn: str) -> dict[str, probes.Section]:
+    script = FUNCS + "\n".join(probes.section_script(n, b.replace(HCCN_CONF, hccn)) for n, b in cmds.items())
+    out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout
+    return probes.split_sections(out.decode("utf-8", "replace"))
+
+
+def by_python(names, hccn: str, self_pid: str = "4242") -> tuple[dict[str, probes.Section], str]:
+    env = {**os.environ, reach.GIVEN_ENV: " ".join(names), reach.SELF_ENV: self_pid}
+    # the python3 on PATH, as on a host: the one the sh's `python3 --version` finds
+    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY.replace(HCCN_CONF, hccn) + "print('rest')\n"],
+                         capture_output=True, env=env, timeout=60)
+    assert got.returncode == 0, got.stderr
+    out = got.stdout.decode("utf-8", "replace")
+    return probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n"), out
+
+
+@pytest.fixture
+def stale_process():
+    """A process of a run, as an earlier run's would be: both ways must find it."""
+    run = f"given-{uuid.uuid4().hex[:8]}"
+    p = subprocess.Popen(["sleep", "60"], env={**os.environ, "ORCH_RUN_ID": run})
+    yield run, p.pid
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.parametrize("conf", [None, b"address_0=10.0.0.1\nnetmask_0=255.255.255.0\n", b"address_0=10.0.0.1",
+                                  b"\xff\xfe odd bytes\n\n"])
+def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_process):
+    hccn = str(tmp_path / "hccn.conf")
+    if conf is not None:
+        (tmp_path / "hccn.conf").write_bytes(conf)
+    cmds = commands()
+    assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir"}   # the workdir's: its own test below
+    sh_out = by_sh(cmds, hccn)
+    py_out, text = by_python(cmds, hccn)
+    for name in ("user", "hccn", "prepare", "ver:python"):
+        assert (py_out[name].body, py_out[name].rc) == (sh_out[name].body, sh_out[name].rc), name
+    run, pid = stale_process
+    assert probes.parse_stale(py_out["stale"].body)[run] == [pid] == probes.parse_stale(sh_out["stale"].body)[run]
+    assert py_out["stale"].rc == sh_out["stale"].rc == 0
+    assert py_out["stale"].body.startswith("self=4242\n")   # the probe's shell, as the sh's `echo self=$$`
+    assert py_out["reach"].body == "rest\n"                  # what the program prints after them is its own
+    assert text.startswith(probes.GIVEN_BEGIN + "\n")
+
+
+def test_the_commands_the_python3_stands_for_are_the_checks_own():
+    # GIVEN_PY does these commands' work: a check that changes one must change GIVEN_PY too
+    # (the test above compares their output on this machine)
+    assert commands() == {"user": "id -un",
+                          "hccn": f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; else echo orch:not-installed; fi",
+                          "stale": "echo self=$$\ngrep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ "
+                                   "| tr '\\0' '\\n'\ntrue",
+                          "prepare": "echo arch $(uname -m)\n",
+                          "ver:python": "if command -v python3 >/dev/null 2>&1; then $T python3 --version 2>&1; "
+                                        "else echo orch:not-installed; fi"}
+
+
+def test_a_program_cut_off_while_giving_leaves_its_sections_cut_off():
+    out = (f"@@orch:begin reach\n{probes.GIVEN_BEGIN}\n@@orch:begin user\nroot\n\n@@orch:end user 0\n"
+           "@@orch:begin stale\nself=1\n\n@@orch:end reach 137\n")
+    got = probes.split_sections(out)
+    assert got["user"].rc == 0 and got["user"].body == "root\n"
+    assert got["stale"].rc is None   # judged "cut off", not missing
+    assert got["reach"].rc == 137 and got["reach"].body == ""
+
+
+def test_a_sections_own_text_is_not_taken_for_given_sections():
+    # only a body that starts with GIVEN_BEGIN carries them (a file's content cannot, in its place)
+    out = ("@@orch:begin hccn\nx\n@@orch:begin user\nroot\n\n@@orch:end user 0\n\n@@orch:end hccn 0\n")
+    assert set(probes.split_sections(out)) == {"hccn"}
+
+
+def run_probe(background: str, given: dict[str, str]) -> dict[str, probes.Section]:
+    body = [("user", "echo from-sh"), ("path", "echo path")]
+    script = probes.assemble("h", [("clock0", "echo 1")], [("reach", background)], body, [("clock1", "echo 2")],
+                             given=given, given_by="reach")
+    out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout.decode()
+    return probes.split_sections(out)
+
+
+def test_the_sh_runs_a_given_section_where_the_program_did_not_print_it():
+    given = {"user": "echo from-sh"}
+    printed = (f"printf '%s\\n' '{probes.GIVEN_BEGIN}' '@@orch:begin user' from-python '' '@@orch:end user 0' "
+               f"'{probes.GIVEN_END}' tested")
+    got = run_probe(printed, given)
+    assert got["user"].body == "from-python\n" and got["reach"].body == "tested\n" and got["path"].rc == 0
+    for program in ("echo orch:not-installed", "exit 3", "true"):   # no python3; it failed; it printed nothing
+        got = run_probe(program, given)
+        assert got["user"].body == "from-sh\n" and got["user"].rc == 0, program
+    assert "from-sh" in probes.assemble("h", [], [("reach", "true")], [("user", "echo from-sh")], [])   # nothing given
+
+
+@pytest.mark.parametrize("platform", ["ascend", "gpu"])
+def test_given_applies_where_the_test_runs_python3(platform):
+    c = cluster([host(1), host(2)], platform=platform)
+    assert reach.given(plan_of(c), c.hosts[1]) == {}   # no listener known yet: no test, no python3
+    with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
+    assert set(reach.given(with_port, c.hosts[1])) == {"user", "stale", "ver:python", "workdir"} | (
+        {"hccn"} if platform == "ascend" else set())
+    assert reach.given(with_port, c.hosts[0]) == {}   # the launch host runs the listener
+    assert reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")), c.hosts[1]).keys() \
+        == {"stale", "ver:python", "workdir"} | ({"hccn"} if platform == "ascend" else set())
+    other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
+    assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
+
+
+def workdir_case(root, case: str) -> str:
+    """A workdir under `root` in one of the states the section tells apart."""
+    top = root / "top"
+    top.mkdir(mode=0o755)
+    if case == "exists":
+        (top / "w").mkdir()
+        return str(top / "w")
+    if case == "missing":
+        return str(top / "new" / "w")
+    if case in ("under-a-file", "parent-not-a-dir"):
+        (top / "f").write_text("x")
+        return str(top / "f" / "w") if case == "under-a-file" else str(top / "f" / "a" / "b")
+    if case == "link":
+        (top / "real").mkdir(mode=0o700)
+        (top / "ln").symlink_to(top / "real")
+        return str(top / "ln")
+    if case == "link-to-a-file":   # readlink -f fails: the parents as named, a link's own mode
+        (top / "f").write_text("x")
+        (top / "ln").symlink_to(top / "f")
+        return str(top / "ln" / "w")
+    if case == "group-writable":
+        (top / "g").mkdir()
+        os.chmod(top / "g", 0o775)
+        return str(top / "g")
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["exists", "missing", "under-a-file", "parent-not-a-dir", "link", "link-to-a-file",
+                                  "group-writable"])
+def test_the_python3_reads_the_workdir_as_the_sh_does(tmp_path, case):
+    from orchestrator.checks.workdir import WORKDIR
+
+    c = cluster([host(1), host(2)])
+    body = dict(WORKDIR.shell(plan_of(c), c.hosts[1]))["workdir"]
+    assert body.startswith("W=/data/job\n")
+    got = {}
+    for way in ("sh", "python"):
+        root = tmp_path / way
+        root.mkdir()
+        w = workdir_case(root, case)
+        if way == "sh":
+            out = subprocess.run(["sh", "-c", FUNCS + probes.section_script("workdir", f"W={shlex.quote(w)}\n"
+                                                                            + body.split("\n", 1)[1])],
+                                 capture_output=True, timeout=60).stdout.decode()
+            sec = probes.split_sections(out)["workdir"]
+        else:
+            env = {**os.environ, reach.GIVEN_ENV: "workdir", reach.WORKDIR_ENV: w}
+            out = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY],
+                                 capture_output=True, env=env, timeout=60).stdout.decode()
+            sec = probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n")["workdir"]
+        assert sec.rc == 0
+        got[way] = sec.body.replace(str(root), "ROOT")
+    sh_w, py_w = (probes.parse_workdir(got[w]) for w in ("sh", "python"))
+    assert (py_w.existed, py_w.writable, py_w.uid, py_w.perms) == (sh_w.existed, sh_w.writable, sh_w.uid, sh_w.perms)
+    assert bool(py_w.mkdir_error) == bool(sh_w.mkdir_error) and bool(py_w.write_error) == bool(sh_w.write_error)
+    # line for line the same, but for the words of an error (coreutils' quotes follow the locale)
+    same = [ln for ln in got["sh"].splitlines() if not ln.startswith(("mkdir=mkdir:", "write=mktemp:"))]
+    assert same == [ln for ln in got["python"].splitlines() if not ln.startswith(("mkdir=mkdir:", "write=mktemp:"))]
+    if sh_w.mkdir_error:
+        assert py_w.mkdir_error.endswith(sh_w.mkdir_error.rsplit(": ", 1)[1])   # the same reason (strerror)
