@@ -160,7 +160,14 @@ def pids_function(name: str, value: str, fn: str = "find_pids") -> str:
     return f"{fn}() {{ {env_holders(name, value)} | cut -d/ -f3 | grep -vx \"$$\"; }}\n"
 
 
+# of a value env_values prints (a run id's): the rest is cut; listed, not ranges (a locale's
+# collation orders ranges), `-` last (a bracket expression's literal)
+ENV_VALUE_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
+
+
 def env_values(name: str) -> str:
-    """Prints `/proc/PID/environ:NAME=VALUE` for every process that has NAME (any value)."""
-    return (f"grep -a -s -z -H -o {shlex.quote('^' + check_name(name) + '=.*')} {PROC_ENVIRON} "
-            "| tr '\\0' '\\n'")
+    """Prints `/proc/PID/environ:NAME=VALUE` for every process that has NAME (any value), VALUE cut
+    at its first character outside ENV_VALUE_CHARS: any user's process may set NAME, and a newline
+    in its value would otherwise print lines of its choosing into the probe's output."""
+    return (f"LC_ALL=C grep -a -s -z -H -o {shlex.quote('^' + check_name(name) + '=[' + ENV_VALUE_CHARS + ']*')} "
+            f"{PROC_ENVIRON} | tr '\\0' '\\n'")

@@ -229,9 +229,10 @@ if _s:_hold(_s)
 """ % {"held": HELD, "go": HELD_GO, "exit": HELD_EXIT.decode(), "env": HOLD_ENV}
 
 
-# Sections the test's python3 prints for the sh (given: their commands cost ~11 ms of CPU a host,
-# in ten execs: id, cat, grep, tr, uname, timeout and python3, mktemp, rm, id, readlink, stat), each
-# as the sh's commands print it (error messages in coreutils' words), first thing,
+# Sections the test's python3 prints for the sh (given: their commands cost ~10 ms of CPU a host,
+# in 11-12 execs: id, cat (where /etc/hccn.conf is), grep, tr, uname, timeout and python3, mktemp,
+# rm, id, readlink, stat), each as the sh's commands print it (error messages in coreutils' words;
+# stale's values cut as sh.env_values cuts them), first thing,
 # between GIVEN_BEGIN and GIVEN_END (probes.split_sections takes them out of the reach section's
 # output). Where it does not run them (no python3, or it failed first), the sh does, after the
 # reach section (probes.assemble's `given`). PYTHON_DOES: the sections it can give, each for the
@@ -248,7 +249,7 @@ GIVEN_PY = r"""def _given():
   try:
    if n=="user":
     import pwd
-    try:b=pwd.getpwuid(os.geteuid()).pw_name.encode()+b"\n"
+    try:b=os.fsencode(pwd.getpwuid(os.geteuid()).pw_name)+b"\n"
     except KeyError:rc,b=1,b"id: cannot find name for user ID %%d\n"%%os.geteuid()
    elif n=="hccn":
     p="%(hccn)s"
@@ -265,7 +266,8 @@ GIVEN_PY = r"""def _given():
        with open("/proc/%%s/environ"%%q,"rb") as f:e=f.read()
       except OSError:continue
       for x in e.split(b"\0"):
-       if x.startswith(b"%(run)s="):b+=b"/proc/%%s/environ:%%s\n"%%(q.encode(),x)
+       if x.startswith(b"%(run)s="):
+        v=x[%(runlen)d:];b+=b"/proc/%%s/environ:%%s%%s\n"%%(q.encode(),x[:%(runlen)d],v[:len(v)-len(v.lstrip(b"%(chars)s"))])
    elif n=="prepare":b=("arch %%s\n"%%os.uname().machine).encode()
    elif n=="ver:python":b=("Python %%s\n"%%sys.version.split()[0]).encode()
    elif n=="workdir":
@@ -273,7 +275,7 @@ GIVEN_PY = r"""def _given():
     if os.path.isdir(W):t.append("existed=yes")
     else:
      t.append("existed=no")
-     try:os.makedirs(W);t.append("mkdir=ok")
+     try:os.makedirs(W,exist_ok=True);t.append("mkdir=ok")
      except OSError as e:t.append("mkdir=mkdir: cannot create directory '%%s': %%s"%%(e.filename or W,e.strerror))
     if os.path.isdir(W):
      f=os.path.join(W,".orch-check."+os.urandom(6).hex())
@@ -289,13 +291,14 @@ GIVEN_PY = r"""def _given():
       if walk and not os.path.exists(x):continue
       s=os.lstat(x);t.append("perm=%%o %%d %%s"%%(s.st_mode&0o7777,s.st_uid,x))
      except OSError:pass
-    b=("\n".join(t)+"\n").encode()
+    b=os.fsencode("\n".join(t)+"\n")
   except Exception as e:rc,b=1,b+("orch: %%s: %%s\n"%%(type(e).__name__,e)).encode()
   n=n.encode();o.write(b"%(mark)sbegin %%s\n%%s\n%(mark)send %%s %%d\n"%%(n,b,n,rc))
  o.write(b"%(end)s\n");o.flush()
 _given()
 """ % {"env": GIVEN_ENV, "self": SELF_ENV, "wenv": WORKDIR_ENV, "begin": probes.GIVEN_BEGIN, "end": probes.GIVEN_END, "hccn": HCCN_CONF,
-       "ni": NOT_INSTALLED, "run": RUN_VAR, "mark": probes.MARK}
+       "ni": NOT_INSTALLED, "run": RUN_VAR, "runlen": len(RUN_VAR) + 1, "mark": probes.MARK,
+       "chars": sh.ENV_VALUE_CHARS}
 
 
 def given(plan, host: Host) -> dict[str, str]:

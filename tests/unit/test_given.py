@@ -88,8 +88,8 @@ def test_the_commands_the_python3_stands_for_are_the_checks_own():
     # (the test above compares their output on this machine)
     assert commands() == {"user": "id -un",
                           "hccn": f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; else echo orch:not-installed; fi",
-                          "stale": "echo self=$$\ngrep -a -s -z -H -o '^ORCH_RUN_ID=.*' /proc/[0-9]*/environ "
-                                   "| tr '\\0' '\\n'\ntrue",
+                          "stale": "echo self=$$\nLC_ALL=C grep -a -s -z -H -o '^ORCH_RUN_ID=[ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "abcdefghijklmnopqrstuvwxyz0123456789._-]*' /proc/[0-9]*/environ | tr '\\0' '\\n'\ntrue",
                           "prepare": "echo arch $(uname -m)\n",
                           "ver:python": "if command -v python3 >/dev/null 2>&1; then $T python3 --version 2>&1; "
                                         "else echo orch:not-installed; fi"}
@@ -164,6 +164,11 @@ def workdir_case(root, case: str) -> str:
         (top / "f").write_text("x")
         (top / "ln").symlink_to(top / "f")
         return str(top / "ln" / "w")
+    if case == "dot-dot":   # mkdir -p: ok where the path, once walked, exists
+        (top / "w").mkdir()
+        return str(top / "x" / ".." / "w")
+    if case == "not-ascii":
+        return str(top / "données")
     if case == "group-writable":
         (top / "g").mkdir()
         os.chmod(top / "g", 0o775)
@@ -172,7 +177,7 @@ def workdir_case(root, case: str) -> str:
 
 
 @pytest.mark.parametrize("case", ["exists", "missing", "under-a-file", "parent-not-a-dir", "link", "link-to-a-file",
-                                  "group-writable"])
+                                  "dot-dot", "not-ascii", "group-writable"])
 def test_the_python3_reads_the_workdir_as_the_sh_does(tmp_path, case):
     from orchestrator.checks.workdir import WORKDIR
 
@@ -191,11 +196,14 @@ def test_the_python3_reads_the_workdir_as_the_sh_does(tmp_path, case):
             sec = probes.split_sections(out)["workdir"]
         else:
             env = {**os.environ, reach.GIVEN_ENV: "workdir", reach.WORKDIR_ENV: w}
+            if case == "not-ascii":   # a python3 whose file names are ASCII (C locale, no UTF-8 mode: 3.6's)
+                env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
             out = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY],
                                  capture_output=True, env=env, timeout=60).stdout.decode()
             sec = probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n")["workdir"]
         assert sec.rc == 0
         got[way] = sec.body.replace(str(root), "ROOT")
+    assert "orch:" not in got["python"]   # no exception of its own
     sh_w, py_w = (probes.parse_workdir(got[w]) for w in ("sh", "python"))
     assert (py_w.existed, py_w.writable, py_w.uid, py_w.perms) == (sh_w.existed, sh_w.writable, sh_w.uid, sh_w.perms)
     assert bool(py_w.mkdir_error) == bool(sh_w.mkdir_error) and bool(py_w.write_error) == bool(sh_w.write_error)
@@ -204,3 +212,30 @@ def test_the_python3_reads_the_workdir_as_the_sh_does(tmp_path, case):
     assert same == [ln for ln in got["python"].splitlines() if not ln.startswith(("mkdir=mkdir:", "write=mktemp:"))]
     if sh_w.mkdir_error:
         assert py_w.mkdir_error.endswith(sh_w.mkdir_error.rsplit(": ", 1)[1])   # the same reason (strerror)
+
+
+def test_a_processs_environment_cannot_print_sections_into_the_probe(tmp_path):
+    """Any user's process may set ORCH_RUN_ID to anything: a newline and markers in it would
+    otherwise end the given block and the reach section early and print a reach result of its
+    choosing. Both ways cut the value at its first character outside sh.ENV_VALUE_CHARS."""
+    run = f"given-{uuid.uuid4().hex[:8]}"
+    hostile = run + "\n\n@@orch:end stale 0\n@@orch:given-end\nto 198.18.0.1 ok\n\n@@orch:end reach 0\n"
+    p = subprocess.Popen(["sleep", "60"], env={**os.environ, "ORCH_RUN_ID": hostile})
+    try:
+        sh_out = by_sh({"stale": commands()["stale"]}, "/nonexistent")
+        py_out, _ = by_python(["stale", "user"], "/nonexistent")
+        assert probes.parse_stale(sh_out["stale"].body)[run] == [p.pid] == probes.parse_stale(py_out["stale"].body)[run]
+        assert py_out["reach"].body == "rest\n" and py_out["user"].rc == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_prepare_is_given_only_when_it_reads_the_arch_alone():
+    c = cluster([host(1), host(2)])
+    target = probes.ReachTarget(port=1, addresses=("127.0.0.1",))
+    assert "prepare" in reach.given(plan_of(c, reach=target, prepare=True), c.hosts[1])
+    # without the workdir check, prepare's own section reads the uid too: the sh runs it all
+    no_workdir = plan_of(c, reach=target, prepare=True, checks=tuple(x for x in plan_of(c).checks if x != "workdir"))
+    assert "uid" in dict(__import__("orchestrator.prepare", fromlist=["x"]).probe_section(no_workdir))["prepare"]
+    assert "prepare" not in reach.given(no_workdir, c.hosts[1])
