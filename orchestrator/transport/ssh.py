@@ -365,9 +365,7 @@ class SshTransport(Transport):
             if transport is not None and transport.is_active():  # this target is slow: not the connection
                 raise TransientNetworkError(self.host.name, f"could not reach {address}:{port} from here: {exc}",
                                             hint="is the host up?") from None
-            self.close()
-            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
-                                        hint=_UNREACHABLE_HINT) from None
+            raise self._lost(exc) from None
 
     def _handshake(self, timeout: float, gw: SshTransport | None) -> paramiko.SSHClient:
         h = self.host
@@ -486,6 +484,12 @@ class SshTransport(Transport):
             return exc
         return ConnectError(h.name, f"cannot connect to {h.target}: {type(exc).__name__}: {exc}")
 
+    def _lost(self, exc: BaseException) -> TransientNetworkError:
+        """The connection broke under a command (`exc`): closed, and the error that says so."""
+        self.close()
+        return TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
+                                     hint=_UNREACHABLE_HINT)
+
     def close(self) -> None:
         self.release_held()
         with self._lock:
@@ -513,9 +517,7 @@ class SshTransport(Transport):
                 self.release_held()
                 chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            self.close()
-            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
-                                        hint=_UNREACHABLE_HINT) from None
+            raise self._lost(exc) from None
         kept = False
         try:
             rc, out, err, kept = _drive(chan, script, stdin, sink, deadline, self.host.name, timeout, keep)
@@ -526,9 +528,7 @@ class SshTransport(Transport):
                     before.close()
             return rc, out, err
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            self.close()
-            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
-                                        hint=_UNREACHABLE_HINT) from None
+            raise self._lost(exc) from None
         finally:
             if not kept:
                 chan.close()
@@ -578,9 +578,7 @@ class SshTransport(Transport):
             said = bytes(got[got.index(HELD_GO) + len(HELD_GO):])
             _, out, err, _ = _feed_and_read(chan, stdin, None, deadline, self.host.name, self.command_timeout, out=said)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            self.close()
-            raise TransientNetworkError(self.host.name, f"lost the SSH connection to {self.host.target}: {exc}",
-                                        hint=_UNREACHABLE_HINT) from None
+            raise self._lost(exc) from None
         finally:
             chan.close()
         rc, out = _held_status(out)
