@@ -232,7 +232,7 @@ def _background_section(name: str, i: int = 0, given: Sequence[tuple[str, str]] 
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
              body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "",
-             given: Mapping[str, str] | None = None, given_by: str = "") -> str:
+             given: Iterable[str] = (), given_by: str = "") -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `body` in order, `background` printed, `last`.
     `hold`: the background section that holds the session (checks/reach.py HOLD_PY) gets its
@@ -241,12 +241,12 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     stay open while anything holds 7 (sshd closes a session's stdin once its shell has ended); the
     script's output goes to the session as ever (through `cat` it cost 3-7 ms more a probe) and ends
     with PROBE_END (transport.base: all of it, the session still open).
-    `given` ({name: commands} of `body`), by the background section `given_by`: sections its
-    program prints (GIVEN_BEGIN), run by the sh after that section only where it did not.
+    `given`: names of `body`'s sections that the program of the background section `given_by`
+    prints (GIVEN_BEGIN); the sh runs them after that section only where it did not.
     Pure: same inputs, same script (checks/runner.py says which sections)."""
-    given = given or {}
-    handed = [(n, b) for n, b in body if given.get(n) == b] if given_by else []
-    body = [s for s in body if s not in handed]
+    names = set(given) if given_by else set()
+    handed = [s for s in body if s[0] in names]
+    body = [s for s in body if s[0] not in names]
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
         *(["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"] if hold else []),

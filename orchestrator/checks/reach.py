@@ -301,25 +301,23 @@ _given()
        "chars": sh.ENV_VALUE_CHARS}
 
 
-def given(plan, host: Host) -> dict[str, str]:
-    """{section: its commands} of this host's probe that its test's python3 prints instead of the
-    sh (GIVEN_PY): those of PYTHON_DOES the plan's checks put into it; prepare's only when it reads
-    the arch alone; ver:python's only for the python3 the test is (the job's interpreter, no tool
-    environment). {} where no test runs python3 (tests_by_python)."""
+def given(plan, host: Host) -> tuple[str, ...]:
+    """The sections of this host's probe that its test's python3 prints instead of the sh
+    (GIVEN_PY), in the probe's order: those of PYTHON_DOES the plan's checks put into it;
+    prepare's only when it reads the arch alone; ver:python's only for the python3 the test is (the
+    job's interpreter, no tool environment). () where no test runs python3 (tests_by_python)."""
     if not tests_by_python(plan, host):
-        return {}
+        return ()
     from . import devices, stale, user, versions, workdir  # lazy: those check modules import this package's first
-    out: dict[str, str] = {}
+    out = []
     for check, probe in (("user", user.USER), ("stale", stale.STALE), ("devices", devices.ASCEND),
                          ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR)):
         if check in plan.checks:
-            out.update((n, b) for n, b in probe.shell(plan, host) if n in PYTHON_DOES)
-    if out.get("ver:python") != versions.python_version(PY[0]):   # another interpreter, or PATH set for tools
-        out.pop("ver:python", None)
-    arch = [("prepare", prepare_script(plan.cluster, read=("arch",)))]
-    if probe_section(plan) == arch:
-        out["prepare"] = arch[0][1]
-    return out
+            out += [n for n, b in probe.shell(plan, host) if n in PYTHON_DOES
+                    and (n != "ver:python" or b == versions.python_version(PY[0]))]   # not another interpreter
+    if probe_section(plan) == [("prepare", prepare_script(plan.cluster, read=("arch",)))]:
+        out.append("prepare")
+    return tuple(out)
 
 
 def connect_program(facts: bool, listing: bool, hold: bool = False, given_first: bool = False) -> str:

@@ -110,7 +110,7 @@ def test_a_sections_own_text_is_not_taken_for_given_sections():
     assert set(probes.split_sections(out)) == {"hccn"}
 
 
-def run_probe(background: str, given: dict[str, str]) -> dict[str, probes.Section]:
+def run_probe(background: str, given: tuple[str, ...]) -> dict[str, probes.Section]:
     body = [("user", "echo from-sh"), ("path", "echo path")]
     script = probes.assemble("h", [("clock0", "echo 1")], [("reach", background)], body, [("clock1", "echo 2")],
                              given=given, given_by="reach")
@@ -119,7 +119,7 @@ def run_probe(background: str, given: dict[str, str]) -> dict[str, probes.Sectio
 
 
 def test_the_sh_runs_a_given_section_where_the_program_did_not_print_it():
-    given = {"user": "echo from-sh"}
+    given = ("user",)
     printed = (f"printf '%s\\n' '{probes.GIVEN_BEGIN}' '@@orch:begin user' from-python '' '@@orch:end user 0' "
                f"'{probes.GIVEN_END}' tested")
     got = run_probe(printed, given)
@@ -133,12 +133,13 @@ def test_the_sh_runs_a_given_section_where_the_program_did_not_print_it():
 @pytest.mark.parametrize("platform", ["ascend", "gpu"])
 def test_given_applies_where_the_test_runs_python3(platform):
     c = cluster([host(1), host(2)], platform=platform)
-    assert reach.given(plan_of(c), c.hosts[1]) == {}   # no listener known yet: no test, no python3
+    assert reach.given(plan_of(c), c.hosts[1]) == ()   # no listener known yet: no test, no python3
     with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
     assert set(reach.given(with_port, c.hosts[1])) == {"user", "stale", "ver:python", "workdir"} | (
         {"hccn"} if platform == "ascend" else set())
-    assert reach.given(with_port, c.hosts[0]) == {}   # the launch host runs the listener
-    assert reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")), c.hosts[1]).keys() \
+    assert reach.given(with_port, c.hosts[0]) == ()   # the launch host runs the listener
+    assert set(reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")),
+                           c.hosts[1])) \
         == {"stale", "ver:python", "workdir"} | ({"hccn"} if platform == "ascend" else set())
     other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
     assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
