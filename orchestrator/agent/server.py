@@ -107,45 +107,52 @@ def listen(addresses, pinned, backlog=256, first_port=0):
     The port is the one the kernel gives 127.0.0.1 (`first_port` first, when given); where it is
     in use on another address (a connection of this host's from that address and port), another
     port, up to LISTEN_TRIES. OSError when only loopback could be bound and the hosts are elsewhere."""
-    for attempt in range(LISTEN_TRIES):
-        socks: list = []
-        busy: list = []
+    port = first_port
+    for _ in range(LISTEN_TRIES - 1):
+        got = _listen_on(port, addresses, pinned, backlog, last=False)
+        if got is not None:
+            return got
+        port = 0
+    return _listen_on(port, addresses, pinned, backlog, last=True)
 
-        def bind(addr, port, socks=socks, busy=busy):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind((addr, port))
-                s.listen(backlog)
-                s.setblocking(False)
-            except OSError as exc:
-                s.close()
-                if exc.errno == errno.EADDRINUSE:
-                    busy.append(addr)
-                return None
-            socks.append(s)
-            return s.getsockname()[1]
 
-        port = bind("127.0.0.1", first_port if attempt == 0 else 0)
-        if port is None:
-            if attempt == 0 and first_port:
-                continue
-            raise OSError("cannot listen on 127.0.0.1")
-        given = [a for a in addresses if a not in LOOPBACK]
-        bound = [a for a in given if bind(a, port)]
-        if not pinned or (given and not bound):
-            bound += [a for a in local_addresses() if a not in given and bind(a, port)]
-        if busy and attempt < LISTEN_TRIES - 1:   # that port is another's there: all again, on another
-            for s in socks:
-                s.close()
-            continue
-        if given and not bound:
-            for s in socks:
-                s.close()
-            raise OSError("cannot listen on %s, nor on any other address of this host" % ", ".join(given))
-        advertised = given + [a for a in bound if a not in given]
-        return socks, port, advertised or ["127.0.0.1"]
-    raise AssertionError("unreachable: the last try returns or raises")
+def _listen_on(port, addresses, pinned, backlog, last):
+    """listen()'s try on `port` (0: the kernel's for 127.0.0.1). None, nothing left open, when
+    not `last` and the port is another's on an address (EADDRINUSE)."""
+    socks, busy = [], []
+
+    def bind(addr, port):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, port))
+            s.listen(backlog)
+            s.setblocking(False)
+        except OSError as exc:
+            s.close()
+            if exc.errno == errno.EADDRINUSE:
+                busy.append(addr)
+            return None
+        socks.append(s)
+        return s.getsockname()[1]
+
+    port = bind("127.0.0.1", port)
+    if port is None:
+        if busy and not last:
+            return None
+        raise OSError("cannot listen on 127.0.0.1")
+    given = [a for a in addresses if a not in LOOPBACK]
+    bound = [a for a in given if bind(a, port)]
+    if not pinned or (given and not bound):
+        bound += [a for a in local_addresses() if a not in given and bind(a, port)]
+    if (busy and not last) or (given and not bound):
+        for s in socks:
+            s.close()
+        if busy and not last:
+            return None
+        raise OSError("cannot listen on %s, nor on any other address of this host" % ", ".join(given))
+    advertised = given + [a for a in bound if a not in given]
+    return socks, port, advertised or ["127.0.0.1"]
 
 
 # --------------------------------------------------------------------------- connections
