@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .layout import TYPE_CHECKING, which
+from .layout import TYPE_CHECKING, compiled, which
 
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -64,8 +64,7 @@ def loadavg():
 
 
 def _num(word):
-    import re   # here, as in parse_npu_smi: a host without devices never needs it (re caches the patterns)
-    m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", word)
+    m = compiled(r"\s*([-+]?\d+(?:\.\d+)?)").match(word)
     return float(m.group(1)) if m else None
 
 
@@ -97,25 +96,24 @@ def parse_npu_smi(text):
     chip's memory)}]. Each device is two table rows: `| NPU Name | Health | Power Temp Hugepages |`
     then `| Chip [Phy-ID] | Bus-Id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |`; the process
     table below them is not read."""
-    import re
     out = []
     npu = None
     for ln in text.splitlines():
         if "Process id" in ln:
             break
-        m = re.match(_CELLS, ln.strip())
+        m = compiled(_CELLS).match(ln.strip())
         if not m:
             continue
         first, second, third = (c.strip() for c in m.groups())
         words = first.split()
         if not words or not words[0].isdigit():
             continue
-        if second and not re.match(r"^[0-9A-Fa-f]{4}:", second):   # the NPU row: its id and health
+        if second and not compiled(r"^[0-9A-Fa-f]{4}:").match(second):   # the NPU row: its id and health
             npu = words[0]
             continue
         if npu is None:
             continue
-        pairs = re.findall(r"(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)", third)
+        pairs = compiled(r"(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)").findall(third)
         used_total = next((p for p in reversed(pairs) if float(p[1]) > 0), pairs[-1] if pairs else (None, None))
         out.append({"id": "%s.%s" % (npu, words[0]), "util": _num(third),
                     "mem_mib": float(used_total[0]) if used_total[0] is not None else None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 
-from .layout import TYPE_CHECKING
+from .layout import TYPE_CHECKING, compiled
 
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -52,18 +52,7 @@ BUILTIN = (
     ("hf", b"{'", rb"\{'(?:loss|eval_loss|train_loss|train_runtime)': [^{}\n]{0,2000}\}"),
 )
 _HF_PAIR = rb"'([A-Za-z_][A-Za-z0-9_]{0,63})': (" + _NUM + rb")(?=[,}])"
-_COMPILED = {}  # type: dict
-
-
-def compiled(pattern):
-    """One of this module's patterns, compiled (MULTILINE) at its first use: `re` is imported then,
-    not at every supervisor's start (re imports enum: ~4 ms of CPU with the compiling, on every
-    host, for output that may never hold a progress line)."""
-    rx = _COMPILED.get(pattern)
-    if rx is None:
-        import re
-        rx = _COMPILED[pattern] = re.compile(pattern, re.MULTILINE)
-    return rx
+_HF_STEP = ("global_step", "step")
 
 
 def name_ok(name):
@@ -71,7 +60,6 @@ def name_ok(name):
     (the regular expression [A-Za-z_][A-Za-z0-9_.-]{0,63}\\Z, without re)."""
     return (isinstance(name, str) and 0 < len(name) <= 64 and name[0] in _NAME_FIRST
             and all(c in _NAME_REST for c in name[1:]))
-_HF_STEP = ("global_step", "step")
 
 
 class MetricsError(ValueError):
@@ -90,7 +78,7 @@ def check_pattern(name, pattern):
                                            "digits, _ . or - (e.g. loss, top1_acc)")
     if not isinstance(pattern, str) or not pattern:
         raise MetricsError(name, "the pattern must be a non-empty string (a regular expression with one group)")
-    import re   # here: job.metrics alone needs it (compiled above says why)
+    import re   # here: job.metrics alone needs it (layout.compiled says why)
     try:
         rx = re.compile(pattern.encode("utf-8"), re.MULTILINE)
     except (re.error, OverflowError, RecursionError) as exc:
