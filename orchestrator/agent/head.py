@@ -124,6 +124,7 @@ class Head:
         self.stop_sent = False
         self.launcher_end: float | None = None
         self.attempt_started = now
+        self.merged = 0   # reports merged into doc: their figures (progress, load) go out with the next beat
 
     # ---- helpers
     @property
@@ -198,6 +199,7 @@ def _apply(head: Head, ev: tuple[Any, ...], now: float) -> bool:
             return said
         h.report = rep
         h.launchers = [p for p in rep["procs"] if p.get("rank") is None]
+        head.merged += 1
         metrics.merge(head.doc, head.rank_host, host, rep.get("progress"))   # published with the next beat
         load.merge(head.doc, host, rep.get("load"))
         return _merge(head, host, rep) or said

@@ -451,6 +451,7 @@ def parse_report(rep: object) -> Msg:
 # what each side accepts once authenticated, and its parser: {type: parse(message) -> fields}
 TO_HEAD: dict[str, dict[str, Parser]] = {
     "member": {"report": lambda m: {"report": parse_report(m.get("report"))},
+               "hb": lambda m: {},   # a member whose report has not changed since it last sent one
                "stop": lambda m: {"reason": _str(m, "reason", 2000)}},
     "watcher": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},
     "control": {"stop": lambda m: {"reason": _str(m, "reason", 2000)}},

@@ -73,6 +73,8 @@ SCRIPTS = {  # name: (title, the script, argv after it); each prints its own tab
                  "(bench_sessions.py)", "bench_sessions.py", ["4"]),
     "scale128": ("16. Start-up at scale: `orch up -q` at 128 hosts x 8 ranks (ranktable, 5 s job) vs pdsh + ssh tar "
                  "with curve25519, by steps (bench_scale.py)", "bench_scale.py", ["128"]),
+    "idle": ("17. A live run's supervisors while its ranks say nothing: CPU a second, head and members, at 128 hosts "
+             "x 8 ranks (bench_idle.py)", "bench_idle.py", ["128"]),
 }
 
 

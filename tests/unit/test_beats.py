@@ -1,0 +1,125 @@
+"""A supervisor says only what changed: a member sends its report (and writes its document) when
+the report differs from the last one it sent, else a bare heartbeat; the head counts that a
+sign of life, and rewrites its own document on a heartbeat only when reports were merged since
+it last wrote it, or when the written one grows old (FRESH_EVERY: `orch status` takes a document
+older than 15 s for a dead head's)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import head as heads
+from orchestrator.agent import protocol as proto
+from orchestrator.agent import server as S
+
+
+class Link:
+    """What a supervisor's connection is to it here: what it was sent, in order."""
+
+    def __init__(self, role=None, host=None):
+        self.sent: list[dict] = []
+        self.closed = False
+        self.last = time.time()
+        self.authed, self.role, self.host = True, role, host
+
+    def send(self, m):
+        self.sent.append(m)
+
+    def flush(self):
+        pass
+
+    def message(self, line, limit):   # the line is the message itself here (sealed on a real link)
+        return json.loads(line)
+
+
+def cfg(tmp_path: Path, role: str) -> dict:
+    rundir = tmp_path / role
+    rundir.mkdir(mode=0o700)
+    ranks = [{"rank": r, "host": h, "device": 0, "pid": None, "state": "pending", "exit_code": None, "signal": None,
+              "start": None, "end": None, "attempt": 0} for r, h in enumerate(("h1", "h2"))]
+    return {"run_id": "r1", "host": "h1" if role == "head" else "h2", "role": role, "token": "ab" * 16,
+            "rundir": str(rundir), "workdir": str(tmp_path), "log_link": str(tmp_path / "log_output"),
+            "launcher": "ranktable", "ranks": [{"rank": 0 if role == "head" else 1, "device": 0}], "procs": [],
+            "hosts": ["h1", "h2"], "all_ranks": ranks, "join_timeout": 60, "lost_after": 10}
+
+
+@pytest.fixture
+def signals_back():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE,
+                                              signal.SIGCHLD)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def beat(sup):
+    """One turn of the loop with a heartbeat due."""
+    sup.last_beat = 0.0
+    if sup.is_head:
+        sup.head_tick(False)
+    else:
+        sup.member_tick(False)
+
+
+def test_an_idle_member_sends_a_heartbeat_and_writes_nothing(tmp_path, signals_back):
+    sup = S.Supervisor(cfg(tmp_path, "member"))
+    sup.head_conn = link = Link()
+    doc = Path(sup.rundir) / "state.json"
+    beat(sup)
+    assert [m["t"] for m in link.sent] == ["report"] and doc.exists()
+    doc.unlink()
+    beat(sup)
+    beat(sup)
+    assert [m["t"] for m in link.sent] == ["report", "hb", "hb"]
+    assert not doc.exists()                   # nothing changed: no document written
+    sup.local.load.sample = {"t": 1.0, "procs": 1, "cpu": 5.0}   # a new load sample: the report differs
+    beat(sup)
+    assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["load"]["cpu"] == 5.0
+    assert json.loads(doc.read_text())["load"]["cpu"] == 5.0   # written with it
+    sup.last_beat = S.now()                   # no heartbeat due: a change goes out at once all the same
+    sup.local.stopping = ["a test", S.now() + 5, False]
+    sup.member_tick(True)
+    assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["stopping"] == "a test"
+    sup.member_tick(False)
+    assert len(link.sent) == 5                # and nothing more before the next heartbeat
+
+
+def test_the_head_takes_a_heartbeat_as_a_sign_of_life_and_rewrites_its_document_only_when_it_changed(
+        tmp_path, signals_back):
+    sup = S.Supervisor(cfg(tmp_path, "head"))
+    doc = Path(sup.rundir) / "state.json"
+    beat(sup)                                 # its own first report: merged, written
+    h2 = sup.head.hosts["h2"]   # not joined: the run does not start here
+    merged = sup.head.merged
+    doc.unlink()
+    h2.last = 0.0
+    member = Link("member", "h2")
+    sup.on_line(member, json.dumps(proto.heartbeat()).encode())
+    beat(sup)
+    assert h2.last > 0.0                      # heard: not silent
+    assert sup.head.merged == merged          # nothing merged ...
+    assert not doc.exists()                   # ... nothing written
+    sup.on_line(member, json.dumps(proto.report(
+        {"host": "h2", "attempt": 0, "ranks": [], "procs": [], "out": 0.0, "stopping": None, "live": False,
+         "progress": [], "load": {"t": 1.0, "procs": 0, "cpu": 7.0}})).encode())
+    beat(sup)
+    assert sup.head.merged == merged + 1
+    assert json.loads(doc.read_text())["load"]["h2"]["cpu"] == 7.0   # its figures written with the beat
+    doc.unlink()
+    beat(sup)
+    assert not doc.exists()
+    sup.saved_at -= S.FRESH_EVERY             # the written one grew old: a fresh one, changed or not
+    beat(sup)
+    assert doc.exists() and json.loads(doc.read_text())["updated"] > time.time() - 60
+
+
+def test_a_member_may_send_the_head_a_heartbeat():
+    assert proto.parse(proto.TO_HEAD["member"], proto.heartbeat()) == ("hb", {})
+    with pytest.raises(proto.ProtocolError):
+        proto.parse(proto.TO_HEAD["watcher"], proto.heartbeat())
+    assert heads.reported("h2", {"attempt": -1})[2] == {"attempt": -1}
