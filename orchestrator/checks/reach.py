@@ -17,6 +17,7 @@ from the probe, so a host that never comes (its SSH failed) delays nothing.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shlex
 import threading
@@ -31,7 +32,7 @@ from ..probes import NOT_INSTALLED, SECTION_TIMEOUT, Listen, ReachTarget, Sectio
 from ..agent.layout import RUN_VAR
 from ..devices import HCCN_CONF
 from ..prepare import prepare_script, probe_facts, probe_section
-from ..supervisor import FACTS_PY, PYTHON_PY, parse_python, run_env
+from ..supervisor import FACTS_PY, PYTHON_PY, agent_home, parse_python, run_env
 from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
 from ..transport.base import HELD_EXIT, HELD_GO
 from .base import Check, CheckResult, Probe, register, result, section
@@ -331,6 +332,49 @@ def connect_program(facts: bool, listing: bool, hold: bool = False, given_first:
 
 CONNECT_PY = connect_program(False, False)   # orch check's
 
+# The test's program is ~12 KB of python in `orch up` (given, facts, the test, the listing, the
+# hold): compiling it took a lab host 4.6 ms of CPU on every probe, python3 -S's whole start 6.4.
+# Where this orch's agent package is on the host (supervisor.agent_home: a directory of the
+# user's, made by the first start there), the program's code object is kept beside the package,
+# marshaled, one file a program and Python version (probe-KEY.CACHE_TAG), and loaded instead;
+# elsewhere (no package yet, a directory that is not the user's own, a file that does not load)
+# it is compiled as before, and kept where the directory is there. KEY is the program's sha256:
+# another program is another file.
+CACHE_ENV = "ORCH_PROBE_CACHE"
+CACHED_PY = r"""def _orch_code(s,k):
+ import os,sys,marshal
+ h=os.environ.pop("ORCH_PROBE_CACHE","");t=getattr(sys.implementation,"cache_tag",None);f=None
+ if h and t:
+  try:
+   st=os.lstat(h)
+   if st.st_uid==os.geteuid() and st.st_mode&0o170000==0o040000:
+    f=os.path.join(h,"probe-%s.%s"%(k,t))
+    with open(os.open(f,os.O_RDONLY|os.O_NOFOLLOW),"rb") as x:return marshal.load(x)
+  except (OSError,ValueError,EOFError,TypeError):pass
+ c=compile(s,"<orch probe>","exec")
+ if f:
+  n="%s.%d.tmp"%(f,os.getpid())
+  try:w=os.open(n,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600)
+  except OSError:return c
+  try:
+   try:
+    d=marshal.dumps(c)
+    if os.write(w,d)!=len(d):raise OSError("a short write")
+   finally:os.close(w)
+   os.rename(n,f)
+  except (OSError,ValueError):
+   try:os.unlink(n)
+   except OSError:pass
+ return c
+"""
+
+
+def cached(program: str) -> str:
+    """`program` run as `python3 -S -c` runs it, from its code object kept on the host where one
+    is (CACHED_PY; CACHE_ENV names the directory)."""
+    key = hashlib.sha256(program.encode()).hexdigest()[:32]
+    return CACHED_PY + f"exec(_orch_code({program!r},{key!r}))\n"
+
 
 # The launch host's global IPv4 addresses, in `ip`'s order (no `ip`: the kernel's own table).
 ADDRS_SH = ("if command -v ip >/dev/null 2>&1; then\n"
@@ -410,7 +454,8 @@ def connect_body(plan, host: Host) -> str:
     gives = given(plan, host)
     env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
                           ENV_OUT: tout, **({GIVEN_ENV: " ".join(gives)} if gives else {}),
-                          **({WORKDIR_ENV: plan.cluster.job.workdir} if "workdir" in gives else {})})
+                          **({WORKDIR_ENV: plan.cluster.job.workdir} if "workdir" in gives else {}),
+                          CACHE_ENV: agent_home(plan.cluster)})
     if gives:   # the probe's shell, for stale's `self` as the sh's section prints it
         env += f" {SELF_ENV}=$$"
     if hold:   # the seconds it waits, and the names it drops from its environment once it is the supervisor
@@ -418,7 +463,7 @@ def connect_body(plan, host: Host) -> str:
             [f"{plan.hold:g}", *facts, *([LIST_ENV] if listing else []), ENV_IN, ENV_OUT]
         )})
     return (f"command -v {PY[0]} >/dev/null 2>&1 || {{ echo {NOT_INSTALLED}; exit 0; }}\n"
-            f"{env} {' '.join(PY)} -c {q(connect_program(bool(facts), listing, hold, bool(gives)))} {args} 2>&1"
+            f"{env} {' '.join(PY)} -c {q(cached(connect_program(bool(facts), listing, hold, bool(gives))))} {args} 2>&1"
             + (f" {list_heredoc(plan.listing)}" if listing else ""))
 
 

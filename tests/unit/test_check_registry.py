@@ -27,6 +27,7 @@ from orchestrator.checks.runner import PREPARE
 from orchestrator.errors import PlanError
 from orchestrator.probes import SyncFile
 from orchestrator.spec import Checks, Cluster, Host, Job, SshSettings
+from orchestrator.supervisor import agent_home_name
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "checks"
 SECTIONS = FIX / "sections"
@@ -67,7 +68,8 @@ def rendered(check: base.Check) -> str:
                        reach=probes.ReachTarget(43121, ("10.9.0.1", "192.168.7.1"), 0.0))
         for h in (plan.launch, plan.hosts[1]):
             where = f"{h.name} of {label}"
-            text = checks.check_script(plan, h, own)
+            # the agent package's directory (reach's code cache) pinned as a placeholder, as in prepare.sh
+            text = checks.check_script(plan, h, own).replace(agent_home_name(), "agent-HASH")
             out.append(f"# {check.name} on {where}" + (f": as on {seen[text]}\n" if text in seen else "\n" + text))
             seen.setdefault(text, where)
     return "\n".join(out)
@@ -139,8 +141,6 @@ def test_up_probe_prepare_sections_are_pinned():
             out.append(f"# up's prepare on {plan.launch.name} of {label}, skip {list(skip)}\n{path}{own}")
     # the agent package's directory is named by its content's hash: pinned as a placeholder, so
     # that a change to the agent does not read as a change to the probe
-    from orchestrator.supervisor import agent_home_name
-
     text = "\n".join(out).replace(agent_home_name(), "agent-HASH")
     pinned = SECTIONS / "prepare.sh"
     if REGEN:
