@@ -246,6 +246,7 @@ class Local:
         self.left = False         # a stop goes on and processes of the run live here (stop_tick: live())
         self.last_output = 0.0
         self.sizes = {}
+        self.logs = {}            # rank -> its log's path, once there (watch_output: rank_log's look each poll saved)
         self.grew = False         # the last poll found a rank's output grown (the loop turns quickly then)
         self.changed = True
         self.stop_state = RankState.STOPPED   # what a rank that our stop ended is: stopped (or lost)
@@ -290,6 +291,7 @@ class Local:
         self.flip_log_link(adir)
         self.last_output = now()
         self.sizes = {}
+        self.logs = {}
         self.progress.reset([r["rank"] for r in self.cfg["ranks"]])
         self.ranks = {}
         for r in self.cfg["ranks"]:
@@ -460,11 +462,12 @@ class Local:
         adir = attempt_dir(self.rundir, self.attempt)
         self.grew = False
         for rank in self.ranks:
-            path = rank_log(adir, rank, self.launcher)
+            path = self.logs.get(rank) or rank_log(adir, rank, self.launcher)
             try:
                 size = os.stat(path).st_size
             except OSError:
                 continue
+            self.logs[rank] = path   # there: where it stays for the attempt (no second stat, no listing)
             if size != self.sizes.get(rank):
                 self.sizes[rank] = size
                 self.last_output = now()

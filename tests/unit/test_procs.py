@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from orchestrator.agent.procs import Local
 from tests.support import old_setpriv, util_linux_setpriv
@@ -145,3 +146,30 @@ def test_a_stop_with_nothing_of_the_run_left_is_not_live_from_its_first_report(t
                   lambda t: None)
     local.stop("the end", 5.0)
     assert local.report()["live"] is False
+
+
+def test_a_ranks_log_is_looked_for_until_it_is_there_then_read_where_it_is(tmp_path, monkeypatch):
+    """watch_output finds each rank's log once (rank_log: a stat, and mpirun's other layouts by
+    listing the directory) and then only stats it, each poll; a log not there yet is looked for again."""
+    from orchestrator.agent import procs
+    from orchestrator.agent.layout import attempt_dir
+
+    local = Local({"run_id": "r", "rundir": str(tmp_path), "host": "h", "launcher": "mpirun"}, lambda t: None)
+    local.ranks = {0: {}, 1: {}}
+    looked = []
+    real = procs.rank_log
+    monkeypatch.setattr(procs, "rank_log", lambda adir, rank, launcher: looked.append(rank) or real(adir, rank, launcher))
+    adir = attempt_dir(str(tmp_path), local.attempt)
+    (Path(adir) / "1" / "rank.0").mkdir(parents=True)
+    (Path(adir) / "1" / "rank.0" / "stdout").write_text("a\n")
+    for _ in range(3):
+        local.watch_output()
+    assert looked.count(0) == 1 and looked.count(1) == 3        # rank 1's log is not there yet
+    (Path(adir) / "1" / "rank.01").mkdir()                      # a zero-padded layout: found by listing
+    (Path(adir) / "1" / "rank.01" / "stdout").write_text("b\n")
+    local.watch_output()
+    local.watch_output()
+    (Path(adir) / "1" / "rank.0" / "stdout").write_text("a\nmore\n")
+    local.watch_output()
+    assert looked.count(0) == 1 and looked.count(1) == 4
+    assert local.sizes == {0: 7, 1: 2} and local.grew
