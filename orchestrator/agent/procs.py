@@ -244,6 +244,7 @@ class Local:
         self.ranks = {}           # rank -> record
         self.stopping = None      # [reason, deadline, killed]
         self.left = False         # a stop goes on and processes of the run live here (stop_tick: live())
+        self.alive = False        # what stop_tick's look found (left, but for the KILL it gave up on)
         self.last_output = 0.0
         self.sizes = {}
         self.logs = {}            # rank -> its log's path, once there (watch_output: rank_log's look each poll saved)
@@ -509,7 +510,7 @@ class Local:
         """Advance a stop: KILL what outlived the grace period. True once nothing of the run lives."""
         if self.stopping is None:
             return False
-        self.left = self.live()
+        self.left = self.alive = self.live()
         if not self.left:
             self.finish_pending(self.stop_state)
             return True

@@ -551,12 +551,14 @@ class Supervisor:
                 if woken or self.local.changed or now() - self.polled >= TICK:
                     self.polled = now()
                     changed = self.local.poll()
-                if self.local.stopping is not None and self.local.stop_tick():
-                    changed = True
+                looked = None   # what a stop's look found of the run's processes here, this turn
+                if self.local.stopping is not None:
+                    changed = self.local.stop_tick() or changed
+                    looked = self.local.alive
                 if self.is_head:
                     self.head_tick(changed)
                 else:
-                    self.member_tick(changed)
+                    self.member_tick(changed, looked)
             if self.publish_due is not None:   # a change still held back: the last word is whole
                 self.publish()
         finally:
@@ -899,7 +901,9 @@ class Supervisor:
             self.local.stop("the run ended", self.grace)
             self.exiting = True
 
-    def member_tick(self, changed):
+    def member_tick(self, changed, looked=None):
+        """`looked`: whether processes of the run live here, as this turn's stop_tick found (each
+        look reads every process's environment: the end and the last report take its answer)."""
         hc = self.head_conn
         if hc is None:
             return
@@ -922,12 +926,15 @@ class Supervisor:
             else:
                 hc.send(proto.report(rep))
                 self.save(rep)
-        if self.exiting and (self.local.stopping is None or not self.local.live()):
+        if self.exiting and self.local.stopping is not None and looked is None:
+            looked = self.local.live()   # a stop begun in this turn: not looked at yet
+        if self.exiting and (self.local.stopping is None or not looked):
             self.local.finish_pending(self.local.stop_state)
             if self.member_state == RunState.RUNNING:
                 self.member_state = RunState.STOPPED
             last = self.local.report()
-            last["left_nothing"] = not self.local.live()   # the head records it: status asks this host no more
+            # the head records it: status asks this host no more
+            last["left_nothing"] = not (self.local.live() if looked is None else looked)
             hc.send(proto.report(last))
             hc.flush()
             self.save()

@@ -123,3 +123,30 @@ def test_a_member_may_send_the_head_a_heartbeat():
     with pytest.raises(proto.ProtocolError):
         proto.parse(proto.TO_HEAD["watcher"], proto.heartbeat())
     assert heads.reported("h2", {"attempt": -1})[2] == {"attempt": -1}
+
+
+def test_a_members_end_takes_the_stops_look_at_the_runs_processes(tmp_path, signals_back, monkeypatch):
+    """A look for the run's processes reads every process's environment (procs.run_pids): in the
+    turn a member ends, its stop's look answers both whether it may end and its last report's
+    left_nothing (it read them three times)."""
+    from orchestrator.agent import procs
+
+    sup = S.Supervisor(cfg(tmp_path, "member"))
+    sup.head_conn = link = Link()
+    found = [[4242], [4242], []]   # the stop's TERM, then a look in each turn
+    looks = []
+    monkeypatch.setattr(procs, "run_pids", lambda run_id, me=None: looks.append(1) or (found.pop(0) if found else []))
+    monkeypatch.setattr(procs, "signal_pids", lambda pids, sig: None)
+    sup.on_head_message(proto.exit_("succeeded"))     # the run ended: the stop TERMs what is left
+    assert sup.exiting and len(looks) == 1
+
+    def turn():   # the loop's turn, as Supervisor.loop takes it
+        changed = sup.local.stop_tick()
+        sup.member_tick(changed, sup.local.alive)
+
+    looks.clear()
+    turn()                                            # something of the run still lives: no end
+    assert len(looks) == 1 and not sup.done
+    turn()
+    assert len(looks) == 2 and sup.done                # one look a turn
+    assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["left_nothing"] is True
