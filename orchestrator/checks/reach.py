@@ -29,7 +29,7 @@ from ..hostlayout import PY
 from ..launchers import HeadReach, head_reach
 from ..model import Host
 from ..probes import NOT_INSTALLED, SECTION_TIMEOUT, Listen, ReachTarget, Section
-from ..agent.layout import RUN_VAR
+from ..agent.layout import DIR_VAR, RUN_VAR
 from ..devices import HCCN_CONF
 from ..prepare import prepare_script, probe_facts, probe_section
 from ..supervisor import FACTS_PY, PYTHON_PY, agent_home, parse_python, run_env
@@ -241,6 +241,7 @@ if _s:_hold(_s)
 GIVEN_ENV, SELF_ENV, WORKDIR_ENV = "ORCH_GIVEN", "ORCH_SELF", "ORCH_GIVEN_W"
 PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir")
 GIVEN_PY = r"""def _given():
+ global _RD
  import os,sys
  g=os.environ.pop("%(env)s","").split();me=os.environ.pop("%(self)s","");W=os.environ.pop("%(wenv)s","")
  if not g:return
@@ -260,12 +261,14 @@ GIVEN_PY = r"""def _given():
      except OSError as e:rc,b=1,("cat: %%s: %%s\n"%%(p,e.strerror)).encode()
     else:b=b"%(ni)s\n"
    elif n=="stale":
-    b=("self=%%s\n"%%me).encode()
+    b=("self=%%s\n"%%me).encode();_RD=[]
     for q in os.listdir("/proc"):
      if q.isdigit():
       try:
        with open("/proc/%%s/environ"%%q,"rb") as f:e=f.read()
       except OSError:continue
+      if b"%(rundir)s=" in e:_RD.append(e)   # what the facts' _live looks for: one read of /proc for both
+      if b"%(run)s=" not in e:continue        # searched whole first, in C: most processes are no run's
       for x in e.split(b"\0"):
        if x.startswith(b"%(run)s="):
         v=x[%(runlen)d:];b+=b"/proc/%%s/environ:%%s%%s\n"%%(q.encode(),x[:%(runlen)d],v[:len(v)-len(v.lstrip(b"%(chars)s"))])
@@ -298,7 +301,7 @@ GIVEN_PY = r"""def _given():
  o.write(b"%(end)s\n");o.flush()
 _given()
 """ % {"env": GIVEN_ENV, "self": SELF_ENV, "wenv": WORKDIR_ENV, "begin": probes.GIVEN_BEGIN, "end": probes.GIVEN_END, "hccn": HCCN_CONF,
-       "ni": NOT_INSTALLED, "run": RUN_VAR, "runlen": len(RUN_VAR) + 1, "mark": probes.MARK,
+       "ni": NOT_INSTALLED, "run": RUN_VAR, "runlen": len(RUN_VAR) + 1, "mark": probes.MARK, "rundir": DIR_VAR,
        "chars": sh.ENV_VALUE_CHARS}
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__, sh
 from ..agent import delta, layout
-from ..agent.layout import AGENT, RUN_VAR
+from ..agent.layout import AGENT, DIR_VAR, RUN_VAR
 from ..hostlayout import PY, orch_dir, run_dir
 from ..launchers import HeadReach, Launch, head_reach
 from ..rankplan import RankPlan
@@ -317,6 +317,17 @@ FACTS_ENV = ("ORCH_FACTS_LOCK", "ORCH_FACTS_HOME")
 AGENT_THERE = "agent here"  # the facts' line: the host has this orch's agent package (agent_home)
 FACTS_PY = PYTHON_PY + (
     "import os\n"
+    # the environments that name a run's directory: read by the probe's stale section where its
+    # python3 gave it (checks/reach.py GIVEN_PY, _RD: one read of every process's for both), else here
+    "def _rundirs():\n"
+    " rd=globals().pop(\"_RD\",None)\n"
+    " if rd is not None:\n  return rd\n"
+    " out=[]\n"
+    " for p in os.listdir(\"/proc\"):\n"
+    "  if not p.isdigit():\n   continue\n"
+    "  try:\n   with open(\"/proc/%s/environ\"%p,\"rb\") as f:\n    env=f.read()\n  except OSError:\n   continue\n"
+    f"  if {(DIR_VAR + '=').encode()!r} in env:\n   out.append(env)\n"
+    " return out\n"
     "def _live(l):\n"
     " import fcntl\n"
     " try:\n  fd=os.open(l,os.O_RDONLY|os.O_NOFOLLOW)\n except OSError:\n  fd=None\n"
@@ -326,15 +337,14 @@ FACTS_PY = PYTHON_PY + (
     # supervisor killed): it counts as live too, found by ORCH_RUN_DIR in its environment (each
     # environment searched whole first, in C: a python loop over every entry of every process's
     # took ~35 us a process)
-    " d=(\"ORCH_RUN_DIR=\"+os.path.dirname(l)+\"/\").encode()\n"
-    " for p in os.listdir(\"/proc\"):\n"
-    "  if not p.isdigit():\n   continue\n"
-    "  try:\n   with open(\"/proc/%s/environ\"%p,\"rb\") as f:\n    env=f.read()\n  except OSError:\n   continue\n"
+    f" d=({DIR_VAR + '='!r}+os.path.dirname(l)+\"/\").encode()\n"
+    " for env in _rundirs():\n"
     "  if d in env:\n"
     "   for e in env.split(b\"\\0\"):\n"
     "    if e.startswith(d):\n     return e[len(d):].decode(\"utf-8\",\"replace\").split(\"/\")[0]\n"
     f"l,h=(os.environ.pop(k,\"\") for k in {FACTS_ENV!r})\n"
     "r=_live(l) if l else None\n"
+    "globals().pop(\"_RD\",None)\n"
     "if r:\n print(\"live\",r)\n"
     f"if h and os.path.isdir(h):\n print({AGENT_THERE!r})\n")
 

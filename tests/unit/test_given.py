@@ -240,3 +240,29 @@ def test_prepare_is_given_only_when_it_reads_the_arch_alone():
     no_workdir = plan_of(c, reach=target, prepare=True, checks=tuple(x for x in plan_of(c).checks if x != "workdir"))
     assert "uid" in dict(__import__("orchestrator.prepare", fromlist=["x"]).probe_section(no_workdir))["prepare"]
     assert "prepare" not in reach.given(no_workdir, c.hosts[1])
+
+
+@pytest.mark.parametrize("given", ["stale user", "user"])
+def test_the_facts_find_a_live_run_with_the_stale_sections_read_of_every_process(tmp_path, given):
+    """In `orch up` the test's python3 prints stale (every process's environment read) and then
+    prepare's facts (a process of an earlier run in this workdir: live): one read of /proc for
+    both where it gave stale, its own read where it did not; the same answer either way."""
+    orch = tmp_path / "wd" / ".orch"
+    p = subprocess.Popen(["sleep", "60"], env={**os.environ, "ORCH_RUN_DIR": f"{orch}/R9/", "ORCH_RUN_ID": "R9"})
+    try:
+        program = reach.connect_program(facts=True, listing=False, given_first=True)
+        counting = ("import os\nreal=os.listdir\nn=[0]\n"
+                    "def listdir(p='.'):\n n[0]+=p=='/proc'\n return real(p)\n"
+                    "os.listdir=listdir\n"
+                    f"exec(compile({program!r},'p','exec'))\nprint('proc read', n[0])\n")
+        env = {**os.environ, reach.GIVEN_ENV: given, reach.SELF_ENV: "1", reach.ENV_IN: "a", reach.ENV_OUT: "b",
+               "ORCH_FACTS_LOCK": str(orch / "lock"), "ORCH_FACTS_HOME": str(orch / "agent-x")}
+        out = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", counting, "0", "1", "1"],
+                             capture_output=True, env=env, timeout=60, text=True)
+    finally:
+        p.kill()
+        p.wait()
+    assert out.returncode == 0, out.stderr
+    assert "\nlive R9\n" in out.stdout and out.stdout.endswith("proc read 1\n"), out.stdout[-400:]
+    if "stale" in given:
+        assert "/environ:ORCH_RUN_ID=R9\n" in out.stdout
