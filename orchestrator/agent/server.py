@@ -456,7 +456,7 @@ class Supervisor:
         self.published_end = False     # ... and whether it has published the run's end
         self.saved_at = 0.0            # the head: when it last wrote its document (time.monotonic) ...
         self.saved_merged = -1         # ... and how many reports it had merged then (head.merged)
-        self.sent = None               # the last report this host sent (the head: merged as its own)
+        self.sent = None               # (state, report) this host last sent (the head: merged as its own)
         if self.is_head:
             cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
             head_modules()
@@ -551,18 +551,22 @@ class Supervisor:
                 if woken or self.local.changed or now() - self.polled >= TICK:
                     self.polled = now()
                     changed = self.local.poll()
-                looked = None   # what a stop's look found of the run's processes here, this turn
-                if self.local.stopping is not None:
-                    changed = self.local.stop_tick() or changed
-                    looked = self.local.alive
-                if self.is_head:
-                    self.head_tick(changed)
-                else:
-                    self.member_tick(changed, looked)
+                self.tick(changed)
             if self.publish_due is not None:   # a change still held back: the last word is whole
                 self.publish()
         finally:
             self.close_wake()
+
+    def tick(self, changed):
+        """The rest of a turn of the loop: a stop's progress, then the head's or the member's part."""
+        looked = None   # what a stop's look found of the run's processes here, this turn
+        if self.local.stopping is not None:
+            changed = self.local.stop_tick() or changed
+            looked = self.local.alive
+        if self.is_head:
+            self.head_tick(changed)
+        else:
+            self.member_tick(changed, looked)
 
     def wait(self):
         """How long the loop may wait for something to happen: TICK while output grows, a stop is
@@ -768,8 +772,9 @@ class Supervisor:
         if now() - self.last_beat >= HEARTBEAT:
             self.last_beat = now()
             if self.published_at is None or self.published_at < turn:   # nothing went out this turn
-                # the figures merged since the last write (reports), or the time for a fresh one
-                self.publish(save=self.saved_merged != self.head.merged
+                # a change held back (PUBLISH_GAP), the figures merged since the last write
+                # (reports), or the time for a fresh one
+                self.publish(save=self.publish_due is not None or self.saved_merged != self.head.merged
                              or time.monotonic() - self.saved_at >= FRESH_EVERY)
             self.broadcast(proto.heartbeat())   # members tell a silent head from a lost one
 
@@ -946,9 +951,10 @@ class Supervisor:
         idle member of a 128 x 8 run sent and saved a 3.7 KB report every second, and its head
         checked and merged 127 of them a second."""
         rep = self.local.report()
-        if rep == self.sent:
+        said = (self.member_state, rep)   # the member's own state goes into its document with it
+        if said == self.sent:
             return None
-        self.sent = rep
+        self.sent = said
         return rep
 
     # ---- a crash

@@ -81,12 +81,15 @@ def test_an_idle_member_sends_a_heartbeat_and_writes_nothing(tmp_path, signals_b
     beat(sup)
     assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["load"]["cpu"] == 5.0
     assert json.loads(doc.read_text())["load"]["cpu"] == 5.0   # written with it
+    sup.member_state = "lost"                 # its own state is part of what it says: in its document too
+    beat(sup)
+    assert link.sent[-1]["t"] == "report" and json.loads(doc.read_text())["state"] == "lost"
     sup.last_beat = S.now()                   # no heartbeat due: a change goes out at once all the same
     sup.local.stopping = ["a test", S.now() + 5, False]
     sup.member_tick(True)
     assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["stopping"] == "a test"
     sup.member_tick(False)
-    assert len(link.sent) == 5                # and nothing more before the next heartbeat
+    assert len(link.sent) == 6                # and nothing more before the next heartbeat
 
 
 def test_the_head_takes_a_heartbeat_as_a_sign_of_life_and_rewrites_its_document_only_when_it_changed(
@@ -116,6 +119,11 @@ def test_the_head_takes_a_heartbeat_as_a_sign_of_life_and_rewrites_its_document_
     sup.saved_at -= S.FRESH_EVERY             # the written one grew old: a fresh one, changed or not
     beat(sup)
     assert doc.exists() and json.loads(doc.read_text())["updated"] > time.time() - 60
+    doc.unlink()
+    sup.head.doc["message"] = "a change held back"   # decide's publish, due after PUBLISH_GAP ...
+    sup.publish_due = time.monotonic() + 60
+    beat(sup)                                 # ... goes out with the heartbeat's, written too
+    assert json.loads(doc.read_text())["message"] == "a change held back" and sup.publish_due is None
 
 
 def test_a_member_may_send_the_head_a_heartbeat():
@@ -140,13 +148,9 @@ def test_a_members_end_takes_the_stops_look_at_the_runs_processes(tmp_path, sign
     sup.on_head_message(proto.exit_("succeeded"))     # the run ended: the stop TERMs what is left
     assert sup.exiting and len(looks) == 1
 
-    def turn():   # the loop's turn, as Supervisor.loop takes it
-        changed = sup.local.stop_tick()
-        sup.member_tick(changed, sup.local.alive)
-
     looks.clear()
-    turn()                                            # something of the run still lives: no end
+    sup.tick(False)                                   # the loop's turn: something of the run still lives
     assert len(looks) == 1 and not sup.done
-    turn()
+    sup.tick(False)
     assert len(looks) == 2 and sup.done                # one look a turn
     assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["left_nothing"] is True
