@@ -339,35 +339,48 @@ CONNECT_PY = connect_program(False, False)   # orch check's
 # hold): compiling it took a lab host 4.6 ms of CPU on every probe, python3 -S's whole start 6.4.
 # Where this orch's agent package is on the host (supervisor.agent_home: a directory of the
 # user's, made by the first start there), the program's code object is kept beside the package,
-# marshaled, one file a program and Python version (probe-KEY.CACHE_TAG), and loaded instead;
-# elsewhere (no package yet, a directory that is not the user's own, a file that does not load)
-# it is compiled as before, and kept where the directory is there. KEY is the program's sha256:
-# another program is another file.
+# marshaled, one file a program and Python bytecode (probe-KEY.CACHE_TAG-MAGIC), and loaded
+# instead; elsewhere it is compiled as before, and kept where the directory is there. Read only
+# from a directory of the user's that no one else may write (not a link), a regular file of the
+# user's that no one else may write (not a link, never blocking on a FIFO), and only a code
+# object; written beside it (a temporary name no one can guess, O_EXCL, then renamed), all by
+# the directory's descriptor. KEY is the program's sha256: another program is another file.
 CACHE_ENV = "ORCH_PROBE_CACHE"
 CACHED_PY = r"""def _orch_code(s,k):
  import os,sys,marshal
- h=os.environ.pop("ORCH_PROBE_CACHE","");t=getattr(sys.implementation,"cache_tag",None);f=None
- if h and t:
+ h=os.environ.pop("ORCH_PROBE_CACHE","");t=getattr(sys.implementation,"cache_tag",None)
+ m=getattr(sys.modules.get("_frozen_importlib_external"),"MAGIC_NUMBER",None)
+ d=None;f="probe-%s.%s-%s"%(k,t,m.hex() if isinstance(m,bytes) else "")
+ if h and t and isinstance(m,bytes):
   try:
-   st=os.lstat(h)
-   if st.st_uid==os.geteuid() and st.st_mode&0o170000==0o040000:
-    f=os.path.join(h,"probe-%s.%s"%(k,t))
-    with open(os.open(f,os.O_RDONLY|os.O_NOFOLLOW),"rb") as x:return marshal.load(x)
+   d=os.open(h,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW);st=os.fstat(d)
+   if st.st_uid!=os.geteuid() or st.st_mode&0o022:os.close(d);d=None
+  except OSError:d=None
+ if d is not None:
+  try:
+   x=os.open(f,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK,dir_fd=d)
+   with open(x,"rb") as y:
+    st=os.fstat(x)
+    if st.st_mode&0o170000==0o100000 and st.st_uid==os.geteuid() and not st.st_mode&0o022:
+     c=marshal.load(y)
+     if type(c) is type(_orch_code.__code__):os.close(d);return c
   except (OSError,ValueError,EOFError,TypeError):pass
  c=compile(s,"<orch probe>","exec")
- if f:
-  n="%s.%d.tmp"%(f,os.getpid())
-  try:w=os.open(n,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600)
-  except OSError:return c
+ if d is not None:
+  n="%s.%s.tmp"%(f,os.urandom(6).hex())
   try:
+   w=os.open(n,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600,dir_fd=d)
    try:
-    d=marshal.dumps(c)
-    if os.write(w,d)!=len(d):raise OSError("a short write")
-   finally:os.close(w)
-   os.rename(n,f)
-  except (OSError,ValueError):
-   try:os.unlink(n)
-   except OSError:pass
+    try:
+     b=marshal.dumps(c)
+     if os.write(w,b)!=len(b):raise OSError("a short write")
+    finally:os.close(w)
+    os.rename(n,f,src_dir_fd=d,dst_dir_fd=d)
+   except (OSError,ValueError):
+    try:os.unlink(n,dir_fd=d)
+    except OSError:pass
+  except OSError:pass
+  os.close(d)
  return c
 """
 
