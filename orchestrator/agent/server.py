@@ -931,15 +931,16 @@ class Supervisor:
             else:
                 hc.send(proto.report(rep))
                 self.save(rep)
-        if self.exiting and self.local.stopping is not None and looked is None:
-            looked = self.local.live()   # a stop begun in this turn: not looked at yet
-        if self.exiting and (self.local.stopping is None or not looked):
+        if not self.exiting:
+            return
+        if looked is None:   # no stop's look this turn (none under way, or begun in this one)
+            looked = self.local.live()
+        if self.local.stopping is None or not looked:
             self.local.finish_pending(self.local.stop_state)
             if self.member_state == RunState.RUNNING:
                 self.member_state = RunState.STOPPED
             last = self.local.report()
-            # the head records it: status asks this host no more
-            last["left_nothing"] = not (self.local.live() if looked is None else looked)
+            last["left_nothing"] = not looked   # the head records it: status asks this host no more
             hc.send(proto.report(last))
             hc.flush()
             self.save()
