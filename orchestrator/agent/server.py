@@ -140,22 +140,20 @@ def _listen_on(port, addresses, pinned, backlog, last):
         return s.getsockname()[1]
 
     port = bind("127.0.0.1", port)
-    if port is None:
-        if busy and not last:
-            return None
-        raise OSError("cannot listen on 127.0.0.1")
     given = [a for a in addresses if a not in LOOPBACK]
-    bound = [a for a in given if bind(a, port)]
-    if not pinned or (given and not bound):
-        bound += [a for a in local_addresses() if a not in given and bind(a, port)]
-    if (busy and not last) or (given and not bound):
-        for s in socks:
-            s.close()
-        if busy and not last:
-            return None
-        raise OSError("cannot listen on %s, nor on any other address of this host" % ", ".join(given))
-    advertised = given + [a for a in bound if a not in given]
-    return socks, port, advertised or ["127.0.0.1"]
+    if port is not None:
+        bound = [a for a in given if bind(a, port)]
+        if not pinned or (given and not bound):
+            bound += [a for a in local_addresses() if a not in given and bind(a, port)]
+        if (bound or not given) and not (busy and not last):
+            return socks, port, (given + [a for a in bound if a not in given]) or ["127.0.0.1"]
+    for s in socks:
+        s.close()
+    if busy and not last:
+        return None   # another port
+    if port is None:
+        raise OSError("cannot listen on 127.0.0.1")
+    raise OSError("cannot listen on %s, nor on any other address of this host" % ", ".join(given))
 
 
 # --------------------------------------------------------------------------- connections
