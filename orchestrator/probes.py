@@ -46,6 +46,8 @@ MARK = "@@orch:"
 # GIVEN_END (checks/reach.py GIVEN_PY: its python3 prints them for the sh): split_sections takes
 # them out as sections of their own.
 GIVEN_BEGIN, GIVEN_END = MARK + "given", MARK + "given-end"
+# set (non-empty) by a lead section's body where it starts the program that gives sections
+GIVEN_VAR = "_g"
 NOT_INSTALLED = "orch:not-installed"
 # Python distributions whose versions come from one importlib.metadata call.
 DIST_TOOLS = ("mindspore", "torch")
@@ -215,38 +217,47 @@ def _background_vars(i: int) -> tuple[str, str]:
     return ("_mo", "_mp") if i == 0 else (f"_mo{i}", f"_mp{i}")
 
 
-def _background_section(name: str, i: int = 0, given: Sequence[tuple[str, str]] = ()) -> str:
-    """A background section printed in its place. `given`: the sections its program prints for the
-    sh when it runs (its output's first line GIVEN_BEGIN, read by the shell's own `read`); the sh
-    runs them right after, when it did not."""
+def _background_section(name: str, i: int = 0) -> str:
+    """A background section printed in its place."""
     mo, mp = _background_vars(i)
-    first = f"IFS= read -r _g < \"${mo}\"; " if given else ""
-    text = (f"_b {name}\n{'_g=; ' if given else ''}if [ -n \"${mo}\" ]; then wait \"${mp}\"; _mr=$?; {first}cat \"${mo}\"; rm -f \"${mo}\"\n"
+    return (f"_b {name}\nif [ -n \"${mo}\" ]; then wait \"${mp}\"; _mr=$?; cat \"${mo}\"; rm -f \"${mo}\"\n"
             f"else echo 'orch: not run: mktemp could not create a temporary file on this host'; _mr=125; fi\n"
             f"_e {name} $_mr")
-    if given:
-        text += (f"\nif [ \"$_g\" != '{GIVEN_BEGIN}' ]; then\n"
-                 + "\n".join(section_script(n, b) for n, b in given) + "\nfi")
-    return text
+
+
+def _lead_section(name: str, body: str, gives: bool) -> str:
+    """A section run first, in the foreground, in the probe's own shell (no subshell: its body
+    must not `exit` or `cd`): a program that may hold the session (assemble's `hold`) and may print
+    other sections for the sh (`gives`: assemble's `given`, GIVEN_BEGIN first). No temporary file,
+    no `cat`: its output goes out as it comes. Where it gives, its body sets GIVEN_VAR as it starts
+    that program, and a status other than 0 says it may have printed only some (GIVEN_VAR emptied)."""
+    if not gives:
+        return f"_b {name}\n{body.rstrip()}\n_e {name} $?"
+    return f"_b {name}\n{GIVEN_VAR}=\n{body.rstrip()}\n_mr=$?; [ \"$_mr\" = 0 ] || {GIVEN_VAR}=\n_e {name} $_mr"
+
+
+def _given_fallback(given: Sequence[tuple[str, str]]) -> str:
+    """The sections a lead section's program gives, run by the sh where it did not give them."""
+    return f"if [ -z \"${GIVEN_VAR}\" ]; then\n" + "\n".join(section_script(n, b) for n, b in given) + "\nfi"
 
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
              body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "",
-             given: Iterable[str] = (), given_by: str = "") -> str:
+             given: Iterable[str] = (), given_by: str = "", lead: Sequence[tuple[str, str]] = ()) -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
-    `background` started (all at once), `body` in order, `background` printed, `last`.
-    `hold`: the background section that holds the session (checks/reach.py HOLD_PY) gets its
-    stdin, stdout and stderr as descriptors 3, 4 and 5, and 7, the write end of a pipe to a `cat`
-    that the session's shell waits for; no other section gets them. The session, and its stdin,
-    stay open while anything holds 7 (sshd closes a session's stdin once its shell has ended); the
+    `background` started (all at once), `lead` run, `body` in order, `background` printed, `last`.
+    `hold`: the lead section that holds the session (checks/reach.py HOLD_PY) gets its stdin,
+    stdout and stderr as descriptors 3, 4 and 5, and 7, the write end of a pipe to a `cat` that
+    the session's shell waits for; no other section gets them. The session, and its stdin, stay
+    open while anything holds 7 (sshd closes a session's stdin once its shell has ended); the
     script's output goes to the session as ever (through `cat` it cost 3-7 ms more a probe) and ends
     with PROBE_END (transport.base: all of it, the session still open).
-    `given`: names of `body`'s sections that the program of the background section `given_by`
-    prints (GIVEN_BEGIN); the sh runs them after that section only where it did not.
+    `given`: names of `body`'s or the frame's sections that the program of the lead section
+    `given_by` prints (GIVEN_BEGIN); the sh runs them after that section only where it did not.
     Pure: same inputs, same script (checks/runner.py says which sections)."""
     names = set(given) if given_by else set()
-    handed = [s for s in body if s[0] in names]
-    body = [s for s in body if s[0] not in names]
+    handed = [s for s in (*first, *body, *last) if s[0] in names]
+    first, body, last = ([s for s in x if s[0] not in names] for x in (first, body, last))
     parts = [
         "# orch check probe for " + host_name.replace("\n", " "),
         *(["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"] if hold else []),
@@ -256,11 +267,16 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
         f"T=; command -v timeout >/dev/null 2>&1 && T='timeout {SECTION_TIMEOUT}'",
     ]
     parts += [section_script(n, b) for n, b in first]
-    parts += [_background_start(b, i, keep=not hold or n == hold) for i, (n, b) in enumerate(background)]
+    parts += [_background_start(b, i, keep=not hold) for i, (n, b) in enumerate(background)]
+    for n, b in lead:   # the hold's descriptors for the section that holds alone (a group's redirections)
+        b = b if n == hold or not hold else f"{{\n{b.rstrip()}\n}} 3<&- 4>&- 5>&- 7>&-"
+        parts.append(_lead_section(n, b, n == given_by and bool(handed)))
     if hold:
         parts.append("exec 3<&- 4>&- 5>&- 7>&-")
+    if handed and any(n == given_by for n, _ in lead):
+        parts.append(_given_fallback(handed))
     parts += [section_script(n, b) for n, b in body]
-    parts += [_background_section(n, i, handed if n == given_by else ()) for i, (n, _) in enumerate(background)]
+    parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]
     parts += [section_script(n, b) for n, b in last]
     if hold:
         parts += [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]

@@ -143,11 +143,12 @@ class Probe:
 
     place: "body" in the checks' order; "frame" around everything (first the first section,
     last the others: when the probe starts and ends); "background" started first and printed
-    last (it overlaps the others)."""
+    last (it overlaps the others); "lead" run before the body, in the probe's own shell, where
+    its program may print other sections and hold the session (probes.assemble)."""
 
     key: str
     shell: Callable[[CheckPlan, Host], list[tuple[str, str]]]
-    place: Literal["body", "frame", "background"] = "body"
+    place: Literal["body", "frame", "background", "lead"] = "body"
 
 
 def _always(plan: CheckPlan, host: Host) -> bool:

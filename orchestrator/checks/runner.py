@@ -56,7 +56,7 @@ def probe_order(checks: Sequence[Check]) -> list[Check]:
 
 def sections_for(plan: CheckPlan, host: Host, checks: Iterable[Check]) -> dict[str, list[tuple[str, str]]]:
     """{place: [(section name, commands)]} of these checks' probes on this host, each probe once."""
-    out: dict[str, list[tuple[str, str]]] = {"frame": [], "background": [], "body": []}
+    out: dict[str, list[tuple[str, str]]] = {"frame": [], "background": [], "lead": [], "body": []}
     seen: set[str] = set()
     for c in checks:
         for p in c.probes:
@@ -75,14 +75,14 @@ def probe_script(plan: CheckPlan, host: Host) -> str:
     got["body"] += PREPARE.shell(plan, host) + SYNC_LISTING.shell(plan, host)  # `orch up`'s: none otherwise
     return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:],
                            hold=reach.SECTION if reach.holds(plan, host) else "",
-                           given=reach.given(plan, host), given_by=reach.SECTION)
+                           given=reach.given(plan, host), given_by=reach.SECTION, lead=got["lead"])
 
 
 def check_script(plan: CheckPlan, host: Host, check: Check) -> str:
     """The shell one check puts into the host's probe: its sections, each between its markers
     (a background section's commands as they are started)."""
     got = sections_for(plan, host, [check])
-    return "".join(probes.section_script(n, b) + "\n" for place in ("frame", "background", "body")
+    return "".join(probes.section_script(n, b) + "\n" for place in ("frame", "background", "lead", "body")
                    for n, b in got[place])
 
 

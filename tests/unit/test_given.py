@@ -9,12 +9,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from orchestrator import probes
 from orchestrator.checks import reach
+from orchestrator.checks.clock import CLOCK
 from orchestrator.checks.devices import ASCEND
 from orchestrator.checks.stale import STALE
 from orchestrator.checks.user import USER
@@ -32,7 +34,8 @@ def commands(platform: str = "ascend") -> dict[str, str]:
     """{section: the sh's commands} of the sections the python3 can give, as the checks write them."""
     c = cluster([host(1), host(2)], platform=platform)
     plan = plan_of(c)
-    out = {n: b for p in (USER, STALE, ASCEND, VERSIONS) for n, b in p.shell(plan, c.hosts[1]) if n in reach.PYTHON_DOES}
+    out = {n: b for p in (CLOCK, USER, STALE, ASCEND, VERSIONS) for n, b in p.shell(plan, c.hosts[1])
+           if n in reach.PYTHON_DOES}
     out["prepare"] = prepare_script(c, read=("arch",))
     return out
 
@@ -71,10 +74,16 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
         (tmp_path / "hccn.conf").write_bytes(conf)
     cmds = commands()
     assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir"}   # the workdir's: its own test below
+    t0 = time.time()
     sh_out = by_sh(cmds, hccn)
     py_out, text = by_python(cmds, hccn)
+    t1 = time.time()
     for name in ("user", "hccn", "prepare", "ver:python"):
         assert (py_out[name].body, py_out[name].rc) == (sh_out[name].body, sh_out[name].rc), name
+    for name in ("clock0", "clock1"):   # a time as `date +%s.%N` prints it, taken while it ran
+        got = [probes.parse_clock(out[name].body) for out in (sh_out, py_out)]
+        assert all(t0 - 0.01 <= t <= t1 + 0.01 for t in got), (name, got, t0, t1)
+        assert len(py_out[name].body.strip().split(".")[1]) == 9 and py_out[name].rc == 0
     run, pid = stale_process
     assert probes.parse_stale(py_out["stale"].body)[run] == [pid] == probes.parse_stale(sh_out["stale"].body)[run]
     assert py_out["stale"].rc == sh_out["stale"].rc == 0
@@ -86,7 +95,7 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
 def test_the_commands_the_python3_stands_for_are_the_checks_own():
     # GIVEN_PY does these commands' work: a check that changes one must change GIVEN_PY too
     # (the test above compares their output on this machine)
-    assert commands() == {"user": "id -un",
+    assert commands() == {"clock0": "date +%s.%N", "clock1": "date +%s.%N", "user": "id -un",
                           "hccn": f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; else echo orch:not-installed; fi",
                           "stale": "echo self=$$\nLC_ALL=C grep -a -s -z -H -o '^ORCH_RUN_ID=[ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                    "abcdefghijklmnopqrstuvwxyz0123456789._-]*' /proc/[0-9]*/environ | tr '\\0' '\\n'\ntrue",
@@ -110,10 +119,13 @@ def test_a_sections_own_text_is_not_taken_for_given_sections():
     assert set(probes.split_sections(out)) == {"hccn"}
 
 
-def run_probe(background: str, given: tuple[str, ...]) -> dict[str, probes.Section]:
+def run_probe(program: str, given: tuple[str, ...], ran: bool = True) -> dict[str, probes.Section]:
+    """The probe with a lead section `reach` whose `program` gives `given`; `ran`: its body says
+    the program ran (GIVEN_VAR), as the reach test's does where python3 is there."""
     body = [("user", "echo from-sh"), ("path", "echo path")]
-    script = probes.assemble("h", [("clock0", "echo 1")], [("reach", background)], body, [("clock1", "echo 2")],
-                             given=given, given_by="reach")
+    lead = f"{probes.GIVEN_VAR}=1\n{program}" if ran else program
+    script = probes.assemble("h", [("clock0", "echo 1")], [], body, [("clock1", "echo 2")],
+                             given=given, given_by="reach", lead=[("reach", lead)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout.decode()
     return probes.split_sections(out)
 
@@ -124,10 +136,18 @@ def test_the_sh_runs_a_given_section_where_the_program_did_not_print_it():
                f"'{probes.GIVEN_END}' tested")
     got = run_probe(printed, given)
     assert got["user"].body == "from-python\n" and got["reach"].body == "tested\n" and got["path"].rc == 0
-    for program in ("echo orch:not-installed", "exit 3", "true"):   # no python3; it failed; it printed nothing
-        got = run_probe(program, given)
+    # no python3 (the body never started it); it failed (its status, even after it printed some)
+    for program, ran in (("echo orch:not-installed", False), ("sh -c 'exit 3'", True), (printed + "; false", True)):
+        got = run_probe(program, given, ran)
         assert got["user"].body == "from-sh\n" and got["user"].rc == 0, program
-    assert "from-sh" in probes.assemble("h", [], [("reach", "true")], [("user", "echo from-sh")], [])   # nothing given
+        assert got["reach"].rc == (3 if "exit 3" in program else 1 if "false" in program else 0)
+    # a frame's section given too: the sh's clock where the program did not give it
+    got = probes.split_sections(subprocess.run(["sh", "-c", probes.assemble(
+        "h", [("clock0", "echo 1")], [], [], [("clock1", "echo 2")], given=("clock0", "clock1"), given_by="reach",
+        lead=[("reach", "false")])], capture_output=True, timeout=60).stdout.decode())
+    assert (got["clock0"].body, got["clock1"].body, got["reach"].rc) == ("1\n", "2\n", 1)
+    assert "from-sh" in probes.assemble("h", [], [], [("user", "echo from-sh")], [],
+                                        lead=[("reach", "true")])   # nothing given
 
 
 @pytest.mark.parametrize("platform", ["ascend", "gpu"])
@@ -135,12 +155,12 @@ def test_given_applies_where_the_test_runs_python3(platform):
     c = cluster([host(1), host(2)], platform=platform)
     assert reach.given(plan_of(c), c.hosts[1]) == ()   # no listener known yet: no test, no python3
     with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
-    assert set(reach.given(with_port, c.hosts[1])) == {"user", "stale", "ver:python", "workdir"} | (
+    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "clock1"} | (
         {"hccn"} if platform == "ascend" else set())
     assert reach.given(with_port, c.hosts[0]) == ()   # the launch host runs the listener
     assert set(reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")),
                            c.hosts[1])) \
-        == {"stale", "ver:python", "workdir"} | ({"hccn"} if platform == "ascend" else set())
+        == {"clock0", "stale", "ver:python", "workdir", "clock1"} | ({"hccn"} if platform == "ascend" else set())
     other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
     assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
 
