@@ -255,6 +255,7 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     `given`: names of `body`'s or the frame's sections that the program of the lead section
     `given_by` prints (GIVEN_BEGIN); the sh runs them after that section only where it did not.
     Pure: same inputs, same script (checks/runner.py says which sections)."""
+    assert not hold or any(n == hold for n, _ in lead), "the section that holds is a lead section"
     names = set(given) if given_by else set()
     handed = [s for s in (*first, *body, *last) if s[0] in names]
     first, body, last = ([s for s in x if s[0] not in names] for x in (first, body, last))

@@ -51,7 +51,7 @@ def held_probe(tag: str, hold: float) -> str:
     a section after it that lingers, as any other section may)."""
     body = (f"ORCH_TAG={tag} {reach.HOLD_ENV}='{hold:g} ORCH_TAG' "
             f"python3 -S -c {shlex.quote('import os,sys' + chr(10) + reach.HOLD_PY)} 2>&1")
-    return probes.assemble("h", [], [(reach.SECTION, body)], [("other", "echo other")], [], hold=reach.SECTION)
+    return probes.assemble("h", [], [], [("other", "echo other")], [], hold=reach.SECTION, lead=[(reach.SECTION, body)])
 
 
 def tagged(tag: str) -> list[str]:
@@ -142,8 +142,8 @@ def test_a_connection_dropped_under_it_ends_the_holder(host):
 
 
 def test_without_python3_nothing_is_held_and_the_probe_ends_as_ever(host):
-    body = "command -v no-such-python >/dev/null 2>&1 || { echo orch:not-installed; exit 0; }"
-    r = host.probe(probes.assemble("h", [], [(reach.SECTION, body)], [], [], hold=reach.SECTION), hold=True)
+    body = "if command -v no-such-python >/dev/null 2>&1; then no-such-python; else echo orch:not-installed; fi"
+    r = host.probe(probes.assemble("h", [], [], [], [], hold=reach.SECTION, lead=[(reach.SECTION, body)]), hold=True)
     secs = probes.split_sections(r.out)
     assert not reach.held(secs) and "orch:not-installed" in secs[reach.SECTION].body
     host.release_held()
