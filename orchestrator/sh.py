@@ -55,9 +55,21 @@ def shown_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: shown(v) for k, v in env.items()}
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def shown_tree(value: Any) -> Any:
     """A JSON-ready structure (dicts, lists, tuples) with every Secret in it masked: what a record
-    written to disk holds, whatever put a Secret where."""
+    written to disk holds, whatever put a Secret where. The plain types are told by their type
+    first: isinstance against typing's Mapping is an ABC check, and run.json at 128 x 8 holds
+    ~70,000 values (26 -> 6 ms a save)."""
+    kind = type(value)
+    if kind in _PLAIN:   # a Secret is a str of its own type: not plain
+        return value
+    if kind is dict:
+        return {k: shown_tree(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [shown_tree(v) for v in value]
     if isinstance(value, Mapping):
         return {k: shown_tree(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

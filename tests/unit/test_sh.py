@@ -103,6 +103,19 @@ def test_the_proc_scan_finds_a_runs_processes():
         p.wait()
 
 
+def test_shown_tree_masks_a_secret_wherever_it_is_and_keeps_the_rest():
+    from types import MappingProxyType
+
+    s = sh.Secret("hunter2-value")
+    tree = {"a": [s, ("x", {"k": s, "n": None, "b": True, "i": 3, "f": 0.5})],
+            "m": MappingProxyType({"deep": [s]}), "s": "plain"}
+    got = sh.shown_tree(tree)
+    assert got == {"a": [sh.MASK, ["x", {"k": sh.MASK, "n": None, "b": True, "i": 3, "f": 0.5}]],
+                   "m": {"deep": [sh.MASK]}, "s": "plain"}
+    assert "hunter2" not in json.dumps(got) and sh.secrets_in(got) == [] and sh.secrets_in(tree) == [s, s, s]
+    assert type(got["a"][1][1]["b"]) is bool and type(got["s"]) is str
+
+
 def test_secret_is_its_value_to_code_and_masked_when_shown():
     s = sh.Secret("hunter2-value")
     assert s == "hunter2-value" and f"{s}" == "hunter2-value" and json.dumps(s) == '"hunter2-value"'
