@@ -232,14 +232,15 @@ if _s:_hold(_s)
 
 # Sections the test's python3 prints for the sh (given: their commands cost ~10 ms of CPU a host,
 # in 11-12 execs: id, cat (where /etc/hccn.conf is), grep, tr, uname, timeout and python3, mktemp,
-# rm, id, readlink, stat; the clock's two `date` 1.4 ms more), each as the sh's commands print it (error messages in coreutils' words;
+# rm, id, readlink, stat; the clock's two `date` 1.4 ms more; df's timeout and df ~2 ms: statvfs and
+# /proc/self/mounts, on the path the workdir's section has already touched), each as the sh's commands print it (error messages in coreutils' words;
 # stale's values cut as sh.env_values cuts them), first thing,
 # between GIVEN_BEGIN and GIVEN_END (probes.split_sections takes them out of the reach section's
 # output). Where it does not run them (no python3, or it failed first), the sh does, after the
 # reach section (probes.assemble's `given`). PYTHON_DOES: the sections it can give, each for the
 # one command of given(); tests/unit/test_given.py runs both ways and compares what they print.
 GIVEN_ENV, SELF_ENV, WORKDIR_ENV = "ORCH_GIVEN", "ORCH_SELF", "ORCH_GIVEN_W"
-PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "clock0", "clock1")
+PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "df", "clock0", "clock1")
 GIVEN_PY = r"""def _given():
  global _RD
  import os,sys
@@ -274,6 +275,21 @@ GIVEN_PY = r"""def _given():
       for x in e.split(b"\0"):
        if x.startswith(b"%(run)s="):
         v=x[%(runlen)d:];b+=b"/proc/%%s/environ:%%s%%s\n"%%(q.encode(),x[:%(runlen)d],v[:len(v)-len(v.lstrip(b"%(chars)s"))])
+   elif n=="df":
+    d=W
+    while not os.path.isdir(d):d=d.rsplit("/",1)[0] or "/"
+    v=os.statvfs(d);K=lambda x:-(-x*v.f_frsize//1024)   # df -Pk: 1024-byte blocks, rounded up
+    u,a=K(v.f_blocks-v.f_bfree),K(v.f_bavail);m,f="/","-";r=os.path.realpath(d)
+    try:
+     with open("/proc/self/mounts","rb") as h:
+      for x in h.read().split(b"\n"):
+       x=x.split(b" ")
+       if len(x)<2:continue
+       q=os.fsdecode(x[1].replace(b"\\040",b" ").replace(b"\\011",b"\t").replace(b"\\012",b"\n").replace(b"\\134",b"\\"))
+       if (r==q or r.startswith(q.rstrip("/")+"/")) and len(q)>=len(m):m,f=q,os.fsdecode(x[0])
+    except OSError:pass
+    b=os.fsencode("Filesystem     1024-blocks      Used Available Capacity Mounted on\n%%s %%d %%d %%d %%s %%s\n"%%(
+     f,K(v.f_blocks),u,a,"%%d%%%%"%%-(-u*100//(u+a)) if u+a else "-",m))
    elif n=="prepare":b=("arch %%s\n"%%os.uname().machine).encode()
    elif n=="ver:python":b=("Python %%s\n"%%sys.version.split()[0]).encode()
    elif n=="workdir":
@@ -314,10 +330,10 @@ def given(plan, host: Host) -> tuple[str, ...]:
     job's interpreter, no tool environment). () where no test runs python3 (tests_by_python)."""
     if not tests_by_python(plan, host):
         return ()
-    from . import devices, stale, user, versions, workdir  # lazy: those check modules import this package's first
+    from . import devices, disk, stale, user, versions, workdir  # lazy: those check modules import this package's first
     out = []
     for check, probe in (("user", user.USER), ("stale", stale.STALE), ("devices", devices.ASCEND),
-                         ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR)):
+                         ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR), ("disk", disk.DF)):
         if check in plan.checks:
             out += [n for n, b in probe.shell(plan, host) if n in PYTHON_DOES
                     and (n != "ver:python" or b == versions.python_version(PY[0]))]   # not another interpreter
@@ -473,7 +489,7 @@ def connect_body(plan, host: Host) -> str:
     gives = given(plan, host)
     env = sh.assignments({**facts, **({LIST_ENV: plan.cluster.job.workdir} if listing else {}), ENV_IN: tin,
                           ENV_OUT: tout, **({GIVEN_ENV: " ".join(gives)} if gives else {}),
-                          **({WORKDIR_ENV: plan.cluster.job.workdir} if "workdir" in gives else {}),
+                          **({WORKDIR_ENV: plan.cluster.job.workdir} if {"workdir", "df"} & set(gives) else {}),
                           CACHE_ENV: agent_home(plan.cluster)})
     if gives:   # the probe's shell, for stale's `self` as the sh's section prints it
         env += f" {SELF_ENV}=$$"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -73,7 +74,7 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
     if conf is not None:
         (tmp_path / "hccn.conf").write_bytes(conf)
     cmds = commands()
-    assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir"}   # the workdir's: its own test below
+    assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir", "df"}   # the workdir's and df's: their own tests below
     t0 = time.time()
     sh_out = by_sh(cmds, hccn)
     py_out, text = by_python(cmds, hccn)
@@ -155,12 +156,12 @@ def test_given_applies_where_the_test_runs_python3(platform):
     c = cluster([host(1), host(2)], platform=platform)
     assert reach.given(plan_of(c), c.hosts[1]) == ()   # no listener known yet: no test, no python3
     with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
-    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "clock1"} | (
+    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "df", "clock1"} | (
         {"hccn"} if platform == "ascend" else set())
     assert reach.given(with_port, c.hosts[0]) == ()   # the launch host runs the listener
     assert set(reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")),
                            c.hosts[1])) \
-        == {"clock0", "stale", "ver:python", "workdir", "clock1"} | ({"hccn"} if platform == "ascend" else set())
+        == {"clock0", "stale", "ver:python", "workdir", "df", "clock1"} | ({"hccn"} if platform == "ascend" else set())
     other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
     assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
 
@@ -286,3 +287,29 @@ def test_the_facts_find_a_live_run_with_the_stale_sections_read_of_every_process
     assert "\nlive R9\n" in out.stdout and out.stdout.endswith("proc read 1\n"), out.stdout[-400:]
     if "stale" in given:
         assert "/environ:ORCH_RUN_ID=R9\n" in out.stdout
+
+
+@pytest.mark.parametrize("where", ["tmp", "missing", "root", "proc", "shm"])
+def test_the_python3_gives_df_as_df_does(tmp_path, where):
+    """df -Pk of the workdir's nearest directory: the same filesystem, mount point and size from
+    the python3 (os.statvfs, /proc/self/mounts) as from df; the space free as of its own read."""
+    from orchestrator.checks.disk import DF
+
+    w = {"tmp": str(tmp_path), "missing": str(tmp_path / "no" / "such"), "root": "/", "proc": "/proc/self",
+         "shm": "/dev/shm"}[where]
+    if not os.path.isdir(w.rsplit("/no/", 1)[0]):
+        pytest.skip(f"{w} is not on this machine")
+    c = cluster([host(1), host(2)])
+    c = replace(c, job=replace(c.job, workdir=w))
+    body = dict(DF.shell(plan_of(c), c.hosts[1]))["df"]
+    sh_out = by_sh({"df": body}, HCCN_CONF)["df"]
+    env = {**os.environ, reach.GIVEN_ENV: "df", reach.WORKDIR_ENV: w, reach.SELF_ENV: "1"}
+    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY], capture_output=True,
+                         env=env, timeout=60)
+    assert got.returncode == 0, got.stderr
+    py_out = probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")["df"]
+    a, b = probes.parse_df(py_out.body), probes.parse_df(sh_out.body)
+    assert (a.filesystem, a.mount, a.total_kib, py_out.rc) == (b.filesystem, b.mount, b.total_kib, sh_out.rc)
+    assert abs(a.avail_kib - b.avail_kib) <= max(a.total_kib // 100, 1024)   # a live filesystem
+    assert py_out.body.splitlines()[0] == sh_out.body.splitlines()[0].rstrip() or \
+        py_out.body.split()[:6] == sh_out.body.split()[:6]   # df's header, its words
