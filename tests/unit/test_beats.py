@@ -152,3 +152,80 @@ def test_a_members_end_takes_the_stops_look_at_the_runs_processes(tmp_path, sign
     sup.tick(False)
     assert len(looks) == 2 and sup.done                # one look a turn
     assert link.sent[-1]["t"] == "report" and link.sent[-1]["report"]["left_nothing"] is True
+
+
+def running_member(tmp_path, ranks=(1, 2, 3)):
+    sup = S.Supervisor(cfg(tmp_path, "member"))
+    sup.head_conn = link = Link()
+    sup.local.ranks = {r: {"rank": r, "host": "h2", "device": r, "pid": 100 + r, "state": "running", "exit_code": None,
+                           "signal": None, "start": 1.0, "end": None, "attempt": 1} for r in ranks}
+    beat(sup)
+    assert [m["t"] for m in link.sent] == ["report"]
+    return sup, link
+
+
+def ended(sup, rank, code=0, sig=None):
+    sup.local.ranks[rank].update(state="exited" if code == 0 and not sig else "failed", exit_code=code, signal=sig,
+                                 end=S.now())
+
+
+def states(m):
+    return [r["state"] for r in m["report"]["ranks"]]
+
+
+def test_a_members_reports_of_ranks_that_ended_well_are_gathered_while_others_run(tmp_path, signals_back):
+    sup, link = running_member(tmp_path)
+    ended(sup, 1)
+    sup.member_tick(True)                     # the first good end: held back, END_GATHER at most
+    assert len(link.sent) == 1 and sup.gather_until is not None
+    assert sup.wait() <= S.END_GATHER         # the loop wakes for it
+    ended(sup, 2)
+    sup.member_tick(True)
+    assert len(link.sent) == 1                # gathered with the first
+    sup.gather_until = S.now() - 0.001        # its time is up: both ends in one report
+    sup.member_tick(False)
+    assert [m["t"] for m in link.sent] == ["report", "report"] and states(link.sent[-1]) == ["exited", "exited", "running"]
+    assert sup.gather_until is None
+    ended(sup, 3)                             # the last rank here: at once
+    sup.member_tick(True)
+    assert len(link.sent) == 3 and states(link.sent[-1]) == ["exited"] * 3
+
+
+@pytest.mark.parametrize("how", ["failed", "signal", "stopping", "load"])
+def test_anything_but_a_good_end_goes_out_at_once_with_what_was_gathered(tmp_path, signals_back, how):
+    sup, link = running_member(tmp_path)
+    ended(sup, 1)
+    sup.member_tick(True)
+    assert len(link.sent) == 1
+    if how == "failed":
+        ended(sup, 2, code=1)
+    elif how == "signal":
+        ended(sup, 2, code=None, sig=9)
+    elif how == "stopping":
+        sup.local.stopping = ["a test", S.now() + 5, False]
+    else:
+        sup.local.load.sample = {"t": 1.0, "procs": 1, "cpu": 5.0}
+    sup.member_tick(True)
+    assert len(link.sent) == 2 and link.sent[-1]["report"]["ranks"][0]["state"] == "exited"
+    assert sup.gather_until is None
+
+
+def test_good_ends_only_tells_a_good_end_from_anything_else():
+    run = {"rank": 1, "state": "running", "exit_code": None, "signal": None, "end": None, "pid": 7}
+    proc = {"key": "rank.1", "rank": 1, "pid": 7, "exit_code": None, "signal": None, "end": None}
+    other = dict(run, rank=2)
+
+    def rep(r, p, **kw):
+        return ("running", {"ranks": [r, other], "procs": [p], "out": 1.0, "progress": [], "stopping": None,
+                            "load": None, **kw})
+
+    before = rep(run, proc)
+    good = rep(dict(run, state="exited", exit_code=0, end=2.0), dict(proc, exit_code=0, end=2.0), out=2.0)
+    assert S.good_ends_only(before, good)
+    assert not S.good_ends_only(None, good)
+    assert not S.good_ends_only(("stopped", before[1]), good)
+    assert not S.good_ends_only(before, rep(dict(run, state="failed", exit_code=1, end=2.0), dict(proc, exit_code=1, end=2.0)))
+    assert not S.good_ends_only(before, rep(dict(run, state="exited", exit_code=0, end=2.0, pid=8), proc))
+    assert not S.good_ends_only(before, rep(dict(run, state="exited", exit_code=0, end=2.0), proc, load={"cpu": 1}))
+    alone = ("running", {**before[1], "ranks": [run]})
+    assert not S.good_ends_only(alone, ("running", {**good[1], "ranks": [good[1]["ranks"][0]]}))   # the last one
