@@ -274,8 +274,9 @@ def test_the_facts_find_a_live_run_with_the_stale_sections_read_of_every_process
         program = reach.connect_program(facts=True, listing=False, given_first=True)
         counting = ("import os\nreal=os.listdir\nn=[0]\n"
                     "def listdir(p='.'):\n n[0]+=p=='/proc'\n return real(p)\n"
-                    "os.listdir=listdir\n"
-                    f"exec(compile({program!r},'p','exec'))\nprint('proc read', n[0])\n")
+                    "os.listdir=listdir\n"   # the program ends by os._exit: the count first
+                    "quit=os._exit\nos._exit=lambda c:(print('proc read', n[0], flush=True),quit(c))\n"
+                    f"exec(compile({program!r},'p','exec'))\n")
         env = {**os.environ, reach.GIVEN_ENV: given, reach.SELF_ENV: "1", reach.ENV_IN: "a", reach.ENV_OUT: "b",
                "ORCH_FACTS_LOCK": str(orch / "lock"), "ORCH_FACTS_HOME": str(orch / "agent-x")}
         out = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", counting, "0", "1", "1"],

@@ -117,7 +117,10 @@ def test_the_reach_test_lists_and_tests_lean_and_its_listing_is_read_from_its_se
            **supervisor.facts_env(str(tmp_path / ".orch" / "lock"), str(tmp_path / ".orch" / "agent-x"))}
     listener = lean(reach.LISTEN_PY, "3", "20", "0.3", "1", str(reach.READ_LIMIT), "127.0.0.1", env=env)
     port = listener.stdout.strip()
-    prog = reach.connect_program(True, True) + "\nprint(sorted({'json', 're'} & set(sys.modules)))\n"
+    # what it imported, said as it ends (by os._exit: reach._QUIT)
+    prog = ("import os,sys\nquit=os._exit\n"
+            "os._exit=lambda c:(print(sorted({'json', 're'} & set(sys.modules)), flush=True),quit(c))\n"
+            + reach.connect_program(True, True))
     got = lean(prog, "1", port, "2", "127.0.0.1", env=env, stdin=sync.list_input(request))
     assert got.returncode == 0 and got.stderr == "", got.stderr
     body = without_version(got.stdout)
