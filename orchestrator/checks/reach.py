@@ -233,15 +233,45 @@ if _s:_hold(_s)
 # Sections the test's python3 prints for the sh (given: their commands cost ~10 ms of CPU a host,
 # in 11-12 execs: id, cat (where /etc/hccn.conf is), grep, tr, uname, timeout and python3, mktemp,
 # rm, id, readlink, stat; the clock's two `date` 1.4 ms more; df's timeout and df ~2 ms: statvfs and
-# /proc/self/mounts, on the path the workdir's section has already touched), each as the sh's commands print it (error messages in coreutils' words;
+# /proc/self/mounts, on the path the workdir's section has already touched; nic's ip ~1.6 ms: netlink's
+# RTM_GETADDR dump, as ip asks it, 0.3 ms), each as the sh's commands print it (error messages in coreutils' words;
 # stale's values cut as sh.env_values cuts them), first thing,
 # between GIVEN_BEGIN and GIVEN_END (probes.split_sections takes them out of the reach section's
 # output). Where it does not run them (no python3, or it failed first), the sh does, after the
 # reach section (probes.assemble's `given`). PYTHON_DOES: the sections it can give, each for the
 # one command of given(); tests/unit/test_given.py runs both ways and compares what they print.
 GIVEN_ENV, SELF_ENV, WORKDIR_ENV = "ORCH_GIVEN", "ORCH_SELF", "ORCH_GIVEN_W"
-PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "df", "clock0", "clock1")
-GIVEN_PY = r"""def _given():
+PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "df", "nic", "clock0", "clock1")
+GIVEN_PY = r"""def _nic():
+ # `ip -o addr show`'s lines (index: name, family, address/prefix), from the kernel's own answer
+ # (netlink RTM_GETADDR, as ip asks it): no exec of ip
+ import sys,_socket as S
+ L=lambda b,i,n:int.from_bytes(b[i:i+n],sys.byteorder)
+ s=S.socket(16,S.SOCK_RAW,0)   # AF_NETLINK, NETLINK_ROUTE
+ try:
+  s.settimeout(5);s.bind((0,0))
+  s.send((24).to_bytes(4,sys.byteorder)+(22).to_bytes(2,sys.byteorder)+(0x301).to_bytes(2,sys.byteorder)+bytes(16))
+  out=[];done=False
+  while not done:
+   d=s.recv(1<<16);i=0
+   while i+16<=len(d):
+    n,t=L(d,i,4),L(d,i+4,2)
+    if n<16:raise ValueError("netlink")
+    if t==3:done=True;break   # NLMSG_DONE
+    if t==2:raise OSError("netlink error")
+    if t==20:   # RTM_NEWADDR: ifaddrmsg, then its attributes
+     f,pl,x=d[i+16],d[i+17],L(d,i+20,4);j=i+24;a={}
+     while j+4<=i+n:
+      m,k=L(d,j,2),L(d,j+2,2)
+      if m<4:break
+      a[k]=d[j+4:j+m];j+=(m+3)&~3
+     v=a.get(2) or a.get(1)   # IFA_LOCAL, else IFA_ADDRESS
+     if v and f in(2,10):out.append((x,f,"%%d: %%s    %%s %%s/%%d\n"%%(x,S.if_indextoname(x),"inet" if f==2 else "inet6",S.inet_ntop(f,v),pl)))
+    i+=(n+3)&~3
+ finally:s.close()
+ if not out:raise ValueError("no address")
+ return "".join(l for _,_,l in sorted(out,key=lambda o:o[:2])).encode()
+def _given():
  global _RD
  import os,sys
  g=os.environ.pop("%(env)s","").split();me=os.environ.pop("%(self)s","");W=os.environ.pop("%(wenv)s","")
@@ -290,6 +320,10 @@ GIVEN_PY = r"""def _given():
     except OSError:pass
     b=os.fsencode("Filesystem     1024-blocks      Used Available Capacity Mounted on\n%%s %%d %%d %%d %%s %%s\n"%%(
      f,K(v.f_blocks),u,a,"%%d%%%%"%%-(-u*100//(u+a)) if u+a else "-",m))
+   elif n=="nic":
+    try:b=_nic()
+    except (OSError,ValueError,IndexError):   # no netlink here (a sandbox): as the sh does it
+     with os.popen("ip -o addr show 2>/dev/null || hostname -I") as x:b=os.fsencode(x.read())
    elif n=="prepare":b=("arch %%s\n"%%os.uname().machine).encode()
    elif n=="ver:python":b=("Python %%s\n"%%sys.version.split()[0]).encode()
    elif n=="workdir":
@@ -330,10 +364,11 @@ def given(plan, host: Host) -> tuple[str, ...]:
     job's interpreter, no tool environment). () where no test runs python3 (tests_by_python)."""
     if not tests_by_python(plan, host):
         return ()
-    from . import devices, disk, stale, user, versions, workdir  # lazy: those check modules import this package's first
+    from . import devices, disk, nic, stale, user, versions, workdir  # lazy: those check modules import this package's first
     out = []
     for check, probe in (("user", user.USER), ("stale", stale.STALE), ("devices", devices.ASCEND),
-                         ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR), ("disk", disk.DF)):
+                         ("versions", versions.VERSIONS), ("workdir", workdir.WORKDIR), ("disk", disk.DF),
+                         ("nic", nic.NIC)):
         if check in plan.checks:
             out += [n for n, b in probe.shell(plan, host) if n in PYTHON_DOES
                     and (n != "ver:python" or b == versions.python_version(PY[0]))]   # not another interpreter

@@ -74,7 +74,7 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
     if conf is not None:
         (tmp_path / "hccn.conf").write_bytes(conf)
     cmds = commands()
-    assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir", "df"}   # the workdir's and df's: their own tests below
+    assert set(cmds) == set(reach.PYTHON_DOES) - {"workdir", "df", "nic"}   # those: their own tests below
     t0 = time.time()
     sh_out = by_sh(cmds, hccn)
     py_out, text = by_python(cmds, hccn)
@@ -156,12 +156,12 @@ def test_given_applies_where_the_test_runs_python3(platform):
     c = cluster([host(1), host(2)], platform=platform)
     assert reach.given(plan_of(c), c.hosts[1]) == ()   # no listener known yet: no test, no python3
     with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
-    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "df", "clock1"} | (
+    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "df", "nic", "clock1"} | (
         {"hccn"} if platform == "ascend" else set())
     assert reach.given(with_port, c.hosts[0]) == ()   # the launch host runs the listener
     assert set(reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")),
                            c.hosts[1])) \
-        == {"clock0", "stale", "ver:python", "workdir", "df", "clock1"} | ({"hccn"} if platform == "ascend" else set())
+        == {"clock0", "stale", "ver:python", "workdir", "df", "nic", "clock1"} | ({"hccn"} if platform == "ascend" else set())
     other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
     assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
 
@@ -314,3 +314,30 @@ def test_the_python3_gives_df_as_df_does(tmp_path, where):
     assert abs(a.avail_kib - b.avail_kib) <= max(a.total_kib // 100, 1024)   # a live filesystem
     assert py_out.body.splitlines()[0] == sh_out.body.splitlines()[0].rstrip() or \
         py_out.body.split()[:6] == sh_out.body.split()[:6]   # df's header, its words
+
+
+@pytest.mark.parametrize("netlink", [True, False])
+def test_the_python3_gives_nic_as_ip_does(netlink):
+    """The host's addresses as `ip -o addr show` lists them (netlink's RTM_GETADDR, as ip asks):
+    the same interfaces, addresses and prefixes, in ip's order; where netlink is refused (a
+    sandbox), ip's own output, as the sh's section would print it."""
+    from orchestrator.checks.nic import NIC
+
+    c = cluster([host(1), host(2)])
+    body = dict(NIC.shell(plan_of(c), c.hosts[1]))["nic"]
+    if not shutil.which("ip"):
+        pytest.skip("no `ip` on this machine to compare with")
+    refuse = "" if netlink else ("import _socket\nreal=_socket.socket\n_socket.socket=lambda f,*a:"
+                                 "(_ for _ in ()).throw(PermissionError(1,'refused')) if f==16 else real(f,*a)\n")
+    env = {**os.environ, reach.GIVEN_ENV: "nic", reach.SELF_ENV: "1"}
+    for _ in range(5):   # the machine's interfaces may change meanwhile (labs made or removed): read again
+        before = probes.parse_ip_addrs(by_sh({"nic": body}, HCCN_CONF)["nic"].body)
+        got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", refuse + reach.GIVEN_PY],
+                             capture_output=True, env=env, timeout=60)
+        after = probes.parse_ip_addrs(by_sh({"nic": body}, HCCN_CONF)["nic"].body)
+        if before == after:
+            break
+    assert got.returncode == 0, got.stderr
+    sec = probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")["nic"]
+    assert sec.rc == 0 and probes.parse_ip_addrs(sec.body) == before == after
+    assert ("valid_lft" in sec.body) == (not netlink)   # ip's own words only where it ran ip
