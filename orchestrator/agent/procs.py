@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 
 from . import jsonc, load, metrics
 from .layout import signal
 from .layout import (AGENT_VAR, ATTEMPT_DIR_TOKEN, ATTEMPT_VAR, REPLACED_VAR, DIR_VAR, HEAD_ADDR_TOKEN, RANK_DIRS_VAR,
-                     RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
+                     PACKAGE, RUN_VAR, SECRETS, SLURM_JOB_VAR, WRAPPING_LAUNCHERS,
                      attempt_dir, find_program, rank_log, read_json, which, write_atomic)
 from .rank import die_with_parent, enter_rank_dir
 from .states import RankState
@@ -108,16 +109,52 @@ SETPRIV_TRY_WAIT = 2.0   # the one try of setpriv (its --version): longer, and i
 _setpriv = []  # type: list  # [setpriv's path] once tried and able to give a death signal; [None]: not here
 
 
-def death_setpriv():
+def death_setpriv(home=None):
     """The path of this host's setpriv when it starts a process with a death signal, in a session
     of its own; None when it does not (then fork, as before). Tried once per supervisor, one exec:
     `setpriv --pdeathsig KILL --version` (setpriv reads its options in order: one that lacks the
     option stops at it, exit 1; one that has it prints its version, exit 0), posix_spawn'ed with
     setsid as spawn_dying starts a rank. Called before the supervisor's SIGCHLD handler is
-    installed (Local()), which would reap the try."""
+    installed (Local()), which would reap the try. `home`: where a yes is kept (kept_setpriv)."""
     if not _setpriv:
-        _setpriv.append(_try_setpriv(which("setpriv")))
+        _setpriv.append(kept_setpriv(which("setpriv"), home))
     return _setpriv[0]
+
+
+def package_home():
+    """The directory of the agent package a supervisor runs from (<workdir>/.orch/agent-<hash>,
+    made the user's alone by its start); None where this is not that package (orch's own tree)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) if __package__ == PACKAGE else None
+
+
+def kept_setpriv(path, home):
+    """_try_setpriv's answer, a yes kept in `home` for this very setpriv (its device, inode, size
+    and modification time in the name of an empty file): a host's later supervisors take it
+    without the exec (~1.3 ms of CPU, and its wait, in every member's start). Only a directory
+    of the user's that no one else may write, and a regular file of the user's in it, are trusted;
+    a no (or a try that timed out) is not kept: the next supervisor tries again."""
+    if path is None or not home:
+        return _try_setpriv(path)
+    try:
+        d, st = os.lstat(home), os.stat(path)
+    except OSError:
+        return _try_setpriv(path)
+    if not stat.S_ISDIR(d.st_mode) or d.st_uid != os.geteuid() or d.st_mode & 0o022:
+        return _try_setpriv(path)
+    mark = os.path.join(home, "setpriv-%d-%d-%d-%d.yes" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    try:
+        k = os.lstat(mark)
+        if stat.S_ISREG(k.st_mode) and k.st_uid == os.geteuid():
+            return path
+    except OSError:
+        pass
+    got = _try_setpriv(path)
+    if got is not None:
+        try:
+            os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except OSError:   # kept already (another start), or not writable: tried again next time
+            pass
+    return got
 
 
 def _try_setpriv(path):
@@ -261,7 +298,7 @@ class Local:
         # how this host starts its processes (tried now: before the SIGCHLD handler; not where none start)
         self.setpriv = None
         if cfg.get("procs") or cfg.get("slot_procs"):
-            self.setpriv = death_setpriv()
+            self.setpriv = death_setpriv(package_home())
             note("processes start %s" % ("through %s --pdeathsig" % self.setpriv if self.setpriv else
                                           "by fork (no setpriv with --pdeathsig here)"))
 

@@ -90,6 +90,41 @@ def test_setpriv_is_used_only_where_it_can_give_a_death_signal(tmp_path, monkeyp
     assert procs._try_setpriv(None) is None
 
 
+def test_a_setpriv_that_can_is_tried_once_per_host_and_only_a_yes_in_a_private_place_is_kept(tmp_path,
+                                                                                             monkeypatch):
+    """kept_setpriv: the first supervisor tries this setpriv and keeps its yes in the agent's
+    directory; the next takes it without a try. A no is not kept; nor is anything trusted from a
+    directory others may write, a link in the mark's place, or a mark for another setpriv."""
+    from orchestrator.agent import procs
+
+    real = util_linux_setpriv()
+    tries = []
+    answer = {"ok": True}
+    monkeypatch.setattr(procs, "_try_setpriv", lambda p: tries.append(p) or (p if answer["ok"] else None))
+    home = tmp_path / "agent-x"
+    home.mkdir(mode=0o700)
+    assert procs.kept_setpriv(real, str(home)) == real and len(tries) == 1
+    marks = list(home.iterdir())
+    assert len(marks) == 1 and marks[0].stat().st_size == 0 and (marks[0].stat().st_mode & 0o777) == 0o600
+    assert procs.kept_setpriv(real, str(home)) == real and len(tries) == 1   # taken, not tried
+    copy = tmp_path / "bin" / "setpriv"                                    # another setpriv: its own try
+    copy.parent.mkdir()
+    copy.write_bytes(Path(real).read_bytes())
+    copy.chmod(0o755)
+    assert procs.kept_setpriv(str(copy), str(home)) == str(copy) and len(tries) == 2
+    home.chmod(0o770)                                                       # others may write there: tried
+    assert procs.kept_setpriv(real, str(home)) == real and len(tries) == 3
+    home.chmod(0o700)
+    for m in home.iterdir():                                               # a link in the mark's place
+        m.unlink()
+        m.symlink_to(tmp_path / "elsewhere")
+    answer["ok"] = False
+    assert procs.kept_setpriv(real, str(home)) is None and len(tries) == 4
+    assert procs.kept_setpriv(real, str(home)) is None and len(tries) == 5  # a no: tried again each time
+    assert procs.kept_setpriv(real, None) is None and len(tries) == 6
+    assert procs.package_home() is None                                       # orch's own tree: nothing kept
+
+
 def test_the_setpriv_try_waits_for_its_own_child_whatever_sigchld_is(tmp_path):
     """Ignored SIGCHLD (inherited through exec: the kernel then reaps every child at once) or a
     handler that reaps: the try still sees its child's exit status, and the disposition is put back."""
