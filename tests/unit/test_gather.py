@@ -187,6 +187,12 @@ def test_a_new_copy_appears_whole_or_not_at_all(setup):
     sink.close(False)
     assert not s.run.local_log(0).exists()
     assert list(s.run.local_log(0).parent.iterdir()) == []
+    sink = runlogs._Gathered(s.run, None)   # whole: in place, the user's alone, nothing else left there
+    sink.write(b"D 1 0 0 10\n0123456789")
+    sink.close(True)
+    assert s.run.local_log(0).read_bytes() == b"0123456789"
+    assert s.run.local_log(0).stat().st_mode & 0o777 == 0o600
+    assert list(s.run.local_log(0).parent.iterdir()) == [s.run.local_log(0)]
 
 
 def test_a_host_that_cannot_be_reached_is_asked_once_one_that_answered_gets_its_launcher_log(tmp_path):
