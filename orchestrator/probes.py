@@ -48,6 +48,7 @@ MARK = "@@orch:"
 GIVEN_BEGIN, GIVEN_END = MARK + "given", MARK + "given-end"
 # set (non-empty) by a lead section's body where it starts the program that gives sections
 GIVEN_VAR = "_g"
+GIVEN_BY = "reach"   # the one section whose program gives sections (checks/reach.py SECTION)
 NOT_INSTALLED = "orch:not-installed"
 # Python distributions whose versions come from one importlib.metadata call.
 DIST_TOOLS = ("mindspore", "torch")
@@ -308,10 +309,14 @@ def split_sections(text: str) -> dict[str, Section]:
             pos = nxt.start() if nxt else len(text)
             continue
         body = text[m.end():e.start() + 1][:-1]
-        if body.startswith(GIVEN_BEGIN + "\n"):   # sections a background program printed for the sh
-            inner, cut, body = body[len(GIVEN_BEGIN) + 1:].partition("\n" + GIVEN_END + "\n")
+        # sections the lead program printed for the sh: its first block, at a line's start (a
+        # warning of python3's own, on its stderr, may come first); in that section alone
+        k = ("\n" + body).find("\n" + GIVEN_BEGIN + "\n") if name == GIVEN_BY else -1
+        if k >= 0:
+            inner, cut, rest = body[k + len(GIVEN_BEGIN) + 1:].partition("\n" + GIVEN_END + "\n")
             if not cut and inner.endswith("\n" + GIVEN_END):   # nothing of its own after them
-                inner, body = inner[:-len(GIVEN_END) - 1], ""
+                inner, rest = inner[:-len(GIVEN_END) - 1], ""
+            body = body[:k] + rest
             for s in split_sections(inner + "\n").values():
                 out.setdefault(s.name, s)
         out[name] = Section(name, body, int(e.group(1)))

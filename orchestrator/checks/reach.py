@@ -37,7 +37,7 @@ from ..sync import LIST_ENV, LIST_INSIDE, list_heredoc
 from ..transport.base import HELD_EXIT, HELD_GO
 from .base import Check, CheckResult, Probe, register, result, section
 
-SECTION = "reach"
+SECTION = probes.GIVEN_BY   # "reach": the section whose program gives others (probes.split_sections)
 GRACE = 2.0         # seconds the listener stays once every host has come (their other addresses)
 PEER_TIMEOUT = 2.0  # seconds the listener waits for one peer's token
 READ_LIMIT = 256    # bytes the listener (and a host's test) reads from one peer at most
@@ -232,7 +232,7 @@ if _s:_hold(_s)
 
 # Sections the test's python3 prints for the sh (given: their commands cost ~10 ms of CPU a host,
 # in 11-12 execs: id, cat (where /etc/hccn.conf is), grep, tr, uname, timeout and python3, mktemp,
-# rm, id, readlink, stat; the clock's two `date` 1.4 ms more; df's timeout and df ~2 ms: statvfs and
+# rm, id, readlink, stat; the clock's first `date` 0.7 ms more; df's timeout and df ~2 ms: statvfs and
 # /proc/self/mounts, on the path the workdir's section has already touched; nic's ip ~1.6 ms: netlink's
 # RTM_GETADDR dump, as ip asks it, 0.3 ms), each as the sh's commands print it (error messages in coreutils' words;
 # stale's values cut as sh.env_values cuts them), first thing,
@@ -241,7 +241,7 @@ if _s:_hold(_s)
 # reach section (probes.assemble's `given`). PYTHON_DOES: the sections it can give, each for the
 # one command of given(); tests/unit/test_given.py runs both ways and compares what they print.
 GIVEN_ENV, SELF_ENV, WORKDIR_ENV = "ORCH_GIVEN", "ORCH_SELF", "ORCH_GIVEN_W"
-PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "df", "nic", "clock0", "clock1")
+PYTHON_DOES = ("user", "hccn", "stale", "prepare", "ver:python", "workdir", "df", "nic", "clock0")
 GIVEN_PY = r"""def _nic():
  # `ip -o addr show`'s lines (index: name, family, address/prefix), from the kernel's own answer
  # (netlink RTM_GETADDR, as ip asks it): no exec of ip
@@ -265,8 +265,9 @@ GIVEN_PY = r"""def _nic():
       m,k=L(d,j,2),L(d,j+2,2)
       if m<4:break
       a[k]=d[j+4:j+m];j+=(m+3)&~3
-     v=a.get(2) or a.get(1)   # IFA_LOCAL, else IFA_ADDRESS
-     if v and f in(2,10):out.append((x,f,"%%d: %%s    %%s %%s/%%d\n"%%(x,S.if_indextoname(x),"inet" if f==2 else "inet6",S.inet_ntop(f,v),pl)))
+     v,w=a.get(2),a.get(1)   # IFA_LOCAL, IFA_ADDRESS: a point-to-point's peer where they differ
+     if (v or w) and f in(2,10):out.append((x,f,"%%d: %%s    %%s %%s\n"%%(x,S.if_indextoname(x),"inet" if f==2 else "inet6",
+      "%%s peer %%s/%%d"%%(S.inet_ntop(f,v),S.inet_ntop(f,w),pl) if v and w and v!=w else "%%s/%%d"%%(S.inet_ntop(f,v or w),pl))))
     i+=(n+3)&~3
  finally:s.close()
  if not out:raise ValueError("no address")
@@ -276,11 +277,13 @@ def _given():
  import os,sys
  g=os.environ.pop("%(env)s","").split();me=os.environ.pop("%(self)s","");W=os.environ.pop("%(wenv)s","")
  if not g:return
+ import _signal   # a section that hangs (statvfs on a dead NFS mount) ends the program: the sh then
+ _signal.alarm(%(limit)d)   # runs them all, each under its own timeout
  sys.stdout.flush();o=sys.stdout.buffer;o.write(b"%(begin)s\n")
  for n in g:
   rc,b=0,b""
   try:
-   if n in("clock0","clock1"):
+   if n=="clock0":
     import time;b=b"%%.9f\n"%%time.time()
    elif n=="user":
     import pwd
@@ -310,20 +313,22 @@ def _given():
     while not os.path.isdir(d):d=d.rsplit("/",1)[0] or "/"
     v=os.statvfs(d);K=lambda x:-(-x*v.f_frsize//1024)   # df -Pk: 1024-byte blocks, rounded up
     u,a=K(v.f_blocks-v.f_bfree),K(v.f_bavail);m,f="/","-";r=os.path.realpath(d)
+    U=lambda y:y.replace(b"\\040",b" ").replace(b"\\011",b"\t").replace(b"\\012",b"\n").replace(b"\\134",b"\\")
     try:
      with open("/proc/self/mounts","rb") as h:
       for x in h.read().split(b"\n"):
        x=x.split(b" ")
        if len(x)<2:continue
-       q=os.fsdecode(x[1].replace(b"\\040",b" ").replace(b"\\011",b"\t").replace(b"\\012",b"\n").replace(b"\\134",b"\\"))
-       if (r==q or r.startswith(q.rstrip("/")+"/")) and len(q)>=len(m):m,f=q,os.fsdecode(x[0])
+       q=os.fsdecode(U(x[1]))
+       if (r==q or r.startswith(q.rstrip("/")+"/")) and len(q)>=len(m):m,f=q,os.fsdecode(U(x[0]))
     except OSError:pass
     b=os.fsencode("Filesystem     1024-blocks      Used Available Capacity Mounted on\n%%s %%d %%d %%d %%s %%s\n"%%(
      f,K(v.f_blocks),u,a,"%%d%%%%"%%-(-u*100//(u+a)) if u+a else "-",m))
    elif n=="nic":
     try:b=_nic()
     except (OSError,ValueError,IndexError):   # no netlink here (a sandbox): as the sh does it
-     with os.popen("ip -o addr show 2>/dev/null || hostname -I") as x:b=os.fsencode(x.read())
+     x=os.popen("{ ip -o addr show 2>/dev/null || hostname -I; } 2>&1");b=os.fsencode(x.read());x=x.close()
+     if x:rc=x>>8 or 1
    elif n=="prepare":b=("arch %%s\n"%%os.uname().machine).encode()
    elif n=="ver:python":b=("Python %%s\n"%%sys.version.split()[0]).encode()
    elif n=="workdir":
@@ -350,9 +355,9 @@ def _given():
     b=os.fsencode("\n".join(t)+"\n")
   except Exception as e:rc,b=1,b+("orch: %%s: %%s\n"%%(type(e).__name__,e)).encode()
   n=n.encode();o.write(b"%(mark)sbegin %%s\n%%s\n%(mark)send %%s %%d\n"%%(n,b,n,rc))
- o.write(b"%(end)s\n");o.flush()
+ o.write(b"%(end)s\n");o.flush();_signal.alarm(0)
 _given()
-""" % {"env": GIVEN_ENV, "self": SELF_ENV, "wenv": WORKDIR_ENV, "begin": probes.GIVEN_BEGIN, "end": probes.GIVEN_END, "hccn": HCCN_CONF,
+""" % {"limit": SECTION_TIMEOUT, "env": GIVEN_ENV, "self": SELF_ENV, "wenv": WORKDIR_ENV, "begin": probes.GIVEN_BEGIN, "end": probes.GIVEN_END, "hccn": HCCN_CONF,
        "ni": NOT_INSTALLED, "run": RUN_VAR, "runlen": len(RUN_VAR) + 1, "mark": probes.MARK, "rundir": DIR_VAR,
        "chars": sh.ENV_VALUE_CHARS}
 
@@ -374,8 +379,9 @@ def given(plan, host: Host) -> tuple[str, ...]:
                     and (n != "ver:python" or b == versions.python_version(PY[0]))]   # not another interpreter
     if probe_section(plan) == [("prepare", prepare_script(plan.cluster, read=("arch",)))]:
         out.append("prepare")
-    # the frame's clock (every probe's): two stamps the round trip brackets as the sh's two `date`
-    return ("clock0", *out, "clock1")
+    # the frame's first clock (every probe's); its last stays the sh's `date`, at the probe's end:
+    # the two stamps bracket the probe (the skew across hosts is read from their midpoint)
+    return ("clock0", *out)
 
 
 def connect_program(facts: bool, listing: bool, hold: bool = False, given_first: bool = False) -> str:

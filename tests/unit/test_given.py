@@ -81,7 +81,7 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
     t1 = time.time()
     for name in ("user", "hccn", "prepare", "ver:python"):
         assert (py_out[name].body, py_out[name].rc) == (sh_out[name].body, sh_out[name].rc), name
-    for name in ("clock0", "clock1"):   # a time as `date +%s.%N` prints it, taken while it ran
+    for name in ("clock0",):   # a time as `date +%s.%N` prints it, taken while it ran
         got = [probes.parse_clock(out[name].body) for out in (sh_out, py_out)]
         assert all(t0 - 0.01 <= t <= t1 + 0.01 for t in got), (name, got, t0, t1)
         assert len(py_out[name].body.strip().split(".")[1]) == 9 and py_out[name].rc == 0
@@ -96,7 +96,7 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
 def test_the_commands_the_python3_stands_for_are_the_checks_own():
     # GIVEN_PY does these commands' work: a check that changes one must change GIVEN_PY too
     # (the test above compares their output on this machine)
-    assert commands() == {"clock0": "date +%s.%N", "clock1": "date +%s.%N", "user": "id -un",
+    assert commands() == {"clock0": "date +%s.%N", "user": "id -un",
                           "hccn": f"if [ -f {HCCN_CONF} ]; then cat {HCCN_CONF}; else echo orch:not-installed; fi",
                           "stale": "echo self=$$\nLC_ALL=C grep -a -s -z -H -o '^ORCH_RUN_ID=[ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                    "abcdefghijklmnopqrstuvwxyz0123456789._-]*' /proc/[0-9]*/environ | tr '\\0' '\\n'\ntrue",
@@ -115,9 +115,24 @@ def test_a_program_cut_off_while_giving_leaves_its_sections_cut_off():
 
 
 def test_a_sections_own_text_is_not_taken_for_given_sections():
-    # only a body that starts with GIVEN_BEGIN carries them (a file's content cannot, in its place)
+    # only the lead's section (GIVEN_BY) carries them: a file's content cannot, in its place
     out = ("@@orch:begin hccn\nx\n@@orch:begin user\nroot\n\n@@orch:end user 0\n\n@@orch:end hccn 0\n")
     assert set(probes.split_sections(out)) == {"hccn"}
+    out = (f"@@orch:begin hccn\n{probes.GIVEN_BEGIN}\n@@orch:begin user\nroot\n\n@@orch:end user 0\n"
+           f"{probes.GIVEN_END}\n\n@@orch:end hccn 0\n")
+    assert set(probes.split_sections(out)) == {"hccn"}
+
+
+def test_python3s_own_warning_before_the_given_sections_leaves_them_given():
+    """python3 may print a warning of its own first (its stderr is the section's: PYTHONWARNINGS
+    it cannot read, say), then exit 0: the sh trusts the status and does not run them; the
+    sections are still taken out, and the warning stays in the lead's own section."""
+    given = ("user",)
+    printed = (f"printf '%s\\n' 'Invalid -W option ignored' '{probes.GIVEN_BEGIN}' '@@orch:begin user' "
+               f"from-python '' '@@orch:end user 0' '{probes.GIVEN_END}' tested")
+    got = run_probe(printed, given)
+    assert got["user"].body == "from-python\n" and got["user"].rc == 0
+    assert got[reach.SECTION].body == "Invalid -W option ignored\ntested\n"
 
 
 def run_probe(program: str, given: tuple[str, ...], ran: bool = True) -> dict[str, probes.Section]:
@@ -156,12 +171,12 @@ def test_given_applies_where_the_test_runs_python3(platform):
     c = cluster([host(1), host(2)], platform=platform)
     assert reach.given(plan_of(c), c.hosts[1]) == ()   # no listener known yet: no test, no python3
     with_port = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)))
-    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "df", "nic", "clock1"} | (
+    assert set(reach.given(with_port, c.hosts[1])) == {"clock0", "user", "stale", "ver:python", "workdir", "df", "nic"} | (
         {"hccn"} if platform == "ascend" else set())
     assert reach.given(with_port, c.hosts[0]) == ()   # the launch host runs the listener
     assert set(reach.given(plan_of(c, reach=with_port.reach, checks=tuple(x for x in with_port.checks if x != "user")),
                            c.hosts[1])) \
-        == {"clock0", "stale", "ver:python", "workdir", "df", "nic", "clock1"} | ({"hccn"} if platform == "ascend" else set())
+        == {"clock0", "stale", "ver:python", "workdir", "df", "nic"} | ({"hccn"} if platform == "ascend" else set())
     other = cluster([host(1), host(2)], platform=platform, env={"PATH": "/opt/py/bin:/usr/bin"})   # tools elsewhere
     assert "ver:python" not in reach.given(plan_of(other, reach=with_port.reach), other.hosts[1])
 
@@ -339,5 +354,44 @@ def test_the_python3_gives_nic_as_ip_does(netlink):
             break
     assert got.returncode == 0, got.stderr
     sec = probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")["nic"]
-    assert sec.rc == 0 and probes.parse_ip_addrs(sec.body) == before == after
+    def order(addrs):   # ip's own order varies with the kernel (its device walk)
+        return sorted(addrs, key=lambda a: (a.ifname or "", a.address))
+
+    assert sec.rc == 0 and order(probes.parse_ip_addrs(sec.body)) == order(before) == order(after)
     assert ("valid_lft" in sec.body) == (not netlink)   # ip's own words only where it ran ip
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_a_host_whose_test_runs_python3_runs_none_of_the_given_commands(tmp_path, prepare):
+    """The real probe of a host whose reach test runs python3 (`orch check`'s, `orch up`'s), run
+    here: each section the program gives comes once, from it; the sh runs none of those commands
+    (no loopback listener: the test says the connection was refused, and exits 0)."""
+    from orchestrator.checks import runner
+
+    c = cluster([host(1), host(2)])
+    c = replace(c, job=replace(c.job, workdir=str(tmp_path / "w")))
+    plan = plan_of(c, reach=probes.ReachTarget(port=1, addresses=("127.0.0.1",)), **({"prepare": True} if prepare else {}))
+    given = reach.given(plan, c.hosts[1])
+    assert {"clock0", "user", "stale", "workdir", "df", "nic"} <= set(given)
+    script = runner.probe_script(plan, c.hosts[1])
+    out = subprocess.run(["sh", "-c", script], stdin=subprocess.DEVNULL, capture_output=True, timeout=60).stdout.decode()
+    sections = probes.split_sections(out)
+    assert sections[reach.SECTION].rc == 0 and "to 127.0.0.1 " in sections[reach.SECTION].body, out[-600:]
+    block = out[out.index(probes.GIVEN_BEGIN):out.index(probes.GIVEN_END)]
+    for name in given:
+        assert out.count(f"@@orch:begin {name}\n") == 1 and f"@@orch:begin {name}\n" in block, name
+        assert sections[name].rc is not None, name
+
+
+def test_a_given_section_that_hangs_ends_the_program_and_the_sh_runs_them_all(tmp_path):
+    """statvfs on a dead NFS mount never returns: the program's alarm (SECTION_TIMEOUT, 1 s here)
+    ends it, a status other than 0, so the sh runs every given section itself, each under its own
+    timeout (probes.assemble's fallback: test_the_sh_runs_a_given_section_where_...)."""
+    prelude = ("import os,time,_signal\nos.statvfs=lambda p:time.sleep(60)\n"
+               "real=_signal.alarm\n_signal.alarm=lambda n:real(1 if n else 0)\n")
+    env = {**os.environ, reach.GIVEN_ENV: "user df", reach.WORKDIR_ENV: str(tmp_path), reach.SELF_ENV: "1"}
+    t0 = time.monotonic()
+    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", prelude + reach.GIVEN_PY + "print('rest')\n"],
+                         capture_output=True, env=env, timeout=60)
+    assert got.returncode != 0 and time.monotonic() - t0 < 30
+    assert b"rest" not in got.stdout
