@@ -440,8 +440,8 @@ def good_ends_only(before, after):
                                and {k: v for k, v in old.items() if k not in _ENDED}
                                == {k: v for k, v in new.items() if k not in _ENDED}):
             return False
-    return (len(a["ranks"]), len(a["procs"])) == (len(b["ranks"]), len(b["procs"])) and any(
-        r.get("state") == RankState.RUNNING for r in b["ranks"])
+    return (len(a["ranks"]), len(a["procs"])) == (len(b["ranks"]), len(b["procs"])) and a["ranks"] != b["ranks"] \
+        and any(r.get("state") == RankState.RUNNING for r in b["ranks"])   # an end, and a rank still running
 
 class Supervisor:
     """This host's supervisor of the run: the head (cfg role "head") or a member."""
@@ -482,7 +482,8 @@ class Supervisor:
         self.saved_at = 0.0            # the head: when it last wrote its document (time.monotonic) ...
         self.saved_merged = -1         # ... and how many reports it had merged then (head.merged)
         self.sent = None               # (state, report) this host last sent (the head: merged as its own)
-        self.gather_until = None       # a member: when its report of ranks that ended well goes out (END_GATHER)
+        self.gather_until = None       # a member: when its report of ranks that ended well goes out (END_GATHER;
+                                       # time.monotonic)
         if self.is_head:
             cfg = dict(cfg, head_addresses=list(advertised) or cfg.get("head_addresses") or [])
             head_modules()
@@ -598,14 +599,13 @@ class Supervisor:
         """How long the loop may wait for something to happen: TICK while output grows, a stop is
         under way or the head is between attempts (time alone moves those on); else until the
         next heartbeat is due, at most IDLE_TICK."""
+        gathered = IDLE_TICK if self.gather_until is None else max(0.0, self.gather_until - time.monotonic())
         if self.local.stopping is not None or self.local.grew or (
                 self.head is not None and self.head.phase != heads.Phase.RUN):
-            return TICK
-        due = self.last_beat + HEARTBEAT - now()
+            return min(TICK, gathered)
+        due = min(self.last_beat + HEARTBEAT - now(), gathered)
         if self.publish_due is not None:
             due = min(due, self.publish_due - time.monotonic())
-        if self.gather_until is not None:
-            due = min(due, self.gather_until - now())
         return max(0.0, min(IDLE_TICK, due))
 
     def io(self, timeout):
@@ -952,7 +952,7 @@ class Supervisor:
             self.local.stop(self.stop_request, self.grace)
             hc.send(proto.stop(self.stop_request))
         beat_due = now() - self.last_beat >= HEARTBEAT
-        if changed or beat_due or (self.gather_until is not None and now() >= self.gather_until):
+        if changed or beat_due or (self.gather_until is not None and time.monotonic() >= self.gather_until):
             rep = self.fresh_report()
             if rep is not None or beat_due or self.gather_until is None:   # ends gathered: nothing yet
                 self.last_beat = now()
@@ -986,10 +986,10 @@ class Supervisor:
         if said == self.sent:
             self.gather_until = None
             return None
-        if self.head is None and (self.gather_until is None or now() < self.gather_until) \
+        if self.head is None and (self.gather_until is None or time.monotonic() < self.gather_until) \
                 and good_ends_only(self.sent, said):
             if self.gather_until is None:   # held back, END_GATHER at most from the first of them
-                self.gather_until = now() + END_GATHER
+                self.gather_until = time.monotonic() + END_GATHER
             return None
         self.sent, self.gather_until = said, None
         return rep

@@ -182,7 +182,9 @@ def test_a_members_reports_of_ranks_that_ended_well_are_gathered_while_others_ru
     ended(sup, 2)
     sup.member_tick(True)
     assert len(link.sent) == 1                # gathered with the first
-    sup.gather_until = S.now() - 0.001        # its time is up: both ends in one report
+    sup.local.grew = True                     # output growing (TICK turns): the gathered ends' time all the same
+    assert sup.wait() <= S.END_GATHER
+    sup.gather_until = time.monotonic() - 0.001   # its time is up: both ends in one report
     sup.member_tick(False)
     assert [m["t"] for m in link.sent] == ["report", "report"] and states(link.sent[-1]) == ["exited", "exited", "running"]
     assert sup.gather_until is None
@@ -227,5 +229,6 @@ def test_good_ends_only_tells_a_good_end_from_anything_else():
     assert not S.good_ends_only(before, rep(dict(run, state="failed", exit_code=1, end=2.0), dict(proc, exit_code=1, end=2.0)))
     assert not S.good_ends_only(before, rep(dict(run, state="exited", exit_code=0, end=2.0, pid=8), proc))
     assert not S.good_ends_only(before, rep(dict(run, state="exited", exit_code=0, end=2.0), proc, load={"cpu": 1}))
+    assert not S.good_ends_only(before, rep(run, proc, out=2.0, progress=[{"rank": 1}]))   # output alone: at once
     alone = ("running", {**before[1], "ranks": [run]})
     assert not S.good_ends_only(alone, ("running", {**good[1], "ranks": [good[1]["ranks"][0]]}))   # the last one
