@@ -244,7 +244,7 @@ def _given_fallback(given: Sequence[tuple[str, str]]) -> str:
 
 def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Sequence[tuple[str, str]],
              body: Sequence[tuple[str, str]], last: Sequence[tuple[str, str]], hold: str = "",
-             given: Iterable[str] = (), given_by: str = "", lead: Sequence[tuple[str, str]] = ()) -> str:
+             given: Iterable[str] = (), lead: Sequence[tuple[str, str]] = ()) -> str:
     """The one probe script of a host from its sections' (name, commands): `first`, then
     `background` started (all at once), `lead` run, `body` in order, `background` printed, `last`.
     `hold`: the lead section that holds the session (checks/reach.py HOLD_PY) gets its stdin,
@@ -254,10 +254,11 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     script's output goes to the session as ever (through `cat` it cost 3-7 ms more a probe) and ends
     with PROBE_END (transport.base: all of it, the session still open).
     `given`: names of `body`'s or the frame's sections that the program of the lead section
-    `given_by` prints (GIVEN_BEGIN); the sh runs them after that section only where it did not.
+    GIVEN_BY (split_sections reads them there alone) prints (GIVEN_BEGIN); the sh runs them after the
+    lead sections only where it did not.
     Pure: same inputs, same script (checks/runner.py says which sections)."""
     assert not hold or any(n == hold for n, _ in lead), "the section that holds is a lead section"
-    names = set(given) if given_by else set()
+    names = set(given) if any(n == GIVEN_BY for n, _ in lead) else set()
     handed = [s for s in (*first, *body, *last) if s[0] in names]
     first, body, last = ([s for s in x if s[0] not in names] for x in (first, body, last))
     parts = [
@@ -272,10 +273,10 @@ def assemble(host_name: str, first: Sequence[tuple[str, str]], background: Seque
     parts += [_background_start(b, i, keep=not hold) for i, (n, b) in enumerate(background)]
     for n, b in lead:   # the hold's descriptors for the section that holds alone (a group's redirections)
         b = b if n == hold or not hold else f"{{\n{b.rstrip()}\n}} 3<&- 4>&- 5>&- 7>&-"
-        parts.append(_lead_section(n, b, n == given_by and bool(handed)))
+        parts.append(_lead_section(n, b, n == GIVEN_BY and bool(handed)))
     if hold:
         parts.append("exec 3<&- 4>&- 5>&- 7>&-")
-    if handed and any(n == given_by for n, _ in lead):
+    if handed:
         parts.append(_given_fallback(handed))
     parts += [section_script(n, b) for n, b in body]
     parts += [_background_section(n, i) for i, (n, _) in enumerate(background)]

@@ -75,7 +75,7 @@ def probe_script(plan: CheckPlan, host: Host) -> str:
     got["body"] += PREPARE.shell(plan, host) + SYNC_LISTING.shell(plan, host)  # `orch up`'s: none otherwise
     return probes.assemble(host.name, frame[:1], got["background"], got["body"], frame[1:],
                            hold=reach.SECTION if reach.holds(plan, host) else "",
-                           given=reach.given(plan, host), given_by=reach.SECTION, lead=got["lead"])
+                           given=reach.given(plan, host), lead=got["lead"])
 
 
 def check_script(plan: CheckPlan, host: Host, check: Check) -> str:

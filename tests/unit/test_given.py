@@ -141,7 +141,7 @@ def run_probe(program: str, given: tuple[str, ...], ran: bool = True) -> dict[st
     body = [("user", "echo from-sh"), ("path", "echo path")]
     lead = f"{probes.GIVEN_VAR}=1\n{program}" if ran else program
     script = probes.assemble("h", [("clock0", "echo 1")], [], body, [("clock1", "echo 2")],
-                             given=given, given_by="reach", lead=[("reach", lead)])
+                             given=given, lead=[("reach", lead)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout.decode()
     return probes.split_sections(out)
 
@@ -159,7 +159,7 @@ def test_the_sh_runs_a_given_section_where_the_program_did_not_print_it():
         assert got["reach"].rc == (3 if "exit 3" in program else 1 if "false" in program else 0)
     # a frame's section given too: the sh's clock where the program did not give it
     got = probes.split_sections(subprocess.run(["sh", "-c", probes.assemble(
-        "h", [("clock0", "echo 1")], [], [], [("clock1", "echo 2")], given=("clock0", "clock1"), given_by="reach",
+        "h", [("clock0", "echo 1")], [], [], [("clock1", "echo 2")], given=("clock0", "clock1"),
         lead=[("reach", "false")])], capture_output=True, timeout=60).stdout.decode())
     assert (got["clock0"].body, got["clock1"].body, got["reach"].rc) == ("1\n", "2\n", 1)
     assert "from-sh" in probes.assemble("h", [], [], [("user", "echo from-sh")], [],

@@ -41,7 +41,7 @@ def test_no_exit_status_line_is_255_and_says_so():
 def test_a_holding_probe_gives_the_session_to_its_section_alone_and_ends_with_probe_end():
     fds = "sh -c 'for i in 3 4 5 7; do [ -e /proc/self/fd/$i ] && echo has $i; done; true'"
     script = probes.assemble("h", [("clock0", "date")], [("mesh", fds)], [("user", fds)], [("clock1", "date")],
-                             hold="reach", lead=[("reach", fds), ("other", fds)], given=("user",), given_by="reach")
+                             hold="reach", lead=[("reach", fds), ("other", fds)], given=("user",))
     lines = script.splitlines()
     assert lines[1:4] == ["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"]
     assert lines[-2:] == [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]
