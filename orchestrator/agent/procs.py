@@ -133,28 +133,34 @@ def kept_setpriv(path, home):
     without the exec (~1.3 ms of CPU, and its wait, in every member's start). Only a directory
     of the user's that no one else may write, and a regular file of the user's in it, are trusted;
     a no (or a try that timed out) is not kept: the next supervisor tries again."""
-    if path is None or not home:
-        return _try_setpriv(path)
+    mark = _setpriv_mark(path, home)
     try:
-        d, st = os.lstat(home), os.stat(path)
-    except OSError:
-        return _try_setpriv(path)
-    if not stat.S_ISDIR(d.st_mode) or d.st_uid != os.geteuid() or d.st_mode & 0o022:
-        return _try_setpriv(path)
-    mark = os.path.join(home, "setpriv-%d-%d-%d-%d.yes" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-    try:
-        k = os.lstat(mark)
-        if stat.S_ISREG(k.st_mode) and k.st_uid == os.geteuid():
+        k = os.lstat(mark) if mark else None
+        if k is not None and stat.S_ISREG(k.st_mode) and k.st_uid == os.geteuid():
             return path
     except OSError:
         pass
     got = _try_setpriv(path)
-    if got is not None:
+    if got is not None and mark:
         try:
             os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         except OSError:   # kept already (another start), or not writable: tried again next time
             pass
     return got
+
+
+def _setpriv_mark(path, home):
+    """Where kept_setpriv keeps a yes for setpriv `path`; None where nothing is kept (no setpriv,
+    no home, or a home that is not a directory of the user's alone)."""
+    if path is None or not home:
+        return None
+    try:
+        d, st = os.lstat(home), os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(d.st_mode) or d.st_uid != os.geteuid() or d.st_mode & 0o022:
+        return None
+    return os.path.join(home, "setpriv-%d-%d-%d-%d.yes" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 def _try_setpriv(path):
