@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,11 +48,21 @@ def by_sh(cmds: dict[str, str], hccn: str) -> dict[str, probes.Section]:
     return probes.split_sections(out.decode("utf-8", "replace"))
 
 
+def run_given(names, program: str = "", prelude: str = "", **env: str) -> subprocess.CompletedProcess:
+    """GIVEN_PY (or `program`) for the sections `names`, after `prelude`, with `env` beside the
+    names, by the python3 on PATH, as on a host: the one the sh's `python3 --version` finds."""
+    env = {**os.environ, reach.GIVEN_ENV: " ".join(names), reach.SELF_ENV: "1", **env}
+    return subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", prelude + (program or reach.GIVEN_PY)],
+                          capture_output=True, env=env, timeout=60)
+
+
+def given_out(got: subprocess.CompletedProcess) -> dict[str, probes.Section]:
+    """run_given's output as the probe's reach section carries it, split."""
+    return probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")
+
+
 def by_python(names, hccn: str, self_pid: str = "4242") -> tuple[dict[str, probes.Section], str]:
-    env = {**os.environ, reach.GIVEN_ENV: " ".join(names), reach.SELF_ENV: self_pid}
-    # the python3 on PATH, as on a host: the one the sh's `python3 --version` finds
-    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY.replace(HCCN_CONF, hccn) + "print('rest')\n"],
-                         capture_output=True, env=env, timeout=60)
+    got = run_given(names, reach.GIVEN_PY.replace(HCCN_CONF, hccn) + "print('rest')\n", **{reach.SELF_ENV: self_pid})
     assert got.returncode == 0, got.stderr
     out = got.stdout.decode("utf-8", "replace")
     return probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n"), out
@@ -319,11 +330,9 @@ def test_the_python3_gives_df_as_df_does(tmp_path, where):
     c = replace(c, job=replace(c.job, workdir=w))
     body = dict(DF.shell(plan_of(c), c.hosts[1]))["df"]
     sh_out = by_sh({"df": body}, HCCN_CONF)["df"]
-    env = {**os.environ, reach.GIVEN_ENV: "df", reach.WORKDIR_ENV: w, reach.SELF_ENV: "1"}
-    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY], capture_output=True,
-                         env=env, timeout=60)
+    got = run_given(["df"], **{reach.WORKDIR_ENV: w})
     assert got.returncode == 0, got.stderr
-    py_out = probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")["df"]
+    py_out = given_out(got)["df"]
     a, b = probes.parse_df(py_out.body), probes.parse_df(sh_out.body)
     assert (a.filesystem, a.mount, a.total_kib, py_out.rc) == (b.filesystem, b.mount, b.total_kib, sh_out.rc)
     assert abs(a.avail_kib - b.avail_kib) <= max(a.total_kib // 100, 1024)   # a live filesystem
@@ -340,20 +349,18 @@ def test_the_python3_gives_nic_as_ip_does(netlink):
 
     c = cluster([host(1), host(2)])
     body = dict(NIC.shell(plan_of(c), c.hosts[1]))["nic"]
-    if not shutil.which("ip"):
-        pytest.skip("no `ip` on this machine to compare with")
+    assert shutil.which("ip"), "no `ip` here to compare with: iproute2 is one of the test dependencies"
     refuse = "" if netlink else ("import _socket\nreal=_socket.socket\n_socket.socket=lambda f,*a:"
                                  "(_ for _ in ()).throw(PermissionError(1,'refused')) if f==16 else real(f,*a)\n")
-    env = {**os.environ, reach.GIVEN_ENV: "nic", reach.SELF_ENV: "1"}
     for _ in range(5):   # the machine's interfaces may change meanwhile (labs made or removed): read again
         before = probes.parse_ip_addrs(by_sh({"nic": body}, HCCN_CONF)["nic"].body)
-        got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", refuse + reach.GIVEN_PY],
-                             capture_output=True, env=env, timeout=60)
+        got = run_given(["nic"], prelude=refuse)
         after = probes.parse_ip_addrs(by_sh({"nic": body}, HCCN_CONF)["nic"].body)
         if before == after:
             break
     assert got.returncode == 0, got.stderr
-    sec = probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")["nic"]
+    sec = given_out(got)["nic"]
+
     def order(addrs):   # ip's own order varies with the kernel (its device walk)
         return sorted(addrs, key=lambda a: (a.ifname or "", a.address))
 
@@ -387,11 +394,8 @@ def test_a_given_section_that_hangs_ends_the_program_and_the_sh_runs_them_all(tm
     """statvfs on a dead NFS mount never returns: the program's alarm (SECTION_TIMEOUT, 1 s here)
     ends it, a status other than 0, so the sh runs every given section itself, each under its own
     timeout (probes.assemble's fallback: test_the_sh_runs_a_given_section_where_...)."""
-    prelude = ("import os,time,_signal\nos.statvfs=lambda p:time.sleep(60)\n"
+    prelude = ("import os,time,_signal\nos.statvfs=lambda p:time.sleep(3600)\n"   # past run_given's 60 s
                "real=_signal.alarm\n_signal.alarm=lambda n:real(1 if n else 0)\n")
-    env = {**os.environ, reach.GIVEN_ENV: "user df", reach.WORKDIR_ENV: str(tmp_path), reach.SELF_ENV: "1"}
-    t0 = time.monotonic()
-    got = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", prelude + reach.GIVEN_PY + "print('rest')\n"],
-                         capture_output=True, env=env, timeout=60)
-    assert got.returncode != 0 and time.monotonic() - t0 < 30
+    got = run_given(["user", "df"], reach.GIVEN_PY + "print('rest')\n", prelude, **{reach.WORKDIR_ENV: str(tmp_path)})
+    assert got.returncode == -signal.SIGALRM   # the alarm's, not the test's time-out (TimeoutExpired)
     assert b"rest" not in got.stdout

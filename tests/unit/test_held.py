@@ -3,7 +3,6 @@ the command's encoding, the exit status line, the probe's shape when it holds.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -46,12 +45,12 @@ def test_a_holding_probe_gives_the_session_to_its_section_alone_and_ends_with_pr
     assert lines[1:4] == ["exec 3<&0 5>&2 6>&1", "{", "exec 7>&1 1>&6 4>&6 6>&-"]
     assert lines[-2:] == [f"printf '%s\\n' '{PROBE_END.decode().strip()}'", "} | cat"]
     assert script.index("exec 3<&- 4>&- 5>&- 7>&-") < script.index("_b user")   # the sh's user: reach gave none
-    if os.path.isdir("/proc/self/fd"):   # the lead section that holds has them; no other section
-        out = subprocess.run(["sh", "-c", script], stdin=subprocess.PIPE, capture_output=True, timeout=30).stdout
-        got = probes.split_sections(out.decode())
-        assert got["reach"].body == "has 3\nhas 4\nhas 5\nhas 7\n"
-        assert got["other"].body == got["user"].body == got["mesh"].body == "", out
-        assert out.endswith(PROBE_END)
+    # the lead section that holds has them; no other section
+    out = subprocess.run(["sh", "-c", script], stdin=subprocess.PIPE, capture_output=True, timeout=30).stdout
+    got = probes.split_sections(out.decode())
+    assert got["reach"].body == "has 3\nhas 4\nhas 5\nhas 7\n"
+    assert got["other"].body == got["user"].body == got["mesh"].body == "", out
+    assert out.endswith(PROBE_END)
     plain = probes.assemble("h", [("clock0", "date")], [("mesh", "ssh y")], [("user", "id -un")], [("clock1", "date")],
                             lead=[("reach", "python3 x")])
     assert "3<&" not in plain and "4>&" not in plain and "| cat" not in plain and "probe-end" not in plain
