@@ -11,8 +11,14 @@ hosts, then a hello-world mpirun (1 rank per host):
 - manual: `rsync -a --exclude .git --exclude __pycache__` to every host at once, then
           `ssh head mpirun -H ... echo hello`.
 
-Each is measured on a first sync (the workdir emptied on every host) and on a re-run with
-nothing changed; medians of --repeat alternating runs.
+Each is measured on a first sync (into a new, empty workdir on every host: one of its own per
+tool and repetition) and on a re-run with nothing changed; medians of --repeat alternating runs.
+The workdirs are removed at the end, not between runs: every lab host's /data is a directory of
+this machine's one filesystem, and where that is ext4 without a journal (this machine's) a file
+created within seconds of ~24,000 deletions costs the kernel a scan past every recently deleted
+inode of its group (find_inode_bit -> recently_deleted: 28-37% of all the machine's CPU in a first
+sync that followed an `rm -rf` of the last one, for orch and rsync alike, by `perf record -a -g`),
+which made the first-sync ratio the kernel's, varying by seconds from run to run.
 """
 
 from __future__ import annotations
@@ -51,13 +57,13 @@ def clean(hosts) -> None:
         h.lab.exec(h.index, ["rm", "-rf", WORKDIR])
 
 
-def manual(hosts, proj: Path):
+def manual(hosts, proj: Path, workdir: str):
     ssh = shlex.join(ssh_base(hosts[0]))
     rsyncs = [f"rsync -a --exclude .git --exclude __pycache__ -e {shlex.quote(ssh)} {shlex.quote(str(proj))} "
-              f"root@{h.address}:{WORKDIR}/ &" for h in hosts]
+              f"root@{h.address}:{workdir}/ &" for h in hosts]
     spec = ",".join(f"{h.address}:1" for h in hosts)
-    mpirun = f"mkdir -p {WORKDIR} && cd {WORKDIR} && mpirun --allow-run-as-root -H {spec} -np {len(hosts)} echo hello"
-    prep = " ".join(f"{ssh} {h.address} mkdir -p {WORKDIR} &" for h in hosts)
+    mpirun = f"mkdir -p {workdir} && cd {workdir} && mpirun --allow-run-as-root -H {spec} -np {len(hosts)} echo hello"
+    prep = " ".join(f"{ssh} {h.address} mkdir -p {workdir} &" for h in hosts)
     script = f"{prep} wait\n" + "\n".join(rsyncs) + "\nwait\n" + f"{ssh} {hosts[0].address} {shlex.quote(mpirun)} >/dev/null"
     return measure(["sh", "-c", script], env=base_env(), timeout=600)
 
@@ -78,25 +84,30 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp:
             work = Path(tmp)
             proj = project(work, a.files)
-            cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
-                "workdir": WORKDIR, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)],
-                **({"sync_via": a.sync_via} if a.sync_via else {})},
-                checks={"versions": ["python", "openmpi"]})
-            how = {"orch --skip-checks": ORCH + ["up", str(cluster), "-q", "--skip-checks"],
-                   "orch (with preflight)": ORCH + ["up", str(cluster), "-q"]}
+            clean(hosts)  # a run before this one's (removing it may slow the first runs, see above)
+            options = {"orch --skip-checks": ["--skip-checks"], "orch (with preflight)": []}
+            slug = {"manual": "manual", "orch --skip-checks": "orch-skip", "orch (with preflight)": "orch-checked"}
+
+            def orch(tool: str, workdir: str) -> list[str]:
+                cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
+                    "workdir": workdir, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)],
+                    **({"sync_via": a.sync_via} if a.sync_via else {})},
+                    checks={"versions": ["python", "openmpi"]})
+                return ORCH + ["up", str(cluster), "-q", *options[tool]]
+
             for rep in range(a.repeat):
-                order = ["manual", *how] if rep % 2 == 0 else [*how, "manual"]
+                order = ["manual", *options] if rep % 2 == 0 else [*options, "manual"]
                 for tool in order:
+                    workdir = f"{WORKDIR}/{slug[tool]}-{rep + 1}"
                     for phase in ("first", "unchanged"):
-                        if phase == "first":
-                            clean(hosts)
-                        m = manual(hosts, proj) if tool == "manual" else measure(how[tool], env=base_env(), cwd=work,
-                                                                                  timeout=600)
+                        m = manual(hosts, proj, workdir) if tool == "manual" else measure(
+                            orch(tool, workdir), env=base_env(), cwd=work, timeout=600)
                         assert m.rc == 0, (tool, m.stderr[-2000:])
                         samples.setdefault((tool, phase), []).append(m)
                         print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s",
                               file=sys.stderr, flush=True)
     finally:
+        clean(hosts)
         if not a.keep:
             lab.down()
     rows = []
