@@ -377,12 +377,12 @@ def readline(inp, rel):
     return line
 
 def place(d, tmp, name, rel):
+    # one rename, no stat of the name first (a syscall a file on every host): what is there is
+    # replaced, a link itself, never what it points to; a directory there is rename's EISDIR
     try:
-        if stat.S_ISDIR(os.stat(name, dir_fd=d, follow_symlinks=False).st_mode):
-            fail(43, rel, "%s/%s is a directory on this host; remove it" % (W, rel))
-    except FileNotFoundError:
-        pass
-    os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)  # replaces a link itself, never what it points to
+        os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+    except IsADirectoryError:
+        fail(43, rel, "%s/%s is a directory on this host; remove it" % (W, rel))
 
 def writeall(fd, block):
     view = memoryview(block)

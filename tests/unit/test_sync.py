@@ -147,6 +147,27 @@ def test_nothing_is_written_through_a_link_planted_in_workdir(tmp_path):
     assert not (work / "b.py").is_symlink() and not (tmp_path / "target.py").exists()
 
 
+@pytest.mark.parametrize("kind", ["file", "link"])
+@pytest.mark.parametrize("full", [False, True])
+def test_a_directory_where_a_file_goes_is_named_and_kept(tmp_path, kind, full):
+    """The receiver renames over what is there in one call (no stat of each name first): where a
+    directory stands, rename's EISDIR is said as the directory it is, nothing replaced or left."""
+    src = tmp_path / "src"
+    src.mkdir()
+    if kind == "file":
+        (src / "a.py").write_text("new")
+    else:
+        (src / "b.py").write_text("b")
+        os.symlink("b.py", src / "a.py")
+    work = tmp_path / "work"
+    (work / "a.py").mkdir(parents=True)
+    if full:
+        (work / "a.py" / "keep").write_text("mine")
+    with pytest.raises(HostError, match=r"work/a\.py is a directory on this host; remove it"):
+        sync.sync_host(Counting(), str(work), sync.manifest(src, (".",), "c.yaml"))
+    assert [n for n in os.listdir(work) if n != "b.py"] == ["a.py"] and os.listdir(work / "a.py") == (["keep"] if full else [])
+
+
 def test_sync_dot_lands_at_the_top_of_workdir(tmp_path):
     src = tree(tmp_path / "proj", {"train.py": "x", "vendor/lib.py": "y"})
     entries = sync.manifest(src, (".",), "c.yaml")
