@@ -31,7 +31,12 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.lab import Lab  # noqa: E402 - once sys.path holds the checkout
 
 VENV = Path(os.environ.get("ORCH_BENCH_VENV", "/opt/orch-bench-venv"))
-ORCH = [sys.executable, "-m", "orchestrator.cli"]  # the real interpreter: no pyenv shim in the numbers
+# `python -m orchestrator.cli`, but without the current directory first on sys.path: -m puts it
+# there, ahead of PYTHONPATH, so run from the checkout's root (as these benchmarks are) a --before
+# SRC (base_env: PYTHONPATH=SRC) imported this checkout's orchestrator, not SRC's: bench_check's
+# "before" column was this tree. The real interpreter: no pyenv shim in the numbers.
+ORCH = [sys.executable, "-c", "import sys, runpy; del sys.path[0]; "
+        "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)"]
 _ACCEPTED = re.compile(r"Accepted publickey for \S+ from (\S+) port")
 _SESSION = re.compile(r"Starting session: \S+ for \S+ from (\S+) port")  # one per command (round trip)
 
