@@ -35,8 +35,8 @@ VENV = Path(os.environ.get("ORCH_BENCH_VENV", "/opt/orch-bench-venv"))
 # there, ahead of PYTHONPATH, so run from the checkout's root (as these benchmarks are) a --before
 # SRC (base_env: PYTHONPATH=SRC) imported this checkout's orchestrator, not SRC's: bench_check's
 # "before" column was this tree. The real interpreter: no pyenv shim in the numbers.
-ORCH = [sys.executable, "-c", "import sys, runpy; del sys.path[0]; "
-        "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)"]
+ORCH = [sys.executable, "-c", "import sys, runpy; sys.path[:1] = [p for p in sys.path[:1] if p]; "
+        "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)"]  # '' is -c's cwd
 _ACCEPTED = re.compile(r"Accepted publickey for \S+ from (\S+) port")
 _SESSION = re.compile(r"Starting session: \S+ for \S+ from (\S+) port")  # one per command (round trip)
 
