@@ -378,11 +378,18 @@ def readline(inp, rel):
 
 def place(d, tmp, name, rel):
     # one rename, no stat of the name first (a syscall a file on every host): what is there is
-    # replaced, a link itself, never what it points to; a directory there is rename's EISDIR
+    # replaced, a link itself, never what it points to; only a rename that failed looks at what
+    # is there (a directory: EISDIR, or EPERM/EBUSY first where the kernel checks those first)
     try:
         os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-    except IsADirectoryError:
-        fail(43, rel, "%s/%s is a directory on this host; remove it" % (W, rel))
+    except OSError:
+        try:
+            there = os.stat(name, dir_fd=d, follow_symlinks=False).st_mode
+        except OSError:
+            there = 0
+        if stat.S_ISDIR(there):
+            fail(43, rel, "%s/%s is a directory on this host; remove it" % (W, rel))
+        raise
 
 def writeall(fd, block):
     view = memoryview(block)

@@ -15,10 +15,13 @@ Each is measured on a first sync (into a new, empty workdir on every host: one o
 tool and repetition) and on a re-run with nothing changed; medians of --repeat alternating runs.
 The workdirs are removed at the end, not between runs: every lab host's /data is a directory of
 this machine's one filesystem, and where that is ext4 without a journal (this machine's) a file
-created within seconds of ~24,000 deletions costs the kernel a scan past every recently deleted
-inode of its group (find_inode_bit -> recently_deleted: 28-37% of all the machine's CPU in a first
-sync that followed an `rm -rf` of the last one, for orch and rsync alike, by `perf record -a -g`),
-which made the first-sync ratio the kernel's, varying by seconds from run to run.
+created within a minute of ~24,000 deletions (minutes, while their inode table blocks are dirty)
+costs the kernel a scan past every recently deleted inode of its group (find_inode_bit ->
+recently_deleted: 28-37% of all the machine's CPU in a first sync that followed an `rm -rf` of
+the last one, for orch and rsync alike, by `perf record -a -g`), which made the first-sync ratio
+the kernel's, varying by seconds from run to run. A run started within minutes of a removal (the
+last run's, or leftovers removed at the start) still pays it in its first repetitions. Disk:
+~53 MB a host for each first sync (3 tools x --repeat x --hosts: ~3.8 GB at the defaults).
 """
 
 from __future__ import annotations
@@ -107,9 +110,11 @@ def main(argv=None) -> None:
                         print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s",
                               file=sys.stderr, flush=True)
     finally:
-        clean(hosts)
-        if not a.keep:
-            lab.down()
+        try:
+            clean(hosts)
+        finally:
+            if not a.keep:
+                lab.down()
     rows = []
     for (tool, phase), ms in samples.items():
         rows.append([tool, phase, fmt(median([m.wall for m in ms]), " s"), fmt(median([m.cpu for m in ms]), " s"),

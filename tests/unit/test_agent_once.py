@@ -42,18 +42,19 @@ def test_threads_asking_at_once_compress_the_package_once(fresh, monkeypatch):
         return real(data, level)
 
     monkeypatch.setattr(supervisor.zlib, "compress", slow_compress)
-    start = threading.Barrier(16)
+    start = threading.Barrier(16, timeout=10)
     got: list[tuple[str, str]] = []
 
     def ask():
         start.wait()
         got.append((supervisor.agent_home_name(), supervisor.agent_blob()))
 
-    threads = [threading.Thread(target=ask) for _ in range(16)]
+    threads = [threading.Thread(target=ask, daemon=True) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads)
     assert len(got) == 16 and len(set(got)) == 1
     assert len(calls) == 1
 
