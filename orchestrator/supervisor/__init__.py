@@ -257,7 +257,7 @@ def start_script(cfg: Mapping, send: bool = True) -> str:
     """Write the supervisor (the run's agent.py; the package unless the workdir has it) and start
     it, detached, in the python process that wrote it. The configuration, secret env values
     included, goes on its stdin after the package's line (never a command line, never a file).
-    `send=False`: the host has the package (AGENT_THERE): its 76 KB are not sent again. Prints
+    `send=False`: the host has the package (AGENT_THERE): its ~95 KB line is not sent again. Prints
     `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
     return _write_agent(cfg["rundir"], _run_env(cfg), json.dumps(cfg, separators=(",", ":")), send)
 
