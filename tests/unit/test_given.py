@@ -56,16 +56,21 @@ def run_given(names, program: str = "", prelude: str = "", **env: str) -> subpro
                           capture_output=True, env=env, timeout=60)
 
 
+def given_sections(out: str) -> dict[str, probes.Section]:
+    """The program's output as the probe's reach section carries it, split."""
+    return probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n")
+
+
 def given_out(got: subprocess.CompletedProcess) -> dict[str, probes.Section]:
-    """run_given's output as the probe's reach section carries it, split."""
-    return probes.split_sections(f"@@orch:begin reach\n{got.stdout.decode()}\n@@orch:end reach 0\n")
+    """run_given's output, split (given_sections)."""
+    return given_sections(got.stdout.decode())
 
 
 def by_python(names, hccn: str, self_pid: str = "4242") -> tuple[dict[str, probes.Section], str]:
     got = run_given(names, reach.GIVEN_PY.replace(HCCN_CONF, hccn) + "print('rest')\n", **{reach.SELF_ENV: self_pid})
     assert got.returncode == 0, got.stderr
     out = got.stdout.decode("utf-8", "replace")
-    return probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n"), out
+    return given_sections(out), out
 
 
 @pytest.fixture
@@ -92,10 +97,10 @@ def test_the_python3_prints_each_section_as_the_sh_does(tmp_path, conf, stale_pr
     t1 = time.time()
     for name in ("user", "hccn", "prepare", "ver:python"):
         assert (py_out[name].body, py_out[name].rc) == (sh_out[name].body, sh_out[name].rc), name
-    for name in ("clock0",):   # a time as `date +%s.%N` prints it, taken while it ran
-        got = [probes.parse_clock(out[name].body) for out in (sh_out, py_out)]
-        assert all(t0 - 0.01 <= t <= t1 + 0.01 for t in got), (name, got, t0, t1)
-        assert len(py_out[name].body.strip().split(".")[1]) == 9 and py_out[name].rc == 0
+    # the clock: a time as `date +%s.%N` prints it, taken while it ran
+    got = [probes.parse_clock(out["clock0"].body) for out in (sh_out, py_out)]
+    assert all(t0 - 0.01 <= t <= t1 + 0.01 for t in got), (got, t0, t1)
+    assert len(py_out["clock0"].body.strip().split(".")[1]) == 9 and py_out["clock0"].rc == 0
     run, pid = stale_process
     assert probes.parse_stale(py_out["stale"].body)[run] == [pid] == probes.parse_stale(sh_out["stale"].body)[run]
     assert py_out["stale"].rc == sh_out["stale"].rc == 0
@@ -243,12 +248,10 @@ def test_the_python3_reads_the_workdir_as_the_sh_does(tmp_path, case):
                                  capture_output=True, timeout=60).stdout.decode()
             sec = probes.split_sections(out)["workdir"]
         else:
-            env = {**os.environ, reach.GIVEN_ENV: "workdir", reach.WORKDIR_ENV: w}
+            env = {reach.WORKDIR_ENV: w}
             if case == "not-ascii":   # a python3 whose file names are ASCII (C locale, no UTF-8 mode: 3.6's)
                 env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
-            out = subprocess.run([shutil.which("python3") or sys.executable, "-S", "-c", reach.GIVEN_PY],
-                                 capture_output=True, env=env, timeout=60).stdout.decode()
-            sec = probes.split_sections(f"@@orch:begin reach\n{out}\n@@orch:end reach 0\n")["workdir"]
+            sec = given_out(run_given(["workdir"], **env))["workdir"]
         assert sec.rc == 0
         got[way] = sec.body.replace(str(root), "ROOT")
     assert "orch:" not in got["python"]   # no exception of its own
