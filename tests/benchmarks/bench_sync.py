@@ -88,23 +88,21 @@ def main(argv=None) -> None:
             work = Path(tmp)
             proj = project(work, a.files)
             clean(hosts)  # a run before this one's (removing it may slow the first runs, see above)
-            options = {"orch --skip-checks": ["--skip-checks"], "orch (with preflight)": []}
-            slug = {"manual": "manual", "orch --skip-checks": "orch-skip", "orch (with preflight)": "orch-checked"}
-
-            def orch(tool: str, workdir: str) -> list[str]:
-                cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
-                    "workdir": workdir, "command": ["echo", "hello"], "launcher": "mpirun", "sync": [str(proj)],
-                    **({"sync_via": a.sync_via} if a.sync_via else {})},
-                    checks={"versions": ["python", "openmpi"]})
-                return ORCH + ["up", str(cluster), "-q", *options[tool]]
-
+            # each orch's `orch up` options and the name of its workdirs
+            orchs = {"orch --skip-checks": (["--skip-checks"], "orch-skip"), "orch (with preflight)": ([], "orch-checked")}
             for rep in range(a.repeat):
-                order = ["manual", *options] if rep % 2 == 0 else [*options, "manual"]
+                order = ["manual", *orchs] if rep % 2 == 0 else [*orchs, "manual"]
                 for tool in order:
-                    workdir = f"{WORKDIR}/{slug[tool]}-{rep + 1}"
+                    options, name = orchs.get(tool, (None, tool))
+                    workdir = f"{WORKDIR}/{name}-{rep + 1}"
+                    if options is not None:
+                        cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
+                            "workdir": workdir, "command": ["echo", "hello"], "launcher": "mpirun",
+                            "sync": [str(proj)], **({"sync_via": a.sync_via} if a.sync_via else {})},
+                            checks={"versions": ["python", "openmpi"]})
                     for phase in ("first", "unchanged"):
-                        m = manual(hosts, proj, workdir) if tool == "manual" else measure(
-                            orch(tool, workdir), env=base_env(), cwd=work, timeout=600)
+                        m = manual(hosts, proj, workdir) if options is None else measure(
+                            ORCH + ["up", str(cluster), "-q", *options], env=base_env(), cwd=work, timeout=600)
                         assert m.rc == 0, (tool, m.stderr[-2000:])
                         samples.setdefault((tool, phase), []).append(m)
                         print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s",
