@@ -8,6 +8,8 @@ compressed the 240 KB package 31 times at level 9: ~0.45 s of the controller's C
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 import zlib
@@ -77,7 +79,4 @@ def test_a_check_names_the_package_without_compressing_it(fresh, monkeypatch, tm
     monkeypatch.undo()
     # the name is the package's, whatever compresses it: what _BOOT_PY unpacks is those sources
     blob = supervisor.agent_blob()
-    import base64
-    import json
-
     assert json.loads(zlib.decompress(base64.b64decode(blob))) == supervisor.agent_sources()
