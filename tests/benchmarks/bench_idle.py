@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ROOT, base_env, lab_hosts, lab_up, table, write_cluster
+from benchlib import ORCH, ROOT, base_env, lab_hosts, lab_up, table, write_cluster
 
 SLOTS = 8
 WORKDIR = "/data/bench-idle"
@@ -64,8 +64,7 @@ def netns_inode(pid: int) -> int | None:
 
 def measure(cluster: Path, src: str, lab, seconds: float) -> dict:
     env = base_env(src)
-    orch = [sys.executable, "-m", "orchestrator.cli"]
-    up = subprocess.run(orch + ["up", "--detach", "--force", str(cluster)], env=env, capture_output=True,
+    up = subprocess.run(ORCH + ["up", "--detach", "--force", str(cluster)], env=env, capture_output=True,
                         text=True, timeout=600, cwd=cluster.parent)
     run_id = up.stdout.strip().splitlines()[-1] if up.returncode == 0 and up.stdout.strip() else None
     if run_id is None:
@@ -84,7 +83,7 @@ def measure(cluster: Path, src: str, lab, seconds: float) -> dict:
         return {"run": run_id, "supervisors": len(used), "head": head[0] if len(head) == 1 else None,
                 "member": statistics.median(members) if members else None, "members": sum(members)}
     finally:
-        subprocess.run(orch + ["down", "--run", run_id], env=env, capture_output=True,
+        subprocess.run(ORCH + ["down", "--run", run_id], env=env, capture_output=True,
                        timeout=600, cwd=cluster.parent)
 
 
