@@ -327,9 +327,10 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
         run_lifecycle = lifecycle.Lifecycle(cluster, rp, run, pool, events, follow_rank=follow_rank)
         outcome, stop_reason = None, None
         try:
-            run_lifecycle.distribute(launch, entries, {**(report.listed if report is not None else {}),
-                                                       **prepared.listed}, prepared.share)
-            run_lifecycle.start(launch, prepared.agent)
+            listed = {**(report.listed if report is not None else {}), **prepared.listed}
+            # the supervisors' python3 start, unpack and import while the code syncs
+            run_lifecycle.start(launch, prepared.agent, sync=lambda: run_lifecycle.distribute(
+                launch, entries, listed, prepared.share))
             pool.release_held()   # any a start did not take (none, unless one fell back): its process exits
             outcome = lifecycle.RunEnd("detached") if detach else run_lifecycle.follow()
         except KeyboardInterrupt as exc:

@@ -125,13 +125,12 @@ def _meanwhile(fn: Callable[[], T]) -> Callable[[], tuple[T | None, BaseExceptio
     return wait
 
 
-class _HeadLine:
-    """The head's port and addresses (supervisor.head_line) for the members whose start went out
-    beside the head's: each member's stdin (reader) gives its first bytes, then waits, at most
-    `wait` seconds, for the line (send) or the end (close), then ends."""
+class _Line:
+    """A line some hosts' stdin waits for (_Told): sent once known (send), or never (close). Its
+    wait has no timeout of its own: whoever makes one closes it in a `finally` (Lifecycle.start),
+    after work that has its own (the sync, the head's start); a host's side ends with its session."""
 
-    def __init__(self, wait: float):
-        self.wait = wait
+    def __init__(self) -> None:
         self._line = b""
         self._known = threading.Event()
 
@@ -152,16 +151,16 @@ class _HeadLine:
 
 
 class _Told:
-    """A member's stdin (a transport's Reader): its first bytes, then its head's line once known."""
+    """A host's stdin (a transport's Reader): its first bytes, then the line once known, then its end."""
 
-    def __init__(self, head: _HeadLine, first: bytes):
-        self.head, self.rest, self.waited = head, first, False
+    def __init__(self, line: _Line, first: bytes):
+        self.line, self.rest, self.waited = line, first, False
 
     def read(self, n: int = -1, /) -> bytes:
         if not self.rest and not self.waited:
             self.waited = True
-            self.head._known.wait(self.head.wait)
-            self.rest = self.head._line
+            self.line._known.wait()
+            self.rest = self.line._line
         out, self.rest = (self.rest, b"") if n < 0 else (self.rest[:n], self.rest[n:])
         return out
 
@@ -210,30 +209,36 @@ class Lifecycle:
                          + (f"; the launch host's copy of {len(resent)} file(s) was not what it listed, sent again: "
                             f"{', '.join(resent[:3])}" if resent else ""))
 
-    def start(self, launch: Launch, have_agent: AbstractSet[str] = frozenset()) -> None:
-        """Start the run's supervisor on the launch host (the head), then on every other host,
-        which join it; the head starts the ranks once every host has joined. `have_agent`: the
-        hosts that have this orch's agent package (prepare.Prepared.agent): it is not sent there."""
+    def start(self, launch: Launch, have_agent: AbstractSet[str] = frozenset(),
+              sync: Callable[[], None] = lambda: None) -> None:
+        """Start the run's supervisor on the launch host (the head) and on every other host, which
+        join it; the head starts the ranks once every host has joined. `have_agent`: the hosts
+        that have this orch's agent package (prepare.Prepared.agent): it is not sent there.
+        `sync` (the code's, distribute) runs meanwhile: every host's python3 starts, unpacks the
+        package and imports it while the code is synced, and the head gets its configuration once
+        `sync` has returned (a first sync of 8 hosts waited ~0.3 s more for the supervisors after
+        it, shipping and compiling the package); `sync` raising: nothing starts anywhere."""
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
         job = self.cluster.job
         self.run.data["commands"] = recorded_commands(cfgs)
         head = self.plan.launch_host
         if self.run.data.get("slurm"):
+            sync()
             return self._start_slurm(cfgs)
         members = [h for h in self.plan.all_hosts if h.name != head.name]
-        # the members' starts go out with the head's, not after it: each host unpacks and imports
-        # meanwhile and waits for the head's port and addresses (supervisor.member_boot), which
-        # follow on its stdin once the head runs; if the head does not start, their stdin closes
-        # and nothing starts there
-        told = _HeadLine(self.cluster.ssh.command_timeout + self.cluster.ssh.connect_timeout)
+        # every start goes out now: the members' with their configuration, each then waiting for
+        # the head's port and addresses (head_line), which follow on its stdin once the head runs;
+        # the head's waits for its configuration until the code is synced. If the head does not
+        # start (or the sync fails), their stdin closes and nothing starts there.
+        synced, told = _Line(), _Line()
 
         def member(h):
             # the python3 of the host's check, when it stayed for it (checks/reach.py HOLD_PY): no
             # SSH session nor python3 start of its own; else a session of its own
-            env, args, first = supervisor.member_boot(cfgs[h.name], h.name not in have_agent)
-            r = self.pool[h].start_held(env, args, told.reader(first))
+            b = supervisor.boot(cfgs[h.name], h.name not in have_agent)
+            r = self.pool[h].start_held(b.env, b.args, told.reader(b.package + b.conf))
             if r is None:
-                r = self.pool[h].run(supervisor.boot_command(env, args), stdin=told.reader(first))
+                r = self.pool[h].run(b.command, stdin=told.reader(b.package + b.conf))
             r = r.check("starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
@@ -241,10 +246,17 @@ class Lifecycle:
                                   f"{(r.out + r.err).strip()[-500:] if st == 'error' else 'run ' + st[5:] + ' holds the workdir'}")
             return mpid
 
+        hb = supervisor.boot(cfgs[head.name], head.name not in have_agent)
+        head_started = _meanwhile(lambda: self.pool[head].run(hb.command, stdin=synced.reader(hb.package)))
         members_started = _meanwhile(lambda: self._fan(member, members))
         try:
-            res = self.pool[head].run(supervisor.start_script(cfgs[head.name], head.name not in have_agent)).check(
-                "starting the run's supervisor")
+            sync()
+            synced.send(hb.conf)
+            res, raised = head_started()
+            if raised is not None:
+                raise raised
+            assert res is not None   # returned, as nothing was raised
+            res = res.check("starting the run's supervisor")
             status, pid, port, addresses = supervisor.parse_start(res.out)
             if status.startswith("busy:"):
                 raise RunConflict(f"run {status[5:]} is still running on {head.name} (workdir {job.workdir})",
@@ -253,8 +265,10 @@ class Lifecycle:
                 raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
             told.send(supervisor.head_line(port, addresses))
         finally:
-            told.close()   # the members not told start nothing
-            if not told.sent:   # the head's error is the one said, once those members have ended
+            synced.close()   # not sent: the head starts nothing
+            told.close()     # the members not told start nothing
+            if not told.sent:   # the sync's or the head's error is the one said, once every start has ended
+                head_started()
                 members_started()
         self.started = True
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,

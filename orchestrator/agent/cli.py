@@ -82,15 +82,17 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
             cfg = jsonc.loads(fh.read())
         os.unlink(path)  # it may hold secret env values: read once
     else:
-        # the configuration's line; a member started beside its head (the controller does not wait
-        # for the head's answer) then gets a second line once the head runs: its port and
-        # addresses. No second line (stdin closed): the head did not start, nor does this host.
+        # the configuration's line (the head's comes once the code is synced); a member, started
+        # beside its head (the controller does not wait for the head's answer), then gets a second
+        # line once the head runs: its port and addresses. stdin closed before the configuration
+        # (the sync failed), or a member's before the second line (the head did not start):
+        # nothing starts here.
         lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
         sys.stdin.close()
-        cfg = jsonc.loads(lines[0])
+        cfg = jsonc.loads(lines[0]) if lines else {}
         for later in lines[1:2]:
             cfg.update(jsonc.loads(later))
-        if cfg["role"] == "member" and not cfg.get("head_port"):
+        if not cfg or cfg["role"] == "member" and not cfg.get("head_port"):
             _unmake(rundir)
             print(NO_HEAD)
             return 3
@@ -137,7 +139,7 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     os._exit(run_agent(cfg, listeners, lock_fd, w, advertised))
 
 
-NO_HEAD = "nohead"   # a member's start's answer when the head did not start: nothing started, nothing left
+NO_HEAD = "nohead"   # a start's answer when told nothing (above): nothing started, nothing left
 
 
 def _unmake(rundir):

@@ -15,6 +15,7 @@ import shlex
 import threading
 import time
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache, wraps
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
@@ -216,20 +217,12 @@ def agent_blob() -> str:
     return base64.b64encode(zlib.compress(_agent_json(), 9)).decode("ascii")
 
 
-def _write_agent(rdir: str, env: Mapping[str, str] | None = None, conf: str | None = None,
-                 send: bool = True) -> str:
+def _write_agent(rdir: str) -> str:
     """Shell: one python (_BOOT_PY) makes orch's directory in the workdir and the run's directory
     in it, both the user's alone (0700; never through a planted link, never one another user
-    owns), writes the run's agent.py and makes sure the package is in <workdir>/.orch/agent-<hash>. With `conf`
-    (a configuration: JSON on one line), the same python process then starts the supervisor, with
-    `env`, its configuration on stdin after the package's line. No umask is forced: what the run
-    writes gets the user's own. `send=False`: the package is not sent (the host has it: the
-    check said so, AGENT_THERE), an empty line in its place."""
-    if conf is None:
-        return f"{_boot(rdir)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF\n"
-    assert "\n" not in conf
-    return (f"{boot_command(env or {}, [*boot_args(rdir), 'start'])} "
-            f"<<'ORCH_AGENT_EOF'\n{agent_blob() if send else ''}\n{conf}\nORCH_AGENT_EOF\n")
+    owns), writes the run's agent.py and makes sure the package is in <workdir>/.orch/agent-<hash>
+    (Slurm's staged start; any other start is boot())."""
+    return f"{_boot(rdir)} <<'ORCH_AGENT_EOF' || exit 1\n{agent_blob()}\nORCH_AGENT_EOF\n"
 
 
 def _boot(rdir: str) -> str:
@@ -253,31 +246,39 @@ def run_env(run_id: str) -> dict[str, str]:
     return {RUN_VAR: run_id, layout.AGENT_VAR: "1"}
 
 
-def start_script(cfg: Mapping, send: bool = True) -> str:
-    """Write the supervisor (the run's agent.py; the package unless the workdir has it) and start
-    it, detached, in the python process that wrote it. The configuration, secret env values
-    included, goes on its stdin after the package's line (never a command line, never a file).
-    `send=False`: the host has the package (AGENT_THERE): its ~95 KB line is not sent again. Prints
+@dataclass(frozen=True)
+class Boot:
+    """A supervisor's start as its parts: its environment, the arguments after `python3 -S -c`
+    (_BOOT_PY, which makes the run's directory, writes its agent.py and unpacks the package, then
+    starts the supervisor), and the two lines its stdin gives it, in order: the package's (empty:
+    the host has it, the check said so, AGENT_THERE: its ~95 KB are not sent again) and the
+    configuration's (JSON on one line; secret env values included: never a command line, never a
+    file). Nothing secret is in the command. The host's python unpacks and imports as soon as it
+    has the package's line and waits for the configuration's: the head's is sent once the code is
+    synced (lifecycle.Lifecycle.start). A member then waits for one more line, head_line(), once
+    the head runs; stdin closed before the configuration, or a member's before the head's line:
+    nothing starts there (the agent's NO_HEAD), and the run directory made for it is removed. No
+    umask is forced: what the run writes gets the user's own. The supervisor prints
     `ok PID PORT ADDRS`, or `busy RUN` when another live run holds the workdir."""
-    return _write_agent(cfg["rundir"], _run_env(cfg), json.dumps(cfg, separators=(",", ":")), send)
+
+    env: dict[str, str]
+    args: list[str]
+    package: bytes
+    conf: bytes
+
+    @property
+    def command(self) -> str:
+        """A session's command for it (a host whose check's python3 waits to be its supervisor,
+        reach.HOLD_PY, takes env and args as they are)."""
+        return boot_command(self.env, self.args)
 
 
-def member_start(cfg: Mapping, send: bool = True) -> tuple[str, bytes]:
-    """A member's start, sent beside the head's rather than after it: (the command, which holds
-    nothing secret; what goes first on its stdin: the package's line, the configuration's). The
-    host's python then unpacks, imports and waits for one more line, head_line(), sent once the
-    head runs, before it starts the supervisor; stdin closed without it: nothing starts there
-    (the agent's NO_HEAD), and the run directory made for it is removed."""
-    env, args, first = member_boot(cfg, send)
-    return boot_command(env, args), first
-
-
-def member_boot(cfg: Mapping, send: bool = True) -> tuple[dict[str, str], list[str], bytes]:
-    """A member's start as its parts: (the environment, the arguments after `python3 -S -c`,
-    what goes first on its stdin). A host whose check's python3 waits to be its supervisor
-    (reach.HOLD_PY) takes them as they are; any other runs boot_command of them (member_start)."""
-    first = f"{agent_blob() if send else ''}\n{json.dumps(cfg, separators=(',', ':'))}\n".encode()
-    return _run_env(cfg), [*boot_args(cfg["rundir"]), "start"], first
+def boot(cfg: Mapping, send: bool = True) -> Boot:
+    """The start of the supervisor of configuration `cfg`; `send=False`: the host has the package."""
+    conf = json.dumps(cfg, separators=(",", ":"))
+    assert "\n" not in conf
+    return Boot(_run_env(cfg), [*boot_args(cfg["rundir"]), "start"],
+                f"{agent_blob() if send else ''}\n".encode(), f"{conf}\n".encode())
 
 
 def boot_command(env: Mapping[str, str], args: Sequence[str]) -> str:
@@ -286,7 +287,7 @@ def boot_command(env: Mapping[str, str], args: Sequence[str]) -> str:
 
 
 def head_line(port: int, addresses: Sequence[str]) -> bytes:
-    """The line a member's start waits for (member_start): where the head listens, its addresses
+    """The line a member's start waits for (Boot): where the head listens, its addresses
     in its order (an older head names none: the configuration's own then)."""
     at = {"head_addresses": list(addresses), "head_address": addresses[0]} if addresses else {}
     return (json.dumps({"head_port": port, **at}, separators=(",", ":")) + "\n").encode()

@@ -670,9 +670,14 @@ def _feed_and_read(chan: paramiko.Channel, stdin, sink, deadline: float, host: s
                     chan.sendall(stdin[i:i + CHUNK])
             else:
                 while True:
+                    asked = time.monotonic()
                     block = stdin.read(CHUNK)
+                    # the time this side took to have it (a supervisor's start waits on its stdin
+                    # while the code syncs) is not the host's: the timeout bounds the host
+                    deadline += time.monotonic() - asked
                     if not block:
                         break
+                    chan.settimeout(max(0.1, deadline - time.monotonic()))
                     chan.sendall(block)
         except OSError:
             # The remote command stopped reading (e.g. its disk is full) and closed its end:

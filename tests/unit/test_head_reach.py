@@ -6,6 +6,7 @@ launchers.HEAD_ADDR in commands wherever the address is not pinned."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,24 +110,27 @@ def test_parse_start(text, want):
 
 
 class StartHost(Transport):
-    """Answers a supervisor's start script with `answer`; keeps the configuration it was given
-    (a member's: as its host reads it, the head's line, if one came, merged in)."""
+    """Answers a supervisor's start (supervisor.Boot) with `answer`; keeps the configuration it was
+    given (a member's: as its host reads it, the head's line, if one came, merged in) and what its
+    stdin gave at once (`first`, set by then: `booted`). No configuration (the head's is sent once
+    the code is synced), or a member's without the head's line: "nohead", as the agent says."""
 
     def __init__(self, h: Host, answer: str):
         super().__init__(h, 30)
-        self.answer, self.cfgs = answer, []
+        self.answer, self.cfgs, self.first = answer, [], b""
+        self.booted, self.told = threading.Event(), threading.Event()
 
     def _exec(self, script, *, stdin, sink, timeout):
-        if stdin is not None and not isinstance(stdin, bytes):   # a member's: the package's line, its own, the head's
-            lines = b"".join(iter(lambda: stdin.read(1 << 16), b"")).decode().split("\n")
-            cfg = json.loads(lines[1])
-            cfg.update(json.loads(lines[2]) if lines[2] else {})
-            self.cfgs.append(cfg)
-            return 0, (self.answer if lines[2] else "nohead\n").encode(), b""
-        text = stdin.decode() if isinstance(stdin, bytes) else script
-        conf = text.rsplit("\nORCH_AGENT_EOF", 1)[0].rsplit("\n", 1)[1]   # the heredoc's last line (the package's first)
-        self.cfgs.append(json.loads(conf))
-        return 0, self.answer.encode(), b""
+        self.first = stdin.read(-1)
+        self.booted.set()
+        lines = (self.first + b"".join(iter(lambda: stdin.read(1 << 16), b""))).decode().split("\n")
+        self.told.set()
+        if not lines[1]:
+            return 0, b"nohead\n", b""
+        cfg = json.loads(lines[1])
+        cfg.update(json.loads(lines[2]) if lines[2] else {})
+        self.cfgs.append(cfg)
+        return 0, (self.answer if lines[2] or cfg["role"] == "head" else "nohead\n").encode(), b""
 
 
 class Pool:
@@ -174,22 +178,65 @@ def test_members_start_beside_the_head_and_a_head_that_does_not_start_starts_non
         assert cfg["role"] == "member" and cfg["head_port"] is None
 
 
-def test_a_members_stdin_waits_for_the_heads_line_or_its_end():
-    """lifecycle._HeadLine: the first bytes at once, then the head's line once sent, then the end;
-    closed unsent (or the wait over): the end."""
-    import threading
+def test_every_start_goes_out_while_the_code_syncs_and_the_head_gets_its_configuration_after(tmp_path):
+    """lifecycle.start(sync=...): every host's python3 has its package's line (a member's, its
+    configuration too) while the sync runs; the head's configuration goes only once the sync has
+    returned, then the members get the head's port."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [StartHost(plan.hosts[0], "ok 11 4242 10.0.0.1\n")] + [StartHost(h, "ok 12 0\n") for h in plan.hosts[1:]]
+    during: dict[str, bytes] = {}
 
-    told = lifecycle._HeadLine(wait=30)
+    def sync():
+        for t in ts:
+            assert t.booted.wait(10), t.host.name
+        during.update({t.host.name: t.first for t in ts})
+        assert not ts[0].told.wait(0.2)   # the head's stdin, had its configuration come, would have ended
+
+    lifecycle.Lifecycle(c, plan, run, Pool(ts)).start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    head, *members = ts
+    assert during[head.host.name] == supervisor.agent_blob().encode() + b"\n"   # the package alone
+    for t in members:
+        package, conf, rest = during[t.host.name].split(b"\n")
+        assert package == supervisor.agent_blob().encode() and json.loads(conf)["role"] == "member" and rest == b""
+        assert t.cfgs[0]["head_port"] == 4242
+    assert head.cfgs[0]["role"] == "head"
+
+
+def test_a_sync_that_fails_starts_nothing_anywhere(tmp_path):
+    """The sync raising while the starts wait: its error is what is said; the head never gets its
+    configuration, no member the head's port; every start has ended by then (said nohead)."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [StartHost(plan.hosts[0], "ok 11 4242\n")] + [StartHost(h, "ok 12 0\n") for h in plan.hosts[1:]]
+
+    def sync():
+        for t in ts:
+            assert t.booted.wait(10)
+        raise lifecycle.LaunchError("distribution failed; nothing was started")
+
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts))
+    with pytest.raises(lifecycle.LaunchError, match="distribution failed"):
+        lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    assert not lc.started and ts[0].cfgs == []
+    assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [None, None]
+    assert not [t for t in threading.enumerate() if t.name == "orch-meanwhile"]
+
+
+def test_a_hosts_stdin_waits_for_its_line_or_its_end():
+    """lifecycle._Line: the first bytes at once, then the line once sent, then the end; closed
+    unsent: the end."""
+    told = lifecycle._Line()
     r = told.reader(b"pkg\ncfg\n")
     assert r.read(4) == b"pkg\n" and r.read(-1) == b"cfg\n"
     threading.Timer(0.05, told.send, [b'{"head_port": 1}\n']).start()
     assert r.read(1 << 16) == b'{"head_port": 1}\n' and r.read(1 << 16) == b""
-    unsent = lifecycle._HeadLine(wait=30)
+    unsent = lifecycle._Line()
     r = unsent.reader(b"x\n")
-    unsent.close()
+    threading.Timer(0.05, unsent.close).start()
     assert r.read(1 << 16) == b"x\n" and r.read(1 << 16) == b"" and not unsent.sent
-    r = lifecycle._HeadLine(wait=0.01).reader(b"")
-    assert r.read(1 << 16) == b""
 
 
 def test_plan_says_what_the_token_stands_for(tmp_path):

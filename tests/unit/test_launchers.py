@@ -332,20 +332,23 @@ def test_shipping_the_supervisor_makes_its_directories_private_or_says_why_in_on
         assert list(theirs.iterdir()) == []
 
 
-def test_a_member_told_no_head_starts_nothing_and_leaves_no_run_directory(tmp_path):
-    """supervisor.member_start: the host unpacks and waits for the head's line on its stdin; the
-    stdin ending without it (the head did not start) starts nothing, says so, removes the run
-    directory it made (the package stays, for the next run)."""
+@pytest.mark.parametrize("role, told", [("member", "package+conf"), ("head", "package")])
+def test_a_start_told_nothing_more_starts_nothing_and_leaves_no_run_directory(tmp_path, role, told):
+    """supervisor.boot: the host unpacks and waits on its stdin: a member, with its configuration,
+    for the head's line; the head for its configuration (sent once the code is synced). The stdin
+    ending before it (the head did not start; the sync failed) starts nothing, says so, removes the
+    run directory it made (the package stays, for the next run)."""
     import os
 
     from orchestrator import supervisor
 
     rdir = tmp_path / "wd" / ".orch" / "R1"
-    cfg = {"rundir": str(rdir), "run_id": "R1", "role": "member", "workdir": str(tmp_path / "wd"), "head_port": None}
-    command, first = supervisor.member_start(cfg)
-    assert supervisor.agent_blob() not in command and "R1" in command
+    cfg = {"rundir": str(rdir), "run_id": "R1", "role": role, "workdir": str(tmp_path / "wd"), "head_port": None}
+    b = supervisor.boot(cfg)
+    assert supervisor.agent_blob() not in b.command and "R1" in b.command and b.package.endswith(b"\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    res = subprocess.run(["sh", "-c", command], input=first, capture_output=True, timeout=60, env=env)
+    res = subprocess.run(["sh", "-c", b.command], input=b.package + (b.conf if told == "package+conf" else b""),
+                         capture_output=True, timeout=60, env=env)
     assert (res.returncode, res.stdout, res.stderr) == (3, b"nohead\n", b"")
     assert sorted(p.name for p in (tmp_path / "wd" / ".orch").iterdir()) == [supervisor.agent_home_name()]
 
@@ -405,13 +408,13 @@ def test_runs_share_the_workdirs_package_unpacked_once_and_whole(tmp_path):
 
 def test_a_start_sends_the_package_only_where_the_check_did_not_find_it(tmp_path):
     """The check (or prepare) says which hosts have this orch's package (AGENT_THERE): their start
-    carries an empty line in its place, not its 76 KB (127 copies of it per `orch up` at 128
+    carries an empty line in its place, not its ~95 KB (127 copies of it per `orch up` at 128
     hosts). Should it be gone by the start, the start says so and starts nothing."""
     from orchestrator import prepare, supervisor
 
     cfg = {"rundir": "/data/w/.orch/R1", "run_id": "R1", "role": "member"}
-    assert supervisor.agent_blob() in supervisor.start_script(cfg)
-    assert supervisor.agent_blob() not in supervisor.start_script(cfg, send=False)
+    assert supervisor.boot(cfg).package == supervisor.agent_blob().encode() + b"\n"
+    assert supervisor.boot(cfg, send=False).package == b"\n"
     # the fact, from python_sh's words on the host
     wd = tmp_path / "wd"
     home = wd / ".orch" / supervisor.agent_home_name()
@@ -423,7 +426,8 @@ def test_a_start_sends_the_package_only_where_the_check_did_not_find_it(tmp_path
     assert said.returncode == 0 and prepare.parse_prepare(said.stdout)["agent"] is True
     # not sent, and gone since: a clear word, nothing started, no package made
     home.rmdir()
-    gone = subprocess.run(["sh"], input=supervisor._write_agent(str(wd / ".orch" / "R1"), {}, "{}", send=False),
+    b = supervisor.boot({**cfg, "rundir": str(wd / ".orch" / "R1")}, send=False)
+    gone = subprocess.run(["sh", "-c", b.command], input=(b.package + b.conf).decode(),
                           capture_output=True, text=True, timeout=30)
     assert gone.returncode != 0 and "is gone since the check found it there; run orch up again" in gone.stderr
     assert "Traceback" not in gone.stderr and not home.exists()

@@ -58,6 +58,8 @@ def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
         raise BeforeSync
 
     monkeypatch.setattr(lifecycle.Lifecycle, "distribute", stop)
+    # the supervisors' starts, which go out beside the sync, left out: the sync alone
+    monkeypatch.setattr(lifecycle.Lifecycle, "start", lambda self, launch, have_agent=frozenset(), sync=lambda: None: sync())
     captured = {}
     real = prepare.prepare
 
@@ -74,8 +76,10 @@ def _up_until_sync(cluster, monkeypatch, runs: Counter, **kw):
 
 
 def _up_until_start(cluster, monkeypatch, runs: Counter, **kw) -> int:
-    """api.up up to the supervisors' start: the round trips on the host until then."""
-    def stop(self, launch, have_agent=frozenset()):
+    """api.up up to the supervisors' start: the round trips on the host until then (its sync's
+    included: the start runs it)."""
+    def stop(self, launch, have_agent=frozenset(), sync=lambda: None):
+        sync()
         raise BeforeSync
 
     monkeypatch.setattr(lifecycle.Lifecycle, "start", stop)

@@ -162,7 +162,7 @@ def test_secrets_in_no_printed_or_recorded_command_and_in_every_executed_one(tmp
     assert "--token=***" in json.loads((run.dir / "run.json").read_text())["commands"]["h1"][0]["command"]
 
     # executed: what the supervisors are started with holds every secret the launch uses
-    started = "".join(supervisor.start_script(cfg) for cfg in cfgs.values())
+    started = "".join(supervisor.boot(cfg).conf.decode() for cfg in cfgs.values())
     assert all(v in started for v in secrets)
     used = {v for cfg in cfgs.values() for p in cfg["procs"] for v in [*p["argv"], *p["env"].values()]}
     assert all(isinstance(v, sh.Secret) for v in used if any(s in v for s in secrets))
