@@ -1,6 +1,7 @@
 """Code sync inside `orch up`, against parallel `rsync -a` plus a hand-run `ssh head mpirun`.
 
     python tests/benchmarks/bench_sync.py [--hosts 8] [--files 3000] [--repeat 3] [--keep] [--sync-via controller]
+                                          [--before SRC]
 
 Needs root (the lab) and rsync (apt-get install rsync). A project of --files small Python
 files (about 11 KB each, in 30 directories) plus a 20 MB binary, a `.git` of 200 files and a
@@ -9,7 +10,9 @@ hosts, then a hello-world mpirun (1 rank per host):
 
 - orch:   `orch up -q --skip-checks` (and `orch up -q`, preflight included);
 - manual: `rsync -a --exclude .git --exclude __pycache__` to every host at once, then
-          `ssh head mpirun -H ... echo hello`.
+          `ssh head mpirun -H ... echo hello`;
+- before: with --before SRC (a checkout of another orch, `git archive REV | tar -x -C SRC`),
+          its `orch up -q --skip-checks`, in the same runs.
 
 Each is measured on a first sync (into a new, empty workdir on every host: one of its own per
 tool and repetition) and on a re-run with nothing changed; medians of --repeat alternating runs.
@@ -21,7 +24,7 @@ recently_deleted: 28-37% of all the machine's CPU in a first sync that followed 
 the last one, for orch and rsync alike, by `perf record -a -g`), which made the first-sync ratio
 the kernel's, varying by seconds from run to run. A run started within minutes of a removal (the
 last run's, or leftovers removed at the start) still pays it in its first repetitions. Disk:
-~53 MB a host for each first sync (3 tools x --repeat x --hosts: ~3.8 GB at the defaults).
+~53 MB a host for each first sync (3 tools x --repeat x --hosts: ~3.8 GB at the defaults; 4 with --before).
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def main(argv=None) -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--sync-via", choices=["controller", "launch-host"], default=None,
                     help="job.sync_via (default: orch's, launch-host for mpirun)")
+    ap.add_argument("--before", default=None, metavar="SRC",
+                    help="also `orch up -q --skip-checks` of the orch package in SRC (a checkout)")
     a = ap.parse_args(argv)
     lab = lab_up("pbsync", a.hosts)
     hosts = lab_hosts([lab], a.hosts)
@@ -88,12 +93,14 @@ def main(argv=None) -> None:
             work = Path(tmp)
             proj = project(work, a.files)
             clean(hosts)  # a run before this one's (removing it may slow the first runs, see above)
-            # each orch's `orch up` options and the name of its workdirs
-            orchs = {"orch --skip-checks": (["--skip-checks"], "orch-skip"), "orch (with preflight)": ([], "orch-checked")}
+            # each orch's `orch up` options, the name of its workdirs and its source (None: this tree)
+            orchs = {"orch --skip-checks": (["--skip-checks"], "orch-skip", None),
+                     "orch (with preflight)": ([], "orch-checked", None),
+                     **({"before --skip-checks": (["--skip-checks"], "before-skip", a.before)} if a.before else {})}
             for rep in range(a.repeat):
                 order = ["manual", *orchs] if rep % 2 == 0 else [*orchs, "manual"]
                 for tool in order:
-                    options, name = orchs.get(tool, (None, tool))
+                    options, name, src = orchs.get(tool, (None, tool, None))
                     workdir = f"{WORKDIR}/{name}-{rep + 1}"
                     if options is not None:
                         cluster = write_cluster(work / "sync.yaml", hosts, slots=1, job={
@@ -102,11 +109,11 @@ def main(argv=None) -> None:
                             checks={"versions": ["python", "openmpi"]})
                     for phase in ("first", "unchanged"):
                         m = manual(hosts, proj, workdir) if options is None else measure(
-                            ORCH + ["up", str(cluster), "-q", *options], env=base_env(), cwd=work, timeout=600)
+                            ORCH + ["up", str(cluster), "-q", *options], env=base_env(src), cwd=work, timeout=600)
                         assert m.rc == 0, (tool, m.stderr[-2000:])
                         samples.setdefault((tool, phase), []).append(m)
-                        print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s",
-                              file=sys.stderr, flush=True)
+                        print(f"  {tool:22s} {phase:9s} rep {rep + 1}: wall {m.wall:6.2f}s cpu {m.cpu:5.2f}s "
+                              f"machine {m.machine_cpu:5.2f}s", file=sys.stderr, flush=True)
     finally:
         try:
             clean(hosts)
@@ -116,14 +123,17 @@ def main(argv=None) -> None:
     rows = []
     for (tool, phase), ms in samples.items():
         rows.append([tool, phase, fmt(median([m.wall for m in ms]), " s"), fmt(median([m.cpu for m in ms]), " s"),
-                     " ".join(f"{m.wall:.2f}" for m in ms)])
+                     fmt(median([m.machine_cpu for m in ms]), " s"), " ".join(f"{m.wall:.2f}" for m in ms)])
     rows.sort(key=lambda r: (r[1], r[0]))
-    print(f"{a.files} files + a 20 MB binary to {a.hosts} lab hosts, then mpirun hello ({os.cpu_count()} cores):")
-    print(table(["how", "sync", "wall (median)", "controller CPU", "walls"], rows))
+    print(f"{a.files} files + a 20 MB binary to {a.hosts} lab hosts, then mpirun hello ({os.cpu_count()} cores; "
+          "machine CPU: all of this machine's, the lab hosts' included):")
+    print(table(["how", "sync", "wall (median)", "controller CPU", "machine CPU", "walls"], rows))
     for phase in ("first", "unchanged"):
         man = median([m.wall for m in samples[("manual", phase)]])
         o = median([m.wall for m in samples[("orch --skip-checks", phase)]])
-        print(f"{phase}: orch --skip-checks / manual = {o / man:.2f} (target <= 1.0)")
+        print(f"{phase}: orch --skip-checks / manual = {o / man:.2f} (target <= 1.0)"
+              + (f"; before {median([m.wall for m in samples[('before --skip-checks', phase)]]) / man:.2f}"
+                 if a.before else ""))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ class Measured:
     stdout: bytes
     stderr: bytes
     own_cpu: float = 0.0  # user + sys of the process alone (its last /proc sample, up to 5 ms before its end)
+    # CPU the whole machine spent meanwhile (/proc/stat, all but idle and iowait): the lab hosts'
+    # sshd, receivers and ranks run here too, and anything else that ran meanwhile
+    machine_cpu: float = 0.0
 
     def check(self, what: str) -> Measured:
         if self.rc != 0:
@@ -71,6 +74,7 @@ def measure(argv: list[str], *, env: dict | None = None, cwd: str | os.PathLike 
     otherwise land in whatever is timed next."""
     os.sync()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        busy0 = _machine_busy()
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         deadline = t0 + timeout
@@ -88,11 +92,12 @@ def measure(argv: list[str], *, env: dict | None = None, cwd: str | os.PathLike 
                 break
             time.sleep(0.005)
         wall = time.monotonic() - t0
+        busy = _machine_busy() - busy0
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         return Measured(list(argv), proc.returncode, wall, ru.ru_utime + ru.ru_stime, hwm, out.read(), err.read(),
-                        own)
+                        own, busy)
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -106,6 +111,13 @@ def _own_cpu(pid: int) -> float:
         return (int(f[11]) + int(f[12])) / _TICK
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _machine_busy() -> float:
+    """Seconds of CPU all of this machine's CPUs spent so far, idle and iowait left out (/proc/stat)."""
+    with open("/proc/stat", "rb") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / _TICK   # user nice system idle iowait irq softirq steal
 
 
 def _vm_hwm_kb(pid: int) -> int:
