@@ -95,6 +95,11 @@ class HostKeyError(ConnectError):
     """Host key unknown (under strict) or CHANGED. Never retried."""
 
 
+class SessionRefused(HostError):
+    """The host's SSH server refused one more session on a connection that works (sshd_config
+    MaxSessions): the connection stays; a later session, once one of ours ends, may be taken."""
+
+
 class RemoteTimeout(HostError):
     """A remote command did not finish within its timeout."""
 

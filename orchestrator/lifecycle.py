@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable, Mapping, TypeVar
 
 from . import runstate, supervisor
-from .errors import LocalWriteError, OrchError, RunConflict
+from .errors import LocalWriteError, OrchError, RunConflict, SessionRefused
 from .fanout import fan_out
 from .hostlayout import run_dir
 from .launchers import Launch
@@ -28,7 +29,7 @@ from .launchers.show import recorded_commands
 from .rankplan import RankPlan
 from .runs import Run
 from .runstate import RunView
-from .model import Cluster
+from .model import Cluster, Host
 from .transport import Pool, Transport
 from .agent.states import rank_ranges
 
@@ -217,20 +218,61 @@ class Lifecycle:
         `sync` (the code's, distribute) runs meanwhile: every host's python3 starts, unpacks the
         package and imports it while the code is synced, and the head gets its configuration once
         `sync` has returned (a first sync of 8 hosts waited ~0.3 s more for the supervisors after
-        it, shipping and compiling the package); `sync` raising: nothing starts anywhere."""
+        it, shipping and compiling the package); `sync` raising: nothing starts anywhere.
+
+        A host whose SSH server takes one session at a time on a connection (sshd_config
+        MaxSessions 1) cannot have both at once: a start refused there waits for the sync's end;
+        a sync refused there (a start had the session) ends every start, told nothing, and the
+        sync then the starts run one after the other."""
         cfgs = supervisor.configs(self.cluster, self.plan, self.run.id, launch)
-        job = self.cluster.job
         self.run.data["commands"] = recorded_commands(cfgs)
-        head = self.plan.launch_host
         if self.run.data.get("slurm"):
             sync()
             return self._start_slurm(cfgs)
+        before = {h.name: self.pool[h].refused for h in self.plan.all_hosts}
+        waited: Counter[str] = Counter()   # the starts refused, which waited for the sync's end
+        synced = False
+
+        def syncing() -> None:
+            nonlocal synced
+            sync()
+            synced = True
+
+        try:
+            return self._start(cfgs, have_agent, syncing, waited)
+        except OrchError:
+            # refused sessions no start waited for: the sync's
+            one_at_a_time = [h.name for h in self.plan.all_hosts
+                             if self.pool[h].refused - before[h.name] > waited[h.name]]
+            if synced or self.started or not one_at_a_time:
+                raise
+        self.events.warning(f"{', '.join(one_at_a_time)}: the SSH server takes one session at a time there "
+                            "(sshd_config MaxSessions 1): syncing the code, then starting the supervisors, one after "
+                            "the other (MaxSessions 2 or more lets orch do both at once)")
+        sync()
+        self._start(cfgs, have_agent, lambda: None, waited)
+
+    def _start(self, cfgs: dict[str, dict], have_agent: AbstractSet[str], sync: Callable[[], None],
+               waited: Counter[str]) -> None:
+        """start's, with `sync` run while the starts wait (`waited`: the hosts whose start was
+        refused a session and waited for the sync's end); nothing started when it raises before
+        every member was told the head's port."""
+        job = self.cluster.job
+        head = self.plan.launch_host
         members = [h for h in self.plan.all_hosts if h.name != head.name]
         # every start goes out now: the members' with their configuration, each then waiting for
         # the head's port and addresses (head_line), which follow on its stdin once the head runs;
         # the head's waits for its configuration until the code is synced. If the head does not
         # start (or the sync fails), their stdin closes and nothing starts there.
-        synced, told = _Line(), _Line()
+        synced, told, sync_over = _Line(), _Line(), threading.Event()
+
+        def after_sync_if_refused(h: Host, start: Callable[[], T]) -> T:
+            try:
+                return start()
+            except SessionRefused:   # the sync had the host's one session: once it has ended
+                waited[h.name] += 1
+                sync_over.wait()
+                return start()
 
         def member(h):
             # the python3 of the host's check, when it stayed for it (checks/reach.py HOLD_PY): no
@@ -238,7 +280,7 @@ class Lifecycle:
             b = supervisor.boot(cfgs[h.name], h.name not in have_agent)
             r = self.pool[h].start_held(b.env, b.args, told.reader(b.package + b.conf))
             if r is None:
-                r = self.pool[h].run(b.command, stdin=told.reader(b.package + b.conf))
+                r = after_sync_if_refused(h, lambda: self.pool[h].run(b.command, stdin=told.reader(b.package + b.conf)))
             r = r.check("starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
@@ -247,10 +289,14 @@ class Lifecycle:
             return mpid
 
         hb = supervisor.boot(cfgs[head.name], head.name not in have_agent)
-        head_started = _meanwhile(lambda: self.pool[head].run(hb.command, stdin=synced.reader(hb.package)))
+        head_started = _meanwhile(lambda: after_sync_if_refused(
+            head, lambda: self.pool[head].run(hb.command, stdin=synced.reader(hb.package))))
         members_started = _meanwhile(lambda: self._fan(member, members))
         try:
-            sync()
+            try:
+                sync()
+            finally:
+                sync_over.set()
             synced.send(hb.conf)
             res, raised = head_started()
             if raised is not None:

@@ -34,7 +34,7 @@ import paramiko  # noqa: E402 - once import_paramiko has loaded it
 from paramiko.hostkeys import HostKeyEntry, HostKeys  # noqa: E402 - as above
 
 from ..errors import (  # noqa: E402 - as above
-    AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, TransientNetworkError,
+    AuthError, ConnectError, HostError, HostKeyError, RemoteTimeout, SessionRefused, TransientNetworkError,
 )
 from ..model import Host, SshSettings  # noqa: E402 - as above
 from .base import CHUNK, HELD_BOOTSTRAP, HELD_EXIT, HELD_GO, PROBE_END, Result, Transport, held_go  # noqa: E402 - as above
@@ -516,6 +516,11 @@ class SshTransport(Transport):
                 # a server that allows one session at a time (sshd's MaxSessions): without the held one
                 self.release_held()
                 chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
+        except paramiko.ChannelException as exc:   # the connection works: it stays, for the sessions it has
+            self.refused += 1
+            raise SessionRefused(self.host.name, f"its SSH server refused one more session on the connection "
+                                 f"({exc}): sshd_config's MaxSessions is lower than the sessions orch had open",
+                                 hint="MaxSessions 2 or more (OpenSSH's default is 10)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise self._lost(exc) from None
         kept = False

@@ -1,4 +1,5 @@
-"""Scenarios 5-7: a rank killed by the kernel, the controller killed, a full disk."""
+"""Scenarios 5-7: a rank killed by the kernel, the controller killed, a full disk; and hosts whose
+sshd takes one SSH session at a time."""
 
 from __future__ import annotations
 
@@ -211,3 +212,49 @@ def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):
                         env={"BIG": "x" * 200_000})
     err = orch("up", "-q", "--skip-checks", cwd=tmp_path, check_rc=1).stderr.decode()
     assert "cannot start mpirun: Argument list too long" in err and "did not report" not in err, err[-2000:]
+
+
+@pytest.fixture(scope="module")
+def one_session(fx_lab):
+    """A 2-host lab whose SSH servers take one session at a time on a connection (MaxSessions 1)."""
+    import socket
+
+    lab = fx_lab("m", 2)
+    for i in (1, 2):
+        conf = lab.host_dir(i) / "sshd_config"
+        conf.write_text(conf.read_text().replace("MaxSessions 200", "MaxSessions 1"))
+        assert "MaxSessions 1\n" in conf.read_text()
+        lab.exec(i, ["sh", "-c", f"kill -HUP \"$(cat {lab.host_dir(i)}/sshd.pid)\""], check=True)
+
+    def listening(address: str) -> bool:
+        try:
+            socket.create_connection((address, 22), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    assert all(wait_until(lambda a=h.address: listening(a), 10) for h in lab.hosts)   # sshd, re-executed
+    return lab
+
+
+@pytest.mark.parametrize("sync_via", ["launch-host", "controller"])
+def test_hosts_that_take_one_ssh_session_at_a_time_sync_then_start(one_session, tmp_path, sync_via):
+    """Every host's sshd takes one session per connection (sshd_config MaxSessions 1): a start
+    waiting beside the sync cannot have a second one there. `orch up`, with its preflight and
+    without, still syncs the change and runs. Whichever had the session first decides what is said:
+    the sync refused (the launch host's start is usually first), the sync then the starts run one
+    after the other, and `up` says why; a start refused waits for the sync, nothing said
+    (test_head_reach has both, in order)."""
+    f = write_fault_cluster(one_session, tmp_path, command=["python3", "train.py"], launcher="mpirun",
+                            sync=["train.py"], sync_via=sync_via, workdir=f"/data/fxm-{sync_via}")
+    for args in ([], ["--skip-checks"]):
+        (tmp_path / "train.py").write_text(f"print('trained {len(args)}')\n")   # a change: the sync has work
+        res = orch("up", f, *args, cwd=tmp_path, check_rc=0, text=True)
+        assert f"trained {len(args)}" in res.stdout
+        said = [line for line in res.stderr.splitlines() if "warning" in line]
+        for line in said:   # at most one, naming lab hosts and MaxSessions
+            hosts, _, why = line.removeprefix("orch: warning: ").partition(": ")
+            assert set(hosts.split(", ")) <= {h.name for h in one_session.hosts}, res.stderr
+            assert why.startswith("the SSH server takes one session at a time there (sshd_config MaxSessions 1)")
+        assert len(said) <= 1, res.stderr
+        assert run_record(tmp_path)["state"] == "succeeded"

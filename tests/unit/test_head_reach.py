@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launchers, lifecycle, supervisor
+from orchestrator.errors import SessionRefused
 from orchestrator.launchers import HEAD_ADDR, head_reach
 from orchestrator.rankplan import make_plan
 from orchestrator.runs import create_run
 from orchestrator.spec import Cluster, Host, Job
 from orchestrator.transport.base import Transport
+from tests.support import wait_until
 
 
 def hosts(n=2, mpi: bool = False, **first) -> tuple[Host, ...]:
@@ -223,6 +225,84 @@ def test_a_sync_that_fails_starts_nothing_anywhere(tmp_path):
     assert not lc.started and ts[0].cfgs == []
     assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [None, None]
     assert not [t for t in threading.enumerate() if t.name == "orch-meanwhile"]
+
+
+class Said(lifecycle.Events):
+    def __init__(self):
+        self.warnings: list[str] = []
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+class OneSession(StartHost):
+    """A host whose sshd takes one session at a time: its first `refuse` starts are refused (the
+    sync has the session); `inflight`: its starts not ended."""
+
+    def __init__(self, h: Host, answer: str, refuse: int = 0):
+        super().__init__(h, answer)
+        self.refuse, self.inflight = refuse, 0
+
+    def _exec(self, script, *, stdin, sink, timeout):
+        if self.refuse:
+            self.refuse -= 1
+            self.refused += 1
+            raise SessionRefused(self.host.name, "its SSH server refused one more session")
+        self.inflight += 1
+        try:
+            return super()._exec(script, stdin=stdin, sink=sink, timeout=timeout)
+        finally:
+            self.inflight -= 1
+
+
+def test_a_sync_refused_a_session_runs_alone_then_the_starts(tmp_path):
+    """sshd's MaxSessions 1 on the launch host, its start there first: the sync's session is
+    refused. Every start ends, told nothing; the sync runs again with no start out, then the
+    starts; the user is told why."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [OneSession(plan.hosts[0], "ok 11 4242\n")] + [OneSession(h, "ok 12 0\n") for h in plan.hosts[1:]]
+    syncs: list[int] = []
+
+    def sync():
+        if not syncs:
+            assert all(t.booted.wait(10) for t in ts)
+            ts[0].refused += 1   # as the transport counts a refused session
+            syncs.append(sum(t.inflight for t in ts))
+            raise lifecycle.LaunchError(f"distribution failed; nothing was started:\n  {ts[0].host.name}: refused")
+        syncs.append(sum(t.inflight for t in ts))
+
+    said = Said()
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts), said)
+    lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    assert syncs == [3, 0] and lc.started   # the second sync alone
+    assert [cfg["role"] for cfg in ts[0].cfgs] == ["head"]
+    assert [[cfg["head_port"] for cfg in t.cfgs] for t in ts[1:]] == [[None, 4242]] * 2
+    (warning,) = said.warnings
+    assert warning.startswith(f"{ts[0].host.name}: the SSH server takes one session at a time there") and \
+        "MaxSessions 1" in warning
+
+
+def test_a_start_refused_a_session_waits_for_the_syncs_end(tmp_path):
+    """sshd's MaxSessions 1, the sync's session there first: the start refused there waits for
+    the sync's end and starts then; the sync runs once, nothing is said."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [OneSession(plan.hosts[0], "ok 11 4242\n", refuse=1)] + [OneSession(h, "ok 12 0\n", refuse=1)
+                                                                   for h in plan.hosts[1:]]
+    syncs: list[int] = []
+
+    def sync():
+        assert wait_until(lambda: all(t.refused for t in ts), 10)
+        syncs.append(sum(t.inflight for t in ts))
+
+    said = Said()
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts), said)
+    lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    assert syncs == [0] and lc.started and said.warnings == []
+    assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [4242, 4242]
 
 
 def test_a_hosts_stdin_waits_for_its_line_or_its_end():
