@@ -264,7 +264,7 @@ class Lifecycle:
         # the head's port and addresses (head_line), which follow on its stdin once the head runs;
         # the head's waits for its configuration until the code is synced. If the head does not
         # start (or the sync fails), their stdin closes and nothing starts there.
-        synced, told, sync_over = _Line(), _Line(), threading.Event()
+        head_conf, told, sync_over = _Line(), _Line(), threading.Event()
 
         def after_sync_if_refused(h: Host, start: Callable[[], T]) -> T:
             try:
@@ -290,14 +290,14 @@ class Lifecycle:
 
         hb = supervisor.boot(cfgs[head.name], head.name not in have_agent)
         head_started = _meanwhile(lambda: after_sync_if_refused(
-            head, lambda: self.pool[head].run(hb.command, stdin=synced.reader(hb.package))))
+            head, lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
         members_started = _meanwhile(lambda: self._fan(member, members))
         try:
             try:
                 sync()
             finally:
                 sync_over.set()
-            synced.send(hb.conf)
+            head_conf.send(hb.conf)
             res, raised = head_started()
             if raised is not None:
                 raise raised
@@ -311,7 +311,7 @@ class Lifecycle:
                 raise LaunchError(f"{head.name}: the run's supervisor did not start: {(res.out + res.err).strip()[-500:]}")
             told.send(supervisor.head_line(port, addresses))
         finally:
-            synced.close()   # not sent: the head starts nothing
+            head_conf.close()   # not sent: the head starts nothing
             told.close()     # the members not told start nothing
             if not told.sent:   # the sync's or the head's error is the one said, once every start has ended
                 head_started()
