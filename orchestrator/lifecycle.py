@@ -22,7 +22,7 @@ from typing import AbstractSet, Any, Callable, Mapping, TypeVar
 
 from . import runstate, supervisor
 from .errors import LocalWriteError, OrchError, RunConflict, SessionRefused
-from .fanout import fan_out
+from .fanout import Results, fan_out
 from .hostlayout import run_dir
 from .launchers import Launch
 from .launchers.show import recorded_commands
@@ -30,7 +30,7 @@ from .rankplan import RankPlan
 from .runs import Run
 from .runstate import RunView
 from .model import Cluster, Host
-from .transport import Pool, Transport
+from .transport import Pool, Result, Transport
 from .agent.states import rank_ranges
 
 
@@ -218,7 +218,8 @@ class Lifecycle:
         `sync` (the code's, distribute) runs meanwhile: every host's python3 starts, unpacks the
         package and imports it while the code is synced, and the head gets its configuration once
         `sync` has returned (a first sync of 8 hosts waited ~0.3 s more for the supervisors after
-        it, shipping and compiling the package); `sync` raising: nothing starts anywhere.
+        it, shipping and compiling the package); `sync` raising: nothing starts anywhere. (A
+        `connection: local` host reads its whole stdin before it runs: its start follows the sync.)
 
         A host whose SSH server takes one session at a time on a connection (sshd_config
         MaxSessions 1) cannot have both at once: a start refused there waits for the sync's end;
@@ -264,7 +265,8 @@ class Lifecycle:
         # the head's port and addresses (head_line), which follow on its stdin once the head runs;
         # the head's waits for its configuration until the code is synced. If the head does not
         # start (or the sync fails), their stdin closes and nothing starts there.
-        head_conf, told, sync_over = _Line(), _Line(), threading.Event()
+        head_conf, told = _Line(), _Line()
+        synced, sync_over = threading.Event(), threading.Event()
 
         def after_sync_if_refused(h: Host, start: Callable[[], T]) -> T:
             try:
@@ -272,6 +274,8 @@ class Lifecycle:
             except SessionRefused:   # the sync had the host's one session: once it has ended
                 waited[h.name] += 1
                 sync_over.wait()
+                if not synced.is_set():   # it failed: nothing starts, nothing to ask
+                    raise
                 return start()
 
         def member(h):
@@ -289,12 +293,15 @@ class Lifecycle:
             return mpid
 
         hb = supervisor.boot(cfgs[head.name], head.name not in have_agent)
-        head_started = _meanwhile(lambda: after_sync_if_refused(
-            head, lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
-        members_started = _meanwhile(lambda: self._fan(member, members))
+        head_started: Callable[[], tuple[Result | None, BaseException | None]] | None = None
+        members_started: Callable[[], tuple[Results | None, BaseException | None]] | None = None
         try:
+            head_started = _meanwhile(lambda: after_sync_if_refused(
+                head, lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
+            members_started = _meanwhile(lambda: self._fan(member, members))
             try:
                 sync()
+                synced.set()
             finally:
                 sync_over.set()
             head_conf.send(hb.conf)
@@ -314,8 +321,12 @@ class Lifecycle:
             head_conf.close()   # not sent: the head starts nothing
             told.close()     # the members not told start nothing
             if not told.sent:   # the sync's or the head's error is the one said, once every start has ended
-                head_started()
-                members_started()
+                got, _ = head_started() if head_started is not None else (None, None)
+                if members_started is not None:
+                    members_started()
+                if got is not None and got.ok and supervisor.parse_start(got.out)[0] == "ok":
+                    self.started = True   # the head runs (Ctrl-C came after its start): up stops it
+        assert head_started is not None and members_started is not None   # started, as nothing was raised
         self.started = True
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
                              head_addresses=list(addresses or cfgs[head.name]["head_addresses"]),

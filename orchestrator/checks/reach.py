@@ -159,7 +159,7 @@ _LIST_AFTER = "sys.stdout.flush()\nimport _signal\n_signal.alarm(%d)\n" % SECTIO
 # waiting (probes.assemble; the command it runs gets none of them but 0-2), and waits for
 # `go N\n` and N bytes, the start's environment and arguments (transport.held_go): HOLD_ENV's
 # seconds for the first byte, 30 for each further piece. It answers HELD_GO and runs them as
-# `python3 -S -c` would (the start's boot, supervisor.member_boot) in a child, whose exit status
+# `python3 -S -c` would (the start's boot, supervisor.boot) in a child, whose exit status
 # follows its output (HELD_EXIT). Its stdin at EOF, no go in time, anything else: it exits and
 # nothing started (the start then takes a session of its own). A thread of the test still alive
 # (an address that did not answer): it does not hold (no fork beside a thread). As a fresh python3:

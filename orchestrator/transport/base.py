@@ -90,7 +90,9 @@ class Result:
 
 
 class Transport(ABC):
-    """One host. Every method is safe to call from one thread at a time per host."""
+    """One host. `run` (and what is built on it) may be called from several threads at once: each
+    call is a session of its own on the host's one connection (SSH), or a process of its own
+    (local); probe(hold=True) keeps one session, which start_held or release_held takes."""
 
     def __init__(self, host: Host, command_timeout: float = 120):
         self.host = host

@@ -517,10 +517,12 @@ class SshTransport(Transport):
                 self.release_held()
                 chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except paramiko.ChannelException as exc:   # the connection works: it stays, for the sessions it has
-            self.refused += 1
-            raise SessionRefused(self.host.name, f"its SSH server refused one more session on the connection "
-                                 f"({exc}): sshd_config's MaxSessions is lower than the sessions orch had open",
-                                 hint="MaxSessions 2 or more (OpenSSH's default is 10)") from None
+            with self._lock:
+                self.refused += 1
+            raise SessionRefused(self.host.name, f"its SSH server refused a new session on the connection ({exc}), "
+                                 "as sshd does past its MaxSessions",
+                                 hint="orch opens up to 2 sessions at a time on a host's connection: sshd_config's "
+                                      "MaxSessions 2 or more (OpenSSH's default is 10)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise self._lost(exc) from None
         kept = False

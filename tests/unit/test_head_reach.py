@@ -220,11 +220,12 @@ def test_a_sync_that_fails_starts_nothing_anywhere(tmp_path):
         raise lifecycle.LaunchError("distribution failed; nothing was started")
 
     lc = lifecycle.Lifecycle(c, plan, run, Pool(ts))
+    before = set(threading.enumerate())
     with pytest.raises(lifecycle.LaunchError, match="distribution failed"):
         lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
     assert not lc.started and ts[0].cfgs == []
     assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [None, None]
-    assert not [t for t in threading.enumerate() if t.name == "orch-meanwhile"]
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "orch-meanwhile"]   # every start ended
 
 
 class Said(lifecycle.Events):
@@ -241,7 +242,7 @@ class OneSession(StartHost):
 
     def __init__(self, h: Host, answer: str, refuse: int = 0):
         super().__init__(h, answer)
-        self.refuse, self.inflight = refuse, 0
+        self.refuse, self.inflight, self.ran = refuse, 0, 0
 
     def _exec(self, script, *, stdin, sink, timeout):
         if self.refuse:
@@ -249,6 +250,7 @@ class OneSession(StartHost):
             self.refused += 1
             raise SessionRefused(self.host.name, "its SSH server refused one more session")
         self.inflight += 1
+        self.ran += 1
         try:
             return super()._exec(script, stdin=stdin, sink=sink, timeout=timeout)
         finally:
@@ -303,6 +305,43 @@ def test_a_start_refused_a_session_waits_for_the_syncs_end(tmp_path):
     lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
     assert syncs == [0] and lc.started and said.warnings == []
     assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [4242, 4242]
+
+
+def test_a_start_refused_while_the_sync_fails_asks_nothing_more(tmp_path):
+    """A start refused a session waits for the sync's end; the sync failed: it does not ask again
+    (a session only to be told nothing), and the sync's error is what is said."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [OneSession(h, "ok 11 4242\n", refuse=1) for h in plan.hosts]
+
+    def sync():
+        assert wait_until(lambda: all(t.refused for t in ts), 10)
+        raise lifecycle.LaunchError("distribution failed; nothing was started")
+
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts), Said())
+    with pytest.raises(lifecycle.LaunchError, match="distribution failed"):
+        lc.start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    assert [t.ran for t in ts] == [0, 0, 0] and not lc.started
+
+
+def test_an_interrupt_once_the_head_runs_leaves_it_to_be_stopped(tmp_path, monkeypatch):
+    """Ctrl-C after the head's supervisor started, before the members were told its port: the
+    members start nothing, and the run counts as started, so that up stops the head."""
+    c = cluster(hosts(3), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [StartHost(plan.hosts[0], "ok 11 4242\n")] + [StartHost(h, "ok 12 0\n") for h in plan.hosts[1:]]
+
+    def interrupted(port, addresses):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(supervisor, "head_line", interrupted)
+    lc = lifecycle.Lifecycle(c, plan, run, Pool(ts))
+    with pytest.raises(KeyboardInterrupt):
+        lc.start(launchers.build(c, plan, run.id, root={}))
+    assert lc.started and [cfg["role"] for cfg in ts[0].cfgs] == ["head"]
+    assert [cfg["head_port"] for t in ts[1:] for cfg in t.cfgs] == [None, None]
 
 
 def test_a_hosts_stdin_waits_for_its_line_or_its_end():
