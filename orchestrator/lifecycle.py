@@ -31,6 +31,7 @@ from .runs import Run
 from .runstate import RunView
 from .model import Cluster, Host
 from .transport import Pool, Result, Transport
+from .agent.layout import START_SILENCE
 from .agent.states import rank_ranges
 
 
@@ -129,11 +130,15 @@ def _meanwhile(fn: Callable[[], T]) -> Callable[[], tuple[T | None, BaseExceptio
 class _Line:
     """A line some hosts' stdin waits for (_Told): sent once known (send), or never (close). Its
     wait has no timeout of its own: whoever makes one closes it in a `finally` (Lifecycle.start),
-    after work that has its own (the sync, the head's start); a host's side ends with its session."""
+    after work that has its own (the sync, the head's start). Meanwhile each reader gives a blank
+    line every `keepalive` seconds, which a start skips: a start whose stdin stays silent for
+    layout.START_SILENCE seconds starts nothing (the controller is gone: a host's side never
+    waits on a dead session for TCP's keepalive)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keepalive: float = START_SILENCE / 6) -> None:
         self._line = b""
         self._known = threading.Event()
+        self.keepalive = keepalive
 
     @property
     def sent(self) -> bool:
@@ -159,8 +164,9 @@ class _Told:
 
     def read(self, n: int = -1, /) -> bytes:
         if not self.rest and not self.waited:
+            if not self.line._known.wait(self.line.keepalive):
+                return b"\n"   # still waiting, still here
             self.waited = True
-            self.line._known.wait()
             self.rest = self.line._line
         out, self.rest = (self.rest, b"") if n < 0 else (self.rest[:n], self.rest[n:])
         return out

@@ -1,6 +1,8 @@
 """agent.py's commands (what orch runs on the hosts):
 
-    agent.py start RUNDIR          config on stdin; detaches (setsid), prints "ok PID PORT ADDRS"
+    agent.py start RUNDIR [--silence S]
+                                   config on stdin; detaches (setsid), prints "ok PID PORT ADDRS";
+                                   stdin silent S seconds (default 60) before it is told: nothing starts
     agent.py start RUNDIR --foreground --config FILE [--head-port N] [--head-addresses A,B]
                                    the same in the foreground, the config read from FILE
                                    ({node} -> $SLURMD_NODENAME) and removed: a Slurm job step
@@ -23,7 +25,7 @@ import time
 
 from . import jsonc, protocol as proto
 from .layout import (AGENT, AGENT_LOG, AGENT_VAR, CONFIG, INFO, RUN_VAR, SLURM_JOB_KEYS, SLURM_JOB_VAR,
-                     STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json)
+                     START_SILENCE, STATE, attempt_dir, lock_path, orch_dir, rank_log, read_json, signal)
 from .procs import pid_of_run, run_pids
 from .rank import main as rank_main
 from .server import HEARTBEAT, TICK, Supervisor, listen, note, open_client, read_info, write_info
@@ -75,7 +77,30 @@ def lock_workdir(workdir, run_id):
 
 # --------------------------------------------------------------------------- start
 
-def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addresses=None):
+def told(silence):
+    """stdin's lines, blank ones left out, to its end; None when it stays silent `silence`
+    seconds (layout.START_SILENCE): whoever would tell this start more is gone."""
+    def late(signum, frame):
+        raise TimeoutError
+
+    before = signal.signal(signal.SIGALRM, late)
+    lines = []  # type: list[str]
+    try:
+        while True:
+            signal.alarm(max(1, int(silence)))
+            line = sys.stdin.readline()
+            if not line:
+                return lines
+            if line.strip():
+                lines.append(line)
+    except TimeoutError:
+        return None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addresses=None, silence=START_SILENCE):
     if config:
         path = config.replace("{node}", os.environ.get("SLURMD_NODENAME", ""))
         with open(path) as fh:
@@ -84,10 +109,10 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
     else:
         # the configuration's line (the head's comes once the code is synced); a member, started
         # beside its head (the controller does not wait for the head's answer), then gets a second
-        # line once the head runs: its port and addresses. stdin closed before the configuration
-        # (the sync failed), or a member's before the second line (the head did not start):
-        # nothing starts here.
-        lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        # line once the head runs: its port and addresses. stdin closed (or silent: told())
+        # before the configuration (the sync failed), or a member's before the second line (the
+        # head did not start): nothing starts here.
+        lines = told(silence) or []
         sys.stdin.close()
         cfg = jsonc.loads(lines[0]) if lines else {}
         for later in lines[1:2]:
@@ -457,7 +482,7 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     if cmd == "start":
-        opts = {"--config": None, "--head-port": None, "--head-addresses": None}
+        opts = {"--config": None, "--head-port": None, "--head-addresses": None, "--silence": None}
         it = iter(argv[3:])
         foreground = False
         for a in it:
@@ -465,7 +490,8 @@ def main(argv):
                 foreground = True
             elif a in opts:
                 opts[a] = next(it, None)
-        return cmd_start(argv[2], foreground, opts["--config"], opts["--head-port"], opts["--head-addresses"])
+        return cmd_start(argv[2], foreground, opts["--config"], opts["--head-port"], opts["--head-addresses"],
+                         float(opts["--silence"] or START_SILENCE))
     if cmd == "batch":
         return cmd_batch(argv[2])
     if cmd == "stop":

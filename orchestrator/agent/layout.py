@@ -49,6 +49,10 @@ AGENT_LOG = "agent.log"
 SECRETS = "secrets.json"    # the run's secret env values for `agent.py rank` (0600, removed at the end)
 WAKE = "wake"               # a FIFO (0600): `agent.py rank` writes a byte to it once it wrote a rank's pid or end
 CONFIG = "config.{node}.json"  # a Slurm job step's supervisor configuration (0600, removed once read)
+# seconds a supervisor's start waits on a silent stdin for what it is still to be told (its
+# configuration, the head's port): while the controller waits (the sync, the head's start), it
+# sends a blank line every START_SILENCE / 6 s; silent that long, whoever would tell it is gone
+START_SILENCE = 60
 
 
 def orch_dir(workdir):

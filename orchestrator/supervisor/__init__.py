@@ -171,7 +171,7 @@ def agent_stub(home: str) -> str:
 # caps at 128 KiB, MAX_ARG_STRLEN; the sources alone are more than that) into a new directory
 # renamed into place: the package's directory exists whole or not at all, whoever wins a race
 # (two runs starting at once, hosts sharing the workdir). When it exists, the line is skipped.
-# `_BOOT_PY HOME RUNDIR STUB [start]`: first the run's directories, each the user's alone (0700;
+# `_BOOT_PY HOME RUNDIR STUB [start [OPTIONS]]`: first the run's directories, each the user's alone (0700;
 # never through a planted link, never one another user owns: what the start's shell did with six
 # processes, mkdir, chmod and cat, ~6 ms of CPU per host), the run's agent.py (STUB), the package;
 # with `start`, the same process goes on to start the supervisor (its configuration: the rest of
@@ -205,10 +205,10 @@ _BOOT_PY = ("import os,sys,stat\n"
             " try:\n  os.rename(t,h)\n"
             " except OSError:\n"   # another start put it there first
             "  import shutil\n  shutil.rmtree(t,True)\n  if not os.path.isdir(h):\n   raise\n"
-            "if sys.argv[4:]==['start']:\n"
+            "if sys.argv[4:5]==['start']:\n"
             " sys.path.insert(0,h)\n"
             f" from {AGENT_MODULE}.cli import main\n from {AGENT_MODULE}.layout import leave\n"
-            " leave(main([a,'start',r]))\n")
+            " leave(main([a,'start',r]+sys.argv[5:]))\n")
 
 
 @_once

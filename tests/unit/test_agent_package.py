@@ -158,4 +158,4 @@ def test_agent_py_leaves_without_pythons_teardown_its_output_flushed(code, rc, e
 
 def test_the_stub_and_the_boot_end_through_leave():
     assert supervisor.agent_stub("/w/.orch/agent-x").endswith("leave(main(sys.argv))\n")
-    assert supervisor._BOOT_PY.endswith(" leave(main([a,'start',r]))\n")
+    assert supervisor._BOOT_PY.endswith(" leave(main([a,'start',r]+sys.argv[5:]))\n")

@@ -356,6 +356,14 @@ def test_a_hosts_stdin_waits_for_its_line_or_its_end():
     r = unsent.reader(b"x\n")
     threading.Timer(0.05, unsent.close).start()
     assert r.read(1 << 16) == b"x\n" and r.read(1 << 16) == b"" and not unsent.sent
+    # while it waits, a blank line every `keepalive` seconds (the host's start skips them)
+    later = lifecycle._Line(keepalive=0.02)
+    r = later.reader(b"")
+    threading.Timer(0.2, later.send, [b"go\n"]).start()
+    got = [r.read(1 << 16) for _ in range(3)]
+    assert got == [b"\n"] * 3
+    rest = b"".join(iter(lambda: r.read(1 << 16), b""))
+    assert rest.strip(b"\n") == b"go" and rest.endswith(b"go\n")
 
 
 def test_plan_says_what_the_token_stands_for(tmp_path):

@@ -353,6 +353,38 @@ def test_a_start_told_nothing_more_starts_nothing_and_leaves_no_run_directory(tm
     assert sorted(p.name for p in (tmp_path / "wd" / ".orch").iterdir()) == [supervisor.agent_home_name()]
 
 
+def test_a_start_left_silent_starts_nothing_and_blank_lines_keep_it_waiting(tmp_path):
+    """A start's stdin that stays silent for --silence seconds (layout.START_SILENCE: 60) before
+    it is told its configuration: whoever would tell it is gone; it starts nothing, says so, and
+    removes the run directory it made. The blank lines the controller sends while it waits
+    (lifecycle._Told) keep it waiting."""
+    import os
+    import time
+
+    from orchestrator import supervisor
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    for run_id, keepalive in (("R1", False), ("R2", True)):
+        rdir = tmp_path / "wd" / ".orch" / run_id
+        b = supervisor.boot({"rundir": str(rdir), "run_id": run_id, "role": "head", "workdir": str(tmp_path / "wd")})
+        p = subprocess.Popen(["sh", "-c", supervisor.boot_command(b.env, [*b.args, "--silence", "1"])],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert p.stdin is not None
+        p.stdin.write(b.package)
+        p.stdin.flush()
+        if keepalive:
+            for _ in range(8):   # 2.4 s: more than its silence
+                time.sleep(0.3)
+                p.stdin.write(b"\n")
+                p.stdin.flush()
+                assert p.poll() is None
+        else:
+            p.wait(timeout=30)   # its stdin open, silent: it ends by itself
+        out, err = p.communicate(timeout=30)   # (R2: its stdin's end, nothing more said)
+        assert (p.returncode, out, err) == (3, b"nohead\n", b""), run_id
+        assert not rdir.exists()
+
+
 @pytest.mark.parametrize("launcher,platform,names", [
     ("mpirun", "cpu", ("hostfile",)), ("ranktable", "ascend", ("rank_table.json",)),
     ("ranktable", "cpu", ()), ("msrun", "ascend", ()), ("torchrun", "gpu", ())])
