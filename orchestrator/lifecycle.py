@@ -238,12 +238,12 @@ class Lifecycle:
             return self._start_slurm(cfgs)
         before = {h.name: self.pool[h].refused for h in self.plan.all_hosts}
         waited: Counter[str] = Counter()   # the starts refused, which waited for the sync's end
-        synced = False
+        sync_done = False
 
         def syncing() -> None:
-            nonlocal synced
+            nonlocal sync_done
             sync()
-            synced = True
+            sync_done = True
 
         try:
             return self._start(cfgs, have_agent, syncing, waited)
@@ -251,7 +251,7 @@ class Lifecycle:
             # refused sessions no start waited for: the sync's
             one_at_a_time = [h.name for h in self.plan.all_hosts
                              if self.pool[h].refused - before[h.name] > waited[h.name]]
-            if synced or self.started or not one_at_a_time:
+            if sync_done or self.started or not one_at_a_time:
                 raise
         self.events.warning(f"{', '.join(one_at_a_time)}: the SSH server takes one session at a time there "
                             "(sshd_config MaxSessions 1): syncing the code, then starting the supervisors, one after "
