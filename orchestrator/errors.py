@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from .checks.base import Report
@@ -32,9 +33,12 @@ class Location:
 
 
 class OrchError(Exception):
-    """Base of every error orch reports to a user. exit_code is what the CLI returns."""
+    """Base of every error orch reports to a user. exit_code is what the CLI returns. `by_host`:
+    when it says what failed on several hosts (fanout.Results.raise_if_failed), each host's own
+    error, for a caller that decides by what they were."""
 
     exit_code = 1
+    by_host: Mapping[str, OrchError] = MappingProxyType({})
 
     def __init__(self, message: str, *, hint: str | None = None):
         super().__init__(message)

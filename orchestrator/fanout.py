@@ -59,8 +59,10 @@ class Results(dict, Generic[T]):
                         brief: bool = False) -> Results[T]:
         """Raise `error(message + the failures, hint=hint)` when some host failed; `{n}` in the
         message is the number of hosts that did. Each failure on its own line: in full, or
-        (`brief`) its first line, at most SHOWN_ERRORS of them. Returns self when none did."""
-        failed = list(self.failed.values())
+        (`brief`) its first line, at most SHOWN_ERRORS of them; each as it was, in its `by_host`.
+        Returns self when none did."""
+        by_host = self.failed
+        failed = list(by_host.values())
         if not failed:
             return self
         if brief:
@@ -69,7 +71,9 @@ class Results(dict, Generic[T]):
                 lines.append(f"  - ... and {len(failed) - SHOWN_ERRORS} more")
         else:
             lines = [f"  {e}" for e in failed]
-        raise error(message.replace("{n}", str(len(failed))) + ":\n" + "\n".join(lines), hint=hint)
+        exc = error(message.replace("{n}", str(len(failed))) + ":\n" + "\n".join(lines), hint=hint)
+        exc.by_host = by_host
+        raise exc
 
 
 def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], *, limit: int = 64,

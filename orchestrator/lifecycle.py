@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable, Mapping, TypeVar
 
@@ -29,7 +28,7 @@ from .launchers.show import recorded_commands
 from .rankplan import RankPlan
 from .runs import Run
 from .runstate import RunView
-from .model import Cluster, Host
+from .model import Cluster
 from .transport import Pool, Result, Transport
 from .agent.layout import START_SILENCE
 from .agent.states import rank_ranges
@@ -236,34 +235,24 @@ class Lifecycle:
         if self.run.data.get("slurm"):
             sync()
             return self._start_slurm(cfgs)
-        before = {h.name: self.pool[h].refused for h in self.plan.all_hosts}
-        waited: Counter[str] = Counter()   # the starts refused, which waited for the sync's end
-        sync_done = False
-
-        def syncing() -> None:
-            nonlocal sync_done
-            sync()
-            sync_done = True
-
+        synced = threading.Event()
         try:
-            return self._start(cfgs, have_agent, syncing, waited)
-        except OrchError:
-            # refused sessions no start waited for: the sync's
-            one_at_a_time = [h.name for h in self.plan.all_hosts
-                             if self.pool[h].refused - before[h.name] > waited[h.name]]
-            if sync_done or self.started or not one_at_a_time:
+            return self._start(cfgs, have_agent, sync, synced)
+        except OrchError as exc:
+            # the hosts where the sync was refused a session (distribute's error says each host's)
+            one_at_a_time = [n for n, e in exc.by_host.items() if isinstance(e, SessionRefused)]
+            if synced.is_set() or self.started or not one_at_a_time:
                 raise
         self.events.warning(f"{', '.join(one_at_a_time)}: the SSH server takes one session at a time there "
                             "(sshd_config MaxSessions 1): syncing the code, then starting the supervisors, one after "
                             "the other (MaxSessions 2 or more lets orch do both at once)")
         sync()
-        self._start(cfgs, have_agent, lambda: None, waited)
+        self._start(cfgs, have_agent, lambda: None, threading.Event())
 
     def _start(self, cfgs: dict[str, dict], have_agent: AbstractSet[str], sync: Callable[[], None],
-               waited: Counter[str]) -> None:
-        """start's, with `sync` run while the starts wait (`waited`: the hosts whose start was
-        refused a session and waited for the sync's end); nothing started when it raises before
-        every member was told the head's port."""
+               synced: threading.Event) -> None:
+        """start's, with `sync` run while the starts wait (`synced` set once it has returned);
+        nothing started when it raises before every member was told the head's port."""
         job = self.cluster.job
         head = self.plan.launch_host
         members = [h for h in self.plan.all_hosts if h.name != head.name]
@@ -271,14 +260,12 @@ class Lifecycle:
         # the head's port and addresses (head_line), which follow on its stdin once the head runs;
         # the head's waits for its configuration until the code is synced. If the head does not
         # start (or the sync fails), their stdin closes and nothing starts there.
-        head_conf, told = _Line(), _Line()
-        synced, sync_over = threading.Event(), threading.Event()
+        head_conf, told, sync_over = _Line(), _Line(), threading.Event()
 
-        def after_sync_if_refused(h: Host, start: Callable[[], T]) -> T:
+        def after_sync_if_refused(start: Callable[[], T]) -> T:
             try:
                 return start()
             except SessionRefused:   # the sync had the host's one session: once it has ended
-                waited[h.name] += 1
                 sync_over.wait()
                 if not synced.is_set():   # it failed: nothing starts, nothing to ask
                     raise
@@ -290,7 +277,7 @@ class Lifecycle:
             b = supervisor.boot(cfgs[h.name], h.name not in have_agent)
             r = self.pool[h].start_held(b.env, b.args, told.reader(b.package + b.conf))
             if r is None:
-                r = after_sync_if_refused(h, lambda: self.pool[h].run(b.command, stdin=told.reader(b.package + b.conf)))
+                r = after_sync_if_refused(lambda: self.pool[h].run(b.command, stdin=told.reader(b.package + b.conf)))
             r = r.check("starting the run's supervisor")
             st, mpid, _, _ = supervisor.parse_start(r.out)
             if st != "ok":
@@ -303,7 +290,7 @@ class Lifecycle:
         members_started: Callable[[], tuple[Results | None, BaseException | None]] | None = None
         try:
             head_started = _meanwhile(lambda: after_sync_if_refused(
-                head, lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
+                lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
             members_started = _meanwhile(lambda: self._fan(member, members))
             try:
                 sync()

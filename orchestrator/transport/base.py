@@ -97,7 +97,6 @@ class Transport(ABC):
     def __init__(self, host: Host, command_timeout: float = 120):
         self.host = host
         self.command_timeout = command_timeout
-        self.refused = 0   # sessions the host refused on a working connection so far (errors.SessionRefused)
 
     # ---- the one primitive a transport implements
     @abstractmethod

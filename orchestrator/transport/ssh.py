@@ -517,8 +517,6 @@ class SshTransport(Transport):
                 self.release_held()
                 chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except paramiko.ChannelException as exc:   # the connection works: it stays, for the sessions it has
-            with self._lock:
-                self.refused += 1
             raise SessionRefused(self.host.name, f"its SSH server refused a new session on the connection ({exc}), "
                                  "as sshd does past its MaxSessions",
                                  hint="orch opens up to 2 sessions at a time on a host's connection: sshd_config's "

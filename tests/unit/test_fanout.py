@@ -111,5 +111,8 @@ def test_results_failed_succeeded_and_raise_if_failed():
     with pytest.raises(OrchError) as exc:
         res.raise_if_failed(OrchError, "every host")
     assert exc.value.message.startswith("every host:\n  h1: no route\nsecond line\n  h3: ")
+    # each host's own error, as it was raised there (a caller decides by its kind)
+    assert exc.value.by_host == res.failed and isinstance(exc.value.by_host["h1"], HostError)
+    assert OrchError("one").by_host == {}
     ok = fan_out(hosts(3), lambda h: 1)
     assert ok.raise_if_failed(PlanError, "never") is ok and ok.failed == {}

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launchers, lifecycle, supervisor
-from orchestrator.errors import SessionRefused
+from orchestrator.errors import HostError, SessionRefused
+from orchestrator.fanout import Outcome, Results
 from orchestrator.launchers import HEAD_ADDR, head_reach
 from orchestrator.rankplan import make_plan
 from orchestrator.runs import create_run
@@ -242,7 +243,7 @@ class OneSession(StartHost):
 
     def __init__(self, h: Host, answer: str, refuse: int = 0):
         super().__init__(h, answer)
-        self.refuse, self.inflight, self.ran = refuse, 0, 0
+        self.refuse, self.refused, self.inflight, self.ran = refuse, 0, 0, 0
 
     def _exec(self, script, *, stdin, sink, timeout):
         if self.refuse:
@@ -270,9 +271,11 @@ def test_a_sync_refused_a_session_runs_alone_then_the_starts(tmp_path):
     def sync():
         if not syncs:
             assert all(t.booted.wait(10) for t in ts)
-            ts[0].refused += 1   # as the transport counts a refused session
             syncs.append(sum(t.inflight for t in ts))
-            raise lifecycle.LaunchError(f"distribution failed; nothing was started:\n  {ts[0].host.name}: refused")
+            # as distribute says it: each host's error (the launch host's relay refused, the others not synced)
+            Results({ts[0].host.name: Outcome(ts[0].host, error=SessionRefused(ts[0].host.name, "refused")),
+                     **{t.host.name: Outcome(t.host, error=HostError(t.host.name, "not synced")) for t in ts[1:]}}
+                    ).raise_if_failed(lifecycle.LaunchError, "distribution failed; nothing was started")
         syncs.append(sum(t.inflight for t in ts))
 
     said = Said()
@@ -284,6 +287,26 @@ def test_a_sync_refused_a_session_runs_alone_then_the_starts(tmp_path):
     (warning,) = said.warnings
     assert warning.startswith(f"{ts[0].host.name}: the SSH server takes one session at a time there") and \
         "MaxSessions 1" in warning
+
+
+def test_a_sync_that_fails_otherwise_is_not_tried_again(tmp_path):
+    """Only a sync refused a session is run again alone: one that failed for another reason is
+    said as it is, once, with no warning about sessions."""
+    c = cluster(hosts(2), tmp=tmp_path)
+    plan = make_plan(c)
+    run = create_run(c, plan.to_dict(), cwd=tmp_path)
+    ts = [OneSession(plan.hosts[0], "ok 11 4242\n"), OneSession(plan.hosts[1], "ok 12 0\n")]
+    syncs: list[int] = []
+
+    def sync():
+        syncs.append(1)
+        Results({t.host.name: Outcome(t.host, error=HostError(t.host.name, "no space left")) for t in ts}
+                ).raise_if_failed(lifecycle.LaunchError, "distribution failed; nothing was started")
+
+    said = Said()
+    with pytest.raises(lifecycle.LaunchError, match="no space left"):
+        lifecycle.Lifecycle(c, plan, run, Pool(ts), said).start(launchers.build(c, plan, run.id, root={}), sync=sync)
+    assert syncs == [1] and said.warnings == []
 
 
 def test_a_start_refused_a_session_waits_for_the_syncs_end(tmp_path):
