@@ -78,8 +78,8 @@ def lock_workdir(workdir, run_id):
 # --------------------------------------------------------------------------- start
 
 def told(silence):
-    """stdin's lines, blank ones left out, to its end; None when it stays silent `silence`
-    seconds (layout.START_SILENCE): whoever would tell this start more is gone."""
+    """stdin's lines, blank ones left out, to its end; none when it stays silent `silence` seconds
+    (layout.START_SILENCE): whoever would tell this start more is gone, it is told nothing."""
     def late(signum, frame):
         raise TimeoutError
 
@@ -94,13 +94,13 @@ def told(silence):
             if line.strip():
                 lines.append(line)
     except TimeoutError:
-        return None
+        return []
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
 
 
-def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addresses=None, silence=START_SILENCE):
+def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addresses=None, silence=None):
     if config:
         path = config.replace("{node}", os.environ.get("SLURMD_NODENAME", ""))
         with open(path) as fh:
@@ -112,7 +112,7 @@ def cmd_start(rundir, foreground=False, config=None, head_port=None, head_addres
         # line once the head runs: its port and addresses. stdin closed (or silent: told())
         # before the configuration (the sync failed), or a member's before the second line (the
         # head did not start): nothing starts here.
-        lines = told(silence) or []
+        lines = told(float(silence or START_SILENCE))
         sys.stdin.close()
         cfg = jsonc.loads(lines[0]) if lines else {}
         for later in lines[1:2]:
@@ -491,7 +491,7 @@ def main(argv):
             elif a in opts:
                 opts[a] = next(it, None)
         return cmd_start(argv[2], foreground, opts["--config"], opts["--head-port"], opts["--head-addresses"],
-                         float(opts["--silence"] or START_SILENCE))
+                         opts["--silence"])
     if cmd == "batch":
         return cmd_batch(argv[2])
     if cmd == "stop":

@@ -367,13 +367,13 @@ def test_a_start_left_silent_starts_nothing_and_blank_lines_keep_it_waiting(tmp_
     for run_id, keepalive in (("R1", False), ("R2", True)):
         rdir = tmp_path / "wd" / ".orch" / run_id
         b = supervisor.boot({"rundir": str(rdir), "run_id": run_id, "role": "head", "workdir": str(tmp_path / "wd")})
-        p = subprocess.Popen(["sh", "-c", supervisor.boot_command(b.env, [*b.args, "--silence", "1"])],
+        p = subprocess.Popen(["sh", "-c", supervisor.boot_command(b.env, [*b.args, "--silence", "2"])],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         assert p.stdin is not None
         p.stdin.write(b.package)
         p.stdin.flush()
         if keepalive:
-            for _ in range(8):   # 2.4 s: more than its silence
+            for _ in range(12):   # 3.6 s, a line every 0.3: more than its silence
                 time.sleep(0.3)
                 p.stdin.write(b"\n")
                 p.stdin.flush()
