@@ -11,10 +11,11 @@ host, each `echo` then `sleep 5`.
           small driver that notes the wall clock around each of the lifecycle's steps (check,
           prepare + render, sync, supervisors started, follow, gather) and when each host's
           supervisor start answered (the start step holds the sync: the supervisors' starts go
-          out first and wait for it; before that change, the sync came before the start step); the head's document (run.json's attempts) says when every
-          host had joined and the ranks were started, each member's agent.json (rewritten when it
-          joins the head) when that member joined, the head's state.json when the last rank
-          started and ended (each as its host reported it);
+          out first and wait for it; before that change, the sync came before the start step);
+          the head's document (run.json's attempts) says when every host had joined and the
+          ranks were started, each member's agent.json (rewritten when it joins the head) when
+          that member joined, the head's state.json when the last rank started and ended (each
+          as its host reported it);
 - hand:   `pdsh -f N` with orch's key exchange (`-o KexAlgorithms=curve25519-sha256`) starting
           the 8 ranks on every host (each its log file) and waiting for them, then
           `ssh host tar c logs | tar x` from every host at once.
