@@ -241,7 +241,7 @@ class Lifecycle:
         except OrchError as exc:
             # the hosts where the sync was refused a session (distribute's error says each host's)
             one_at_a_time = [n for n, e in exc.by_host.items() if isinstance(e, SessionRefused)]
-            if synced.is_set() or self.started or not one_at_a_time:
+            if synced.is_set() or not one_at_a_time:   # (a run that started had synced)
                 raise
         self.events.warning(f"{', '.join(one_at_a_time)}: the SSH server takes one session at a time there "
                             "(sshd_config MaxSessions 1): syncing the code, then starting the supervisors, one after "
