@@ -50,6 +50,15 @@ _known_hosts_lock = threading.Lock()
 # and was run once per host: at 64 hosts that was half of the controller's CPU.
 _known_hosts_cache: dict[str, tuple[tuple, list[HostKeyEntry]]] = {}
 
+# sshd frees a session's place a moment after the session ends: once both sides' CLOSE have
+# crossed, in its next loop. A session asked for within that moment, where the server takes one
+# at a time on a connection (sshd_config MaxSessions 1), is refused: 2 in 300 back-to-back
+# sessions on a loaded lab host, and one `orch up`'s gather in a CI run (the watch before it had
+# just ended there). A refusal within LINGER seconds of a session's end on the same connection is
+# asked again, for the rest of LINGER; any other is said at once (the session the server counts
+# is one of ours that runs: the caller decides, lifecycle.start's fallback).
+LINGER = 1.0
+
 
 def _stamp(path: str) -> tuple:
     st = os.stat(path)
@@ -272,6 +281,7 @@ class SshTransport(Transport):
         self._transport: paramiko.Transport | None = None
         self._lock = threading.Lock()
         self._held: paramiko.Channel | None = None  # probe(hold=True)'s session, until start_held
+        self._ended = float("-inf")  # time.monotonic() when a session last ended on the connection (_close)
         self.connections_opened = 0
         self._refused: ConnectError | None = None  # a refused key / host key: final for this invocation
         self.failure_memory = 0.0  # a jump host: seconds a failed connect (after its retries) stands
@@ -508,14 +518,7 @@ class SshTransport(Transport):
         assert transport is not None
         deadline = time.monotonic() + timeout
         try:
-            try:
-                chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
-            except paramiko.ChannelException:
-                if self._held is None:
-                    raise
-                # a server that allows one session at a time (sshd's MaxSessions): without the held one
-                self.release_held()
-                chan = transport.open_session(timeout=min(timeout, self.connect_timeout))
+            chan = self._session(transport, min(timeout, self.connect_timeout))
         except paramiko.ChannelException as exc:   # the connection works: it stays, for the sessions it has
             raise SessionRefused(self.host.name, f"its SSH server refused a new session on the connection ({exc}), "
                                  "as sshd does past its MaxSessions",
@@ -530,13 +533,33 @@ class SshTransport(Transport):
                 with self._lock:
                     before, self._held = self._held, chan
                 if before is not None:
-                    before.close()
+                    self._close(before)
             return rc, out, err
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc) from None
         finally:
             if not kept:
-                chan.close()
+                self._close(chan)
+
+    def _session(self, transport: paramiko.Transport, timeout: float) -> paramiko.Channel:
+        """A new session. Refused: without the held one (a server that takes one session at a
+        time), else again while within LINGER of a session's end here."""
+        pause = 0.01
+        while True:
+            try:
+                return transport.open_session(timeout=timeout)
+            except paramiko.ChannelException:
+                if self._held is not None:
+                    self.release_held()
+                elif time.monotonic() + pause > self._ended + LINGER:
+                    raise
+                else:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.2)
+
+    def _close(self, chan: paramiko.Channel) -> None:
+        chan.close()
+        self._ended = time.monotonic()
 
     # ---- a session held for a later command (base.HELD_BOOTSTRAP)
     def probe(self, script, *, sink=None, hold=False):
@@ -557,7 +580,7 @@ class SshTransport(Transport):
         deadline = start + self.command_timeout
         try:
             if chan.closed or chan.eof_received:   # its process gave up waiting: nothing ran
-                chan.close()
+                self._close(chan)
                 return None
             chan.settimeout(max(0.1, deadline - time.monotonic()))
             try:
@@ -585,7 +608,7 @@ class SshTransport(Transport):
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc) from None
         finally:
-            chan.close()
+            self._close(chan)
         rc, out = _held_status(out)
         argv_text = " ".join(shlex.quote(a) for a in argv[1:])
         return Result(self.host.name, f"(held session) python3 -c <boot> {argv_text}", rc, out, err,
@@ -595,7 +618,7 @@ class SshTransport(Transport):
         with self._lock:
             chan, self._held = self._held, None
         if chan is not None:
-            chan.close()
+            self._close(chan)
 
 
 _UNREACHABLE_HINT = "is the host up and reachable from here (address, firewall, link)?"
