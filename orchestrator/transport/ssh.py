@@ -51,12 +51,13 @@ _known_hosts_lock = threading.Lock()
 _known_hosts_cache: dict[str, tuple[tuple, list[HostKeyEntry]]] = {}
 
 # sshd frees a session's place a moment after the session ends: once both sides' CLOSE have
-# crossed, in its next loop. A session asked for within that moment, where the server takes one
-# at a time on a connection (sshd_config MaxSessions 1), is refused: 2 in 300 back-to-back
-# sessions on a loaded lab host, and one `orch up`'s gather in a CI run (the watch before it had
-# just ended there). A refusal within LINGER seconds of a session's end on the same connection is
-# asked again, for the rest of LINGER; any other is said at once (the session the server counts
-# is one of ours that runs: the caller decides, lifecycle.start's fallback).
+# crossed, in its next loop. A session asked for within that moment, where that one and ours
+# open fill the server's places (sshd_config MaxSessions), is refused: with MaxSessions 1, 2 in 300
+# back-to-back sessions on a loaded lab host, and one `orch up`'s gather in a CI run (the watch
+# before it had just ended there). So a refusal while fewer of ours are open than the server has
+# already taken at once is asked again, until LINGER seconds after the last session's end on the
+# connection. Any other is said at once: ours fill the server's places (lifecycle.start's
+# fallback decides what follows).
 LINGER = 1.0
 
 
@@ -281,7 +282,11 @@ class SshTransport(Transport):
         self._transport: paramiko.Transport | None = None
         self._lock = threading.Lock()
         self._held: paramiko.Channel | None = None  # probe(hold=True)'s session, until start_held
-        self._ended = float("-inf")  # time.monotonic() when a session last ended on the connection (_close)
+        # the connection's sessions (_session, _close): ours open now (the held one too), the most
+        # the server has had open at once, and when one last ended (time.monotonic())
+        self._sessions: set[paramiko.Channel] = set()
+        self._most = 0
+        self._ended = float("-inf")
         self.connections_opened = 0
         self._refused: ConnectError | None = None  # a refused key / host key: final for this invocation
         self.failure_memory = 0.0  # a jump host: seconds a failed connect (after its retries) stands
@@ -340,6 +345,7 @@ class SshTransport(Transport):
                 f"{self.connect_timeout * attempts:g}s", hint=_UNREACHABLE_HINT)
         self._client = self._open(budget)
         self._transport = self._client.get_transport()
+        self._sessions, self._most, self._ended = set(), 0, float("-inf")   # (under connect's lock)
 
     def _open(self, timeout: float) -> paramiko.SSHClient:
         if not self.host.jump:
@@ -542,24 +548,36 @@ class SshTransport(Transport):
                 self._close(chan)
 
     def _session(self, transport: paramiko.Transport, timeout: float) -> paramiko.Channel:
-        """A new session. Refused: without the held one (a server that takes one session at a
-        time), else again while within LINGER of a session's end here."""
+        """A new session on the connection. Refused: without the held one, if there is one (a
+        server that takes one session at a time); else asked again while fewer of ours are open
+        than the server has taken at once, until LINGER after the last one's end; else raised."""
         pause = 0.01
         while True:
             try:
-                return transport.open_session(timeout=timeout)
+                chan = transport.open_session(timeout=timeout)
             except paramiko.ChannelException:
                 if self._held is not None:
                     self.release_held()
-                elif time.monotonic() + pause > self._ended + LINGER:
+                    continue
+                with self._lock:
+                    left = self._ended + LINGER - time.monotonic()
+                    lingering = len(self._sessions) < self._most and left > 0
+                if not lingering:
                     raise
-                else:
-                    time.sleep(pause)
-                    pause = min(2 * pause, 0.2)
+                time.sleep(min(pause, left))
+                pause = min(2 * pause, 0.2)
+                continue
+            with self._lock:
+                self._sessions.add(chan)
+                self._most = max(self._most, len(self._sessions))
+            return chan
 
     def _close(self, chan: paramiko.Channel) -> None:
         chan.close()
-        self._ended = time.monotonic()
+        with self._lock:
+            if chan in self._sessions:   # (not one of an earlier connection)
+                self._sessions.discard(chan)
+                self._ended = time.monotonic()
 
     # ---- a session held for a later command (base.HELD_BOOTSTRAP)
     def probe(self, script, *, sink=None, hold=False):
