@@ -126,6 +126,11 @@ def _meanwhile(fn: Callable[[], T]) -> Callable[[], tuple[T | None, BaseExceptio
     return wait
 
 
+def _nothing() -> tuple[None, None]:
+    """A _meanwhile's wait that has nothing to wait for: no value, nothing raised."""
+    return None, None
+
+
 class _Line:
     """A line some hosts' stdin waits for (_Told): sent once known (send), or never (close). Its
     wait has no timeout of its own: whoever makes one closes it in a `finally` (Lifecycle.start),
@@ -286,8 +291,9 @@ class Lifecycle:
             return mpid
 
         hb = supervisor.boot(cfgs[head.name], head.name not in have_agent)
-        head_started: Callable[[], tuple[Result | None, BaseException | None]] | None = None
-        members_started: Callable[[], tuple[Results | None, BaseException | None]] | None = None
+        # started inside the try that ends them; until then, nothing to wait for
+        head_started: Callable[[], tuple[Result | None, BaseException | None]] = _nothing
+        members_started: Callable[[], tuple[Results | None, BaseException | None]] = _nothing
         try:
             head_started = _meanwhile(lambda: after_sync_if_refused(
                 lambda: self.pool[head].run(hb.command, stdin=head_conf.reader(hb.package))))
@@ -314,12 +320,10 @@ class Lifecycle:
             head_conf.close()   # not sent: the head starts nothing
             told.close()     # the members not told start nothing
             if not told.sent:   # the sync's or the head's error is the one said, once every start has ended
-                got, _ = head_started() if head_started is not None else (None, None)
-                if members_started is not None:
-                    members_started()
+                got, _ = head_started()
+                members_started()
                 if got is not None and got.ok and supervisor.parse_start(got.out)[0] == "ok":
                     self.started = True   # the head runs (Ctrl-C came after its start): up stops it
-        assert head_started is not None and members_started is not None   # started, as nothing was raised
         self.started = True
         self.run.data.update(state="running", launched=time.time(), head=head.name, supervisor_port=port,
                              head_addresses=list(addresses or cfgs[head.name]["head_addresses"]),
