@@ -454,6 +454,8 @@ def recv(inp, tee=None):
                     os.close(fd)
                 place(d, tmp[1], name, rel)
                 tmp = None
+                if tee:
+                    tee.placed(rel)
             done += 1
     except EOFError as e:
         fail(43, str(e), "the stream ended before it was complete (interrupted); nothing partial was kept")
@@ -486,11 +488,14 @@ def open_below(rel):
 
 class Tee:
     # The files this host receives while it passes them on: each target's thread reads a file's
-    # bytes from this host's temp file as they are written (no copy held in memory)
+    # bytes from this host's temp file as they are written (no copy held in memory), from the file
+    # in its place once it is whole. A file's descriptor is held here only while it arrives, and
+    # by each thread only while it passes that file on: a tree of more files than the host's limit
+    # of open files (1024 is common) passes as any other
     def __init__(self, wanted):
         import threading
         self.cv = threading.Condition()
-        self.wanted, self.files, self.failed = wanted, {}, False
+        self.wanted, self.files, self.failed = wanted, {}, False  # files: {rel: [fd, or None once placed; bytes]}
 
     def start(self, rel, fd):
         if rel in self.wanted:
@@ -505,6 +510,14 @@ class Tee:
                 f[1] = n
                 self.cv.notify_all()
 
+    def placed(self, rel):
+        f = self.files.get(rel)
+        if f is not None:
+            with self.cv:
+                os.close(f[0])
+                f[0] = None
+                self.cv.notify_all()
+
     def fail(self):
         with self.cv:
             self.failed = True
@@ -512,26 +525,36 @@ class Tee:
 
     def follow(self, rel, size, write, deadline):
         import time
-        off = 0
-        while off < size:
-            with self.cv:
-                while not self.failed and (rel not in self.files or self.files[rel][1] <= off):
-                    if time.monotonic() > deadline:
-                        raise OSError(errno.ETIMEDOUT, "%s did not arrive here in time" % rel)
-                    self.cv.wait(1)
-                if self.failed:
-                    raise OSError(errno.EIO, "this host's own copy failed")
-                fd, n = self.files[rel]
-            while off < n:
-                block = os.pread(fd, min(n - off, 1 << 20), off)
-                if not block:
-                    raise OSError(errno.EIO, "%s/%s shrank on this host while it was passed on" % (W, rel))
-                write(block)
-                off += len(block)
+        off, fd = 0, None
+        try:
+            while off < size:
+                with self.cv:
+                    while not self.failed and (rel not in self.files or
+                                               (self.files[rel][0] is not None and self.files[rel][1] <= off)):
+                        if time.monotonic() > deadline:
+                            raise OSError(errno.ETIMEDOUT, "%s did not arrive here in time" % rel)
+                        self.cv.wait(1)
+                    if self.failed:
+                        raise OSError(errno.EIO, "this host's own copy failed")
+                    held, n = self.files[rel]
+                    if fd is None:
+                        fd = os.dup(held) if held is not None else open_below(rel)
+                    if held is None:
+                        n = size
+                while off < n:
+                    block = os.pread(fd, min(n - off, 1 << 20), off)
+                    if not block:
+                        raise OSError(errno.EIO, "%s/%s shrank on this host while it was passed on" % (W, rel))
+                    write(block)
+                    off += len(block)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def close(self):
         for fd, _ in self.files.values():
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 def cmd_relay():
     # This host receives its own stream (recv, after the request) and passes on to others what they

@@ -217,10 +217,11 @@ def _ssh_host(name: str, **kw) -> Host:
     return Host(name=name, address=f"{name}.example", user="train", connection="ssh", **kw)
 
 
-def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False):
+def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False, open_files=None):
     """cmd_relay run here (the launch host's workdir `launch`) for `targets` {name: argv prefix},
     each into its own directory. The launch host is brought up to date first, or (`through`) gets
-    its own stream in the same request, passed on as it arrives. (answer, request, workdirs)."""
+    its own stream in the same request, passed on as it arrives; `open_files`: the relay's limit
+    of open files (ulimit -n). (answer, request, workdirs)."""
     src = tree(tmp_path / "src", src_files)
     os.symlink("a.py", src / "pkg" / "l.py")
     entries = sync.manifest(src, ("pkg",), "c.yaml")
@@ -242,7 +243,10 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=
     for t in req["targets"]:
         dirs[t["name"]] = tmp_path / f"w-{t['name']}"
         t["argv"], t["workdir"], req["ssh_options"] = targets[t["name"]], str(dirs[t["name"]]), []
-    res = Counting().run(sync._receiver_argv("relay", str(lw)), stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
+    argv = sync._receiver_argv("relay", str(lw))
+    if open_files:
+        argv = ["sh", "-c", f'ulimit -n {open_files} && exec "$@"', "sh", *argv]
+    res = Counting().run(argv, stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
     assert res.ok, res.err
     return json.loads(res.out), req, dirs
 
@@ -293,6 +297,19 @@ def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, through):
         assert not list(w.rglob(".orch-sync-partial.*"))
     assert (tmp_path / "launch" / "pkg" / "sub" / "b.bin").read_text() == files["pkg/sub/b.bin"]
     assert sync.relay_errors(_ssh_host("h0"), {n: (_ssh_host(n), []) for n in dirs}, answer, "/w", 60) == {}
+
+
+@pytest.mark.parametrize("through", [False, True], ids=["from-its-copy", "as-it-arrives"])
+def test_the_relay_passes_on_more_files_than_it_may_hold_open(tmp_path, through):
+    """A launch host whose limit of open files (ulimit -n: 1024 is common) is below the number of
+    files it passes on: each is held open only while it arrives and is passed on."""
+    files = {f"pkg/m{i}.py": f"m{i}\n" * 50 for i in range(300)}
+    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, through=through,
+                             open_files=64)
+    assert answer["bad"] == {} and all(r["rc"] == 0 for r in answer["targets"].values()), answer
+    for w in dirs.values():
+        assert {p.name: p.read_text() for p in (w / "pkg").glob("m*.py")} == \
+            {rel.split("/")[1]: text for rel, text in files.items()}
 
 
 def test_the_launch_hosts_copy_is_checked_before_it_is_passed_on(tmp_path):
