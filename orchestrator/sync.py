@@ -556,6 +556,85 @@ class Tee:
             if fd is not None:
                 os.close(fd)
 
+def spool_file():
+    # a file of this host's, in W, that no one else can open: unnamed (O_TMPFILE), else named for
+    # a moment (created exclusively, mode 0600, then unlinked)
+    d = dirfd("")
+    try:
+        return os.open(".", os.O_RDWR | os.O_TMPFILE, 0o600, dir_fd=d)
+    except (AttributeError, OSError):
+        name = TMP + os.urandom(6).hex()
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+        os.unlink(name, dir_fd=d)
+        return fd
+
+class Spool:
+    # This host's own stream, kept as recv reads it (through this) in a spool_file, for the targets
+    # that lack just what this host lacks: each is sent these same bytes (the frames, the controller's
+    # sha256 trailers) from where it has got to, by the kernel (sendfile), a stretch at a time: no
+    # Python a file, no waking a thread a file
+    STEP = 1 << 18
+
+    def __init__(self, inp):
+        import threading
+        self.inp, self.cv, self.buf, self.fd = inp, threading.Condition(), bytearray(), spool_file()
+        self.size, self.ended = 0, None  # bytes in the file; ended: True once it is whole, False: it failed
+
+    def keep(self, data):
+        self.buf += data
+        if len(self.buf) >= self.STEP:
+            self.flush()
+        return data
+
+    def readline(self):
+        return self.keep(self.inp.readline())
+
+    def read(self, n=-1):
+        return self.keep(self.inp.read(n))
+
+    def flush(self):
+        buf, self.buf = self.buf, bytearray()
+        writeall(self.fd, buf)
+        with self.cv:
+            self.size += len(buf)
+            self.cv.notify_all()
+
+    def end(self, ok):
+        if ok:
+            self.flush()
+        with self.cv:
+            self.ended = ok
+            self.cv.notify_all()
+
+    def follow(self, out, deadline):
+        import time
+        out.flush()
+        w, off = out.fileno(), 0
+        while True:
+            with self.cv:
+                while self.ended is None and self.size <= off:
+                    if time.monotonic() > deadline:
+                        raise OSError(errno.ETIMEDOUT, "this host's own stream did not arrive in time")
+                    self.cv.wait(1)
+                if self.ended is False:
+                    raise OSError(errno.EIO, "this host's own copy failed")
+                n, whole = self.size, self.ended
+            while off < n:
+                try:
+                    sent = os.sendfile(w, self.fd, off, n - off)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    sent = os.write(w, os.pread(self.fd, min(n - off, 1 << 20), off))
+                if not sent:
+                    raise OSError(errno.EIO, "the spool of this host's own stream ended early")
+                off += sent
+            if whole:
+                return
+
+    def close(self):
+        os.close(self.fd)
+
 def cmd_relay():
     # This host receives its own stream (recv, after the request) and passes on to others what they
     # lack: what arrives as it arrives (Tee), the rest from its own copy (quick-checked against the
@@ -563,7 +642,8 @@ def cmd_relay():
     # [rel, kind, mode, size, mtime, sha256 | link target, blob key or None], "blobs" (rendered
     # files, base64), "targets" [{name, argv (ssh to it), workdir, items [[entry index, what]]}], "code"
     # (this script), "py", "timeout" (seconds for all), "fanout", "ssh_options", "incoming" (the
-    # files in this host's own stream that targets want). Each target runs
+    # files in this host's own stream that targets want file by file); a target with "raw" lacks
+    # just what this host lacks: it gets this host's own stream as it came (Spool). Each target runs
     # `recv` and checks every file against the controller's sha256 (each file's trailer).
     import base64, shlex, subprocess, threading, time
     inp = sys.stdin.buffer
@@ -572,6 +652,7 @@ def cmd_relay():
     blobs = {k: base64.b64decode(v) for k, v in req["blobs"].items()}
     deadline = time.monotonic() + req["timeout"]
     tee = Tee(set(req["incoming"]))  # what arrives on stdin for this host (recv) while it is passed on
+    spool = Spool(inp) if any(t.get("raw") for t in targets) else None
 
     # the first hop's check: this host's copy of every file it passes on (and does not receive
     # now: recv checks those) has the controller's sha256
@@ -671,9 +752,12 @@ def cmd_relay():
             for r in readers:
                 r.start()
             try:
-                for i, what in t["items"]:
-                    frames(p.stdin, ents[i], what)
-                p.stdin.write(hdr(kind="end"))
+                if t.get("raw"):
+                    spool.follow(p.stdin, deadline)
+                else:
+                    for i, what in t["items"]:
+                        frames(p.stdin, ents[i], what)
+                    p.stdin.write(hdr(kind="end"))
                 p.stdin.close()
             except BrokenPipeError:
                 pass  # the receiver stopped: its exit code and stderr say why
@@ -694,15 +778,21 @@ def cmd_relay():
     for th in threads:
         th.start()
     try:
-        written = recv(inp, tee)
+        written = recv(spool or inp, tee)
+        if spool:
+            spool.end(True)
     except BaseException:  # this host's own copy failed (stderr says why, if the controller still
         tee.fail()         # listens: it may be gone): stop passing it on; the receivers keep nothing
+        if spool:
+            spool.end(False)
         for th in threads:
             th.join()
         raise
     for th in threads:
         th.join()
     tee.close()
+    if spool:
+        spool.close()
     print(json.dumps({"written": written, "bad": bad, "targets": results}))
 
 start()
@@ -965,9 +1055,14 @@ def _todo(t: Transport, workdir: str, items: list[Entry]) -> list[tuple[Entry, s
     return todo
 
 
+def _sent(todo: Sequence[tuple[Entry, str]]) -> int:
+    """The bytes of the files a stream carries."""
+    return sum(e.size for e, what in todo if what == "send")
+
+
 def _stream_timeout(command_timeout: float, *todos: Sequence[tuple[Entry, str]]) -> float:
     """A stream's limit: the usual one, plus what it sends at 1 MB/s."""
-    return command_timeout + sum(e.size for todo in todos for e, what in todo if what == "send") / 1e6
+    return command_timeout + sum(_sent(todo) for todo in todos) / 1e6
 
 
 def _send(t: Transport, workdir: str, todo: list[tuple[Entry, str]], what: str = "cannot write") -> None:
@@ -1006,6 +1101,11 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
 # --------------------------------------------------------------------------- through the launch host
 
 RELAY_FANOUT = 16  # streams the launch host sends at once
+# A host that lacks just what the launch host lacks gets the launch host's own stream as it came
+# (cmd_relay's Spool: the kernel copies it, no Python a file), which the launch host keeps, unlinked,
+# in its workdir while it passes it on: up to this many bytes; a larger stream is passed on file by
+# file, from the files themselves (where a file's own cost is small beside its bytes anyway)
+RAW_MOST = 256 << 20
 RELAY_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 
@@ -1025,14 +1125,20 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
     per content, each target with its ssh command (as mpirun reaches it: logins.ssh_args) and
     what it lacks; `own`: the launch host's own stream, which follows the request (the files in
     it are passed on as they arrive); `share`: the ControlPath of the launch host's open connections
-    to the others (its mesh test's: probes.mesh_shared), used where one is open."""
+    to the others (its mesh test's: probes.mesh_shared), used where one is open. A host whose todo
+    is `own` exactly gets `own`'s stream as it came ("raw"; RAW_MOST)."""
     index: dict[tuple, int] = {}
     entries: list[list] = []
     blobs: dict[str, str] = {}
     targets = []
+    own = list(own)
+    raw_fits = bool(own) and _sent(own) <= RAW_MOST
+    wanted: set[str] = set()  # what the hosts passed on to file by file want
     for name, (host, todo) in todos.items():
         items = []
-        for e, what in todo:
+        raw = raw_fits and list(todo) == own
+        for e, what in () if raw else todo:
+            wanted.add(e.rel)
             blob = None
             if e.data is not None:  # a rendered file: its content goes in the request, once
                 blob = e.sha256 or hashlib.sha256(e.data).hexdigest()
@@ -1046,10 +1152,12 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
             items.append([index[key], what])
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
                 *(["-o", f"ControlPath={share}"] if share else []), *ssh_args(launch, host), host.cluster_address]
-        targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items})
+        targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items, "raw": raw})
     return {"entries": entries, "blobs": blobs, "targets": targets, "code": RECEIVER, "py": list(PY),
             "timeout": timeout, "fanout": fanout, "ssh_options": [HOST_KEX, RELAY_CIPHERS],
-            "incoming": sorted({e.rel for e, what in own if what == "send" and e.kind == "file" and e.data is None})}
+            "incoming": sorted({e.rel for e, what in own if what == "send" and e.kind == "file" and e.data is None
+                                and e.rel in wanted})}
+
 
 
 def _relay_timeout(command_timeout: float, own, todos) -> float:

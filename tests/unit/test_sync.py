@@ -217,17 +217,21 @@ def _ssh_host(name: str, **kw) -> Host:
     return Host(name=name, address=f"{name}.example", user="train", connection="ssh", **kw)
 
 
-def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False, open_files=None):
+def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=False, open_files=None,
+           same=False):
     """cmd_relay run here (the launch host's workdir `launch`) for `targets` {name: argv prefix},
     each into its own directory. The launch host is brought up to date first, or (`through`) gets
-    its own stream in the same request, passed on as it arrives; `open_files`: the relay's limit
-    of open files (ulimit -n). (answer, request, workdirs)."""
+    its own stream in the same request, passed on as it arrives; `same`: every target lacks just
+    what the launch host lacks (its own stream, a rank table too), so it gets that stream as it
+    came ("raw"); `open_files`: the relay's limit of open files (ulimit -n). (answer, request, workdirs)."""
     src = tree(tmp_path / "src", src_files)
     os.symlink("a.py", src / "pkg" / "l.py")
     entries = sync.manifest(src, ("pkg",), "c.yaml")
     lw = tmp_path / "launch"
     own = [(e, "send") for e in entries] if through else []
-    if not through:
+    if same:
+        own = [(e, "send") for e in entries + sync.rendered({"rank_table.json": b'{"n": 2}'})]
+    elif not through:
         sync.sync_host(Counting(), str(lw), entries)
     if corrupt:
         p = lw / corrupt
@@ -237,8 +241,9 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=
     todos = {}
     for n in targets:
         items = entries + sync.rendered({"rank_table.json": b'{"n": 2}', f"only-{n}": n.encode()})
-        todos[n] = (_ssh_host(n), [(e, "send") for e in items])
+        todos[n] = (_ssh_host(n), list(own) if same else [(e, "send") for e in items])
     req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own)
+    assert [t["raw"] for t in req["targets"]] == [same] * len(targets)
     dirs = {}
     for t in req["targets"]:
         dirs[t["name"]] = tmp_path / f"w-{t['name']}"
@@ -274,6 +279,33 @@ def test_relay_request_names_each_entry_once_and_reaches_hosts_as_mpirun_does():
                                             "ControlPath=/tmp/orch-ssh-1000/ab12cd34-%C", "10.0.0.3"]
 
 
+def test_a_host_that_lacks_just_what_the_launch_host_lacks_gets_its_stream_as_it_came(monkeypatch):
+    """raw: the todo is the launch host's own, item for item; the request then lists nothing for
+    it, and the files only it wants are not followed one by one (incoming). Not raw: a todo that
+    differs in one item, or a stream over RAW_MOST."""
+    a, b, c = _ssh_host("a"), _ssh_host("b"), _ssh_host("c")
+    x = sync.Entry("x.py", "file", 0o644, 3, 5, sha256="ab" * 32)
+    y = sync.Entry("y.py", "file", 0o644, 4, 6, sha256="cd" * 32)
+    own = [(x, "send"), (y, "send")]
+    req = sync.relay_request(a, "/w", {"b": (b, list(own)), "c": (c, [(x, "send"), (y, "chmod")])},
+                             connect_timeout=3, timeout=9, own=own)
+    tb, tc = req["targets"]
+    assert tb["raw"] and tb["items"] == [] and not tc["raw"] and tc["items"] == [[0, "send"], [1, "chmod"]]
+    assert [e[0] for e in req["entries"]] == ["x.py", "y.py"] and req["incoming"] == ["x.py", "y.py"]
+    only = sync.relay_request(a, "/w", {"b": (b, list(own)), "c": (c, [(x, "send")])},
+                              connect_timeout=3, timeout=9, own=own)
+    assert only["incoming"] == ["x.py"] and [e[0] for e in only["entries"]] == ["x.py"]
+    assert not sync.relay_request(a, "/w", {"b": (b, own[::-1])}, connect_timeout=3, timeout=9,
+                                  own=own)["targets"][0]["raw"]
+    assert not sync.relay_request(a, "/w", {"b": (b, [])}, connect_timeout=3, timeout=9)["targets"][0]["raw"]
+    monkeypatch.setattr(sync, "RAW_MOST", 6)
+    assert not sync.relay_request(a, "/w", {"b": (b, list(own))}, connect_timeout=3, timeout=9,
+                                  own=own)["targets"][0]["raw"]
+    monkeypatch.setattr(sync, "RAW_MOST", 7)
+    assert sync.relay_request(a, "/w", {"b": (b, list(own))}, connect_timeout=3, timeout=9,
+                              own=own)["targets"][0]["raw"]
+
+
 def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
     a, b = _ssh_host("a"), _ssh_host("b")
     here = Host(name="l", address="localhost", user="u", connection="local")
@@ -282,29 +314,36 @@ def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
     assert sync.relayed([here, a, b], here, "launch-host") == []
 
 
-@pytest.mark.parametrize("through", [False, True], ids=["from-its-copy", "as-it-arrives"])
-def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, through):
+WAYS = {"from-its-copy": {}, "as-it-arrives": {"through": True}, "its-own-stream": {"same": True}}
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, way):
     files = {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": os.urandom(1_500_000).hex()}  # every block differs
-    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, through=through)
-    assert answer["written"] == (5 if through else 0) and answer["bad"] == {}
+    os.chmod(tree(tmp_path / "src", {"pkg/run.sh": "#!/bin/sh\n"}) / "pkg" / "run.sh", 0o750)
+    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, **WAYS[way])
+    assert answer["written"] == {"from-its-copy": 0, "as-it-arrives": 6, "its-own-stream": 7}[way]
+    assert answer["bad"] == {}
     assert set(answer["targets"]) == {"h1", "h2"} and all(r["rc"] == 0 for r in answer["targets"].values())
     for n, w in dirs.items():
         for rel, text in files.items():
             assert (w / rel).read_text() == text
             assert (w / rel).stat().st_mtime_ns == (tmp_path / "src" / rel).stat().st_mtime_ns
+        assert stat.S_IMODE((w / "pkg" / "run.sh").stat().st_mode) == 0o750
         assert os.readlink(w / "pkg" / "l.py") == "a.py"
-        assert (w / "rank_table.json").read_bytes() == b'{"n": 2}' and (w / f"only-{n}").read_text() == n
+        assert (w / "rank_table.json").read_bytes() == b'{"n": 2}'
+        assert (w / f"only-{n}").exists() != (way == "its-own-stream")
         assert not list(w.rglob(".orch-sync-partial.*"))
     assert (tmp_path / "launch" / "pkg" / "sub" / "b.bin").read_text() == files["pkg/sub/b.bin"]
     assert sync.relay_errors(_ssh_host("h0"), {n: (_ssh_host(n), []) for n in dirs}, answer, "/w", 60) == {}
 
 
-@pytest.mark.parametrize("through", [False, True], ids=["from-its-copy", "as-it-arrives"])
-def test_the_relay_passes_on_more_files_than_it_may_hold_open(tmp_path, through):
+@pytest.mark.parametrize("way", WAYS)
+def test_the_relay_passes_on_more_files_than_it_may_hold_open(tmp_path, way):
     """A launch host whose limit of open files (ulimit -n: 1024 is common) is below the number of
     files it passes on: each is held open only while it arrives and is passed on."""
     files = {f"pkg/m{i}.py": f"m{i}\n" * 50 for i in range(300)}
-    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, through=through,
+    answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, **WAYS[way],
                              open_files=64)
     assert answer["bad"] == {} and all(r["rc"] == 0 for r in answer["targets"].values()), answer
     for w in dirs.values():
@@ -340,11 +379,34 @@ def test_damage_on_the_way_and_a_failing_hop_name_the_hop(tmp_path):
     assert (dirs["good"] / "pkg" / "a.py").read_text() == "q" * 5000
 
 
-def test_a_stuck_host_is_stopped_at_the_relays_deadline(tmp_path):
-    answer, _, dirs = _relay(tmp_path, {"pkg/a.py": "a"}, {"stuck": ["sh", "-c", "sleep 600 # $0"]}, timeout=0.5)
+@pytest.mark.parametrize("way", WAYS)
+def test_a_stuck_host_is_stopped_at_the_relays_deadline(tmp_path, way):
+    # the stream more than a pipe holds: the relay's write to a host that reads nothing blocks
+    answer, _, dirs = _relay(tmp_path, {"pkg/a.py": "a" * 300_000}, {"stuck": ["sh", "-c", "sleep 600 # $0"]},
+                             timeout=0.5, **WAYS[way])
     assert answer["targets"]["stuck"]["expired"]
     errs = sync.relay_errors(_ssh_host("h0"), {"stuck": (_ssh_host("stuck"), [])}, answer, "/w", 0.5)
     assert "not done within 0.5s (stopped)" in str(errs["stuck"])
+
+
+def test_a_launch_host_that_cannot_keep_its_own_stream_stops_passing_it_on_at_once(tmp_path):
+    """The launch host's own copy fails there (a file where a directory goes), its stream whole:
+    the hosts that get that stream as it came ("raw") are cut off at once, not at the relay's
+    deadline (300 s here; the run is given 60), and keep nothing of what followed."""
+    src = tree(tmp_path / "src", {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": "b" * 400_000})
+    own = [(e, "send") for e in sync.manifest(src, ("pkg",), "c.yaml")]
+    (tmp_path / "launch" / "pkg").mkdir(parents=True)
+    (tmp_path / "launch" / "pkg" / "sub").write_text("in the way")
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), {"h1": (_ssh_host("h1"), list(own))},
+                             connect_timeout=3, timeout=300, own=own)
+    assert req["targets"][0]["raw"]
+    req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
+    req["ssh_options"] = []
+    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")), timeout=60,
+                         stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
+    assert res.exit_code == 43 and "not a directory orch made" in res.err, (res.exit_code, res.err)
+    assert not (tmp_path / "w-h1" / "pkg" / "sub").exists()
+    assert not list((tmp_path / "w-h1").rglob(".orch-sync-partial.*"))
 
 
 def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path):
