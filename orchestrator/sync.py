@@ -41,6 +41,7 @@ import posixpath
 import shlex
 import stat
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -403,8 +404,11 @@ def recv(inp, tee=None):
     tmp = None
     rel = "(header)"
     modes = []
+    frame = getattr(inp, "frame", None)  # a Spool's
     try:
         while True:
+            if frame:
+                frame()
             h = json.loads(readline(inp, rel))
             kind, rel = h.get("kind"), h.get("rel")
             if kind == "end":
@@ -570,15 +574,23 @@ def spool_file():
 
 class Spool:
     # This host's own stream, kept as recv reads it (through this) in a spool_file, for the targets
-    # that lack just what this host lacks: each is sent these same bytes (the frames, the controller's
-    # sha256 trailers) from where it has got to, by the kernel (sendfile), a stretch at a time: no
+    # that lack just what its first CUT frames carry (the controller puts what only this host lacks
+    # after them): each is sent these same bytes (the frames, the controller's sha256 trailers) from
+    # where it has got to, by the kernel (sendfile), a stretch at a time, then an end frame: no
     # Python a file, no waking a thread a file
     STEP = 1 << 18
 
-    def __init__(self, inp):
+    def __init__(self, inp, cut):
         import threading
         self.inp, self.cv, self.buf, self.fd = inp, threading.Condition(), bytearray(), spool_file()
         self.size, self.ended = 0, None  # bytes in the file; ended: True once it is whole, False: it failed
+        self.frames, self.cut_at, self.cut = 0, cut, None  # frames begun; the offset of frame CUT's start
+
+    def frame(self):
+        # recv begins a frame
+        if self.frames == self.cut_at:
+            self.cut = self.size + len(self.buf)
+        self.frames += 1
 
     def keep(self, data):
         self.buf += data
@@ -606,19 +618,21 @@ class Spool:
             self.ended = ok
             self.cv.notify_all()
 
-    def follow(self, out, deadline):
+    def follow(self, out, end, deadline):
         import time
         out.flush()
         w, off = out.fileno(), 0
         while True:
             with self.cv:
-                while self.ended is None and self.size <= off:
+                while self.ended is None and self.size <= off and (self.cut is None or off < self.cut):
                     if time.monotonic() > deadline:
                         raise OSError(errno.ETIMEDOUT, "this host's own stream did not arrive in time")
                     self.cv.wait(1)
                 if self.ended is False:
                     raise OSError(errno.EIO, "this host's own copy failed")
-                n, whole = self.size, self.ended
+                if self.ended and self.cut is None:
+                    raise OSError(errno.EIO, "this host's own stream had fewer frames than the controller said")
+                n = self.size if self.cut is None else min(self.size, self.cut)
             while off < n:
                 try:
                     sent = os.sendfile(w, self.fd, off, n - off)
@@ -629,7 +643,8 @@ class Spool:
                 if not sent:
                     raise OSError(errno.EIO, "the spool of this host's own stream ended early")
                 off += sent
-            if whole:
+            if self.cut is not None and off >= self.cut:
+                writeall(w, end)
                 return
 
     def close(self):
@@ -642,8 +657,9 @@ def cmd_relay():
     # [rel, kind, mode, size, mtime, sha256 | link target, blob key or None], "blobs" (rendered
     # files, base64), "targets" [{name, argv (ssh to it), workdir, items [[entry index, what]]}], "code"
     # (this script), "py", "timeout" (seconds for all), "fanout", "ssh_options", "incoming" (the
-    # files in this host's own stream that targets want file by file); a target with "raw" lacks
-    # just what this host lacks: it gets this host's own stream as it came (Spool). Each target runs
+    # files in this host's own stream that targets want file by file); "raw": a target with "raw"
+    # lacks just what the first "raw" frames of this host's own stream carry: it gets them as they
+    # came (Spool). Each target runs
     # `recv` and checks every file against the controller's sha256 (each file's trailer).
     import base64, shlex, subprocess, threading, time
     inp = sys.stdin.buffer
@@ -652,7 +668,7 @@ def cmd_relay():
     blobs = {k: base64.b64decode(v) for k, v in req["blobs"].items()}
     deadline = time.monotonic() + req["timeout"]
     tee = Tee(set(req["incoming"]))  # what arrives on stdin for this host (recv) while it is passed on
-    spool = Spool(inp) if any(t.get("raw") for t in targets) else None
+    spool = Spool(inp, req["raw"]) if any(t.get("raw") for t in targets) else None
 
     # the first hop's check: this host's copy of every file it passes on (and does not receive
     # now: recv checks those) has the controller's sha256
@@ -753,7 +769,7 @@ def cmd_relay():
                 r.start()
             try:
                 if t.get("raw"):
-                    spool.follow(p.stdin, deadline)
+                    spool.follow(p.stdin, hdr(kind="end"), deadline)
                 else:
                     for i, what in t["items"]:
                         frames(p.stdin, ents[i], what)
@@ -1118,27 +1134,43 @@ def relayed(hosts: Sequence[Host], launch: Host, via: str) -> list[Host]:
     return [h for h in hosts if h.name != launch.name and h.connection == "ssh"]
 
 
+def raw_order(own: Sequence[tuple[Entry, str]], todos: Mapping[str, tuple[Host, Sequence[tuple[Entry, str]]]]
+              ) -> tuple[list[tuple[Entry, str]], int]:
+    """The launch host's own stream ordered for the hosts that get it as it came (pure): (its
+    items, what most hosts lack first, then what only it lacks; how many items those hosts get:
+    0 for none). Those hosts: the most of them that lack the same items, all of which the launch
+    host lacks too (a first sync, an edit; what only it lacks: the hostfile), up to RAW_MOST bytes."""
+    own = list(own)
+    count = Counter(tuple(todo) for _, todo in todos.values() if todo)
+    for todo, _ in count.most_common(1):
+        lacked = set(todo)
+        rest = [x for x in own if x not in lacked]
+        if len(rest) == len(own) - len(todo) and _sent(todo) <= RAW_MOST:
+            return list(todo) + rest, len(todo)
+    return own, 0
+
+
 def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, list[tuple[Entry, str]]]], *,
-                  connect_timeout: float, timeout: float, own: Sequence[tuple[Entry, str]] = (),
+                  connect_timeout: float, timeout: float, own: Sequence[tuple[Entry, str]] = (), raw: int = 0,
                   fanout: int = RELAY_FANOUT, share: str | None = None) -> dict:
     """The launch host's relay request (cmd_relay), pure: every entry once, rendered files once
     per content, each target with its ssh command (as mpirun reaches it: logins.ssh_args) and
     what it lacks; `own`: the launch host's own stream, which follows the request (the files in
     it are passed on as they arrive); `share`: the ControlPath of the launch host's open connections
-    to the others (its mesh test's: probes.mesh_shared), used where one is open. A host whose todo
-    is `own` exactly gets `own`'s stream as it came ("raw"; RAW_MOST)."""
+    to the others (its mesh test's: probes.mesh_shared), used where one is open. `raw`: a host whose
+    todo is `own`'s first `raw` items gets them as the launch host's stream carries them (raw_order)."""
     index: dict[tuple, int] = {}
     entries: list[list] = []
     blobs: dict[str, str] = {}
     targets = []
-    own = list(own)
-    raw_fits = bool(own) and _sent(own) <= RAW_MOST
+    shared = list(own[:raw]) if raw else None
     wanted: set[str] = set()  # what the hosts passed on to file by file want
     for name, (host, todo) in todos.items():
         items = []
-        raw = raw_fits and list(todo) == own
-        for e, what in () if raw else todo:
-            wanted.add(e.rel)
+        is_raw = list(todo) == shared
+        for e, what in () if is_raw else todo:
+            if what == "send":
+                wanted.add(e.rel)
             blob = None
             if e.data is not None:  # a rendered file: its content goes in the request, once
                 blob = e.sha256 or hashlib.sha256(e.data).hexdigest()
@@ -1152,9 +1184,9 @@ def relay_request(launch: Host, workdir: str, todos: Mapping[str, tuple[Host, li
             items.append([index[key], what])
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
                 *(["-o", f"ControlPath={share}"] if share else []), *ssh_args(launch, host), host.cluster_address]
-        targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items, "raw": raw})
+        targets.append({"name": name, "argv": argv, "workdir": workdir, "items": items, "raw": is_raw})
     return {"entries": entries, "blobs": blobs, "targets": targets, "code": RECEIVER, "py": list(PY),
-            "timeout": timeout, "fanout": fanout, "ssh_options": [HOST_KEX, RELAY_CIPHERS],
+            "timeout": timeout, "fanout": fanout, "ssh_options": [HOST_KEX, RELAY_CIPHERS], "raw": raw,
             "incoming": sorted({e.rel for e, what in own if what == "send" and e.kind == "file" and e.data is None
                                 and e.rel in wanted})}
 
@@ -1194,8 +1226,9 @@ def _relay(t: Transport, workdir: str, own: list[tuple[Entry, str]], todos, ssh:
            share: str | None = None) -> dict:
     """One request to the launch host: its own stream (`own`), and what it passes on (`todos`)."""
     timeout = _relay_timeout(ssh.command_timeout, own, todos)
+    own, raw = raw_order(own, todos)
     req = relay_request(t.host, workdir, todos, connect_timeout=ssh.connect_timeout, timeout=timeout, own=own,
-                        share=share)
+                        raw=raw, share=share)
     res = t.run(_receiver_argv("relay", workdir), stdin=_Frames(own, json.dumps(req).encode() + b"\n"),
                 timeout=timeout + ssh.command_timeout)
     if not res.ok:

@@ -229,8 +229,9 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=
     entries = sync.manifest(src, ("pkg",), "c.yaml")
     lw = tmp_path / "launch"
     own = [(e, "send") for e in entries] if through else []
-    if same:
-        own = [(e, "send") for e in entries + sync.rendered({"rank_table.json": b'{"n": 2}'})]
+    if same:  # and a hostfile only the launch host lacks, which the controller sends last
+        own = [(e, "send") for e in sync.rendered({"hostfile": b"h0 slots=1\n"}) + entries +
+               sync.rendered({"rank_table.json": b'{"n": 2}'})]
     elif not through:
         sync.sync_host(Counting(), str(lw), entries)
     if corrupt:
@@ -241,8 +242,9 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=
     todos = {}
     for n in targets:
         items = entries + sync.rendered({"rank_table.json": b'{"n": 2}', f"only-{n}": n.encode()})
-        todos[n] = (_ssh_host(n), list(own) if same else [(e, "send") for e in items])
-    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own)
+        todos[n] = (_ssh_host(n), list(own[1:]) if same else [(e, "send") for e in items])
+    own, raw = sync.raw_order(own, todos)
+    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own, raw=raw)
     assert [t["raw"] for t in req["targets"]] == [same] * len(targets)
     dirs = {}
     for t in req["targets"]:
@@ -279,31 +281,34 @@ def test_relay_request_names_each_entry_once_and_reaches_hosts_as_mpirun_does():
                                             "ControlPath=/tmp/orch-ssh-1000/ab12cd34-%C", "10.0.0.3"]
 
 
-def test_a_host_that_lacks_just_what_the_launch_host_lacks_gets_its_stream_as_it_came(monkeypatch):
-    """raw: the todo is the launch host's own, item for item; the request then lists nothing for
-    it, and the files only it wants are not followed one by one (incoming). Not raw: a todo that
-    differs in one item, or a stream over RAW_MOST."""
-    a, b, c = _ssh_host("a"), _ssh_host("b"), _ssh_host("c")
+def test_hosts_that_lack_what_the_launch_host_lacks_get_its_stream_as_it_came(monkeypatch):
+    """raw_order: what most hosts lack, when the launch host lacks it all too, comes first in the
+    launch host's stream, what only it lacks after; those hosts get that part as it came (raw):
+    the request lists nothing for them, and files only they want are not followed one by one
+    (incoming). Not raw: a host that lacks anything else, or more than RAW_MOST bytes."""
+    a, b, c, d = _ssh_host("a"), _ssh_host("b"), _ssh_host("c"), _ssh_host("d")
+    hostfile = sync.rendered({"hostfile": b"a slots=1\n"})[0]
     x = sync.Entry("x.py", "file", 0o644, 3, 5, sha256="ab" * 32)
     y = sync.Entry("y.py", "file", 0o644, 4, 6, sha256="cd" * 32)
-    own = [(x, "send"), (y, "send")]
-    req = sync.relay_request(a, "/w", {"b": (b, list(own)), "c": (c, [(x, "send"), (y, "chmod")])},
-                             connect_timeout=3, timeout=9, own=own)
-    tb, tc = req["targets"]
-    assert tb["raw"] and tb["items"] == [] and not tc["raw"] and tc["items"] == [[0, "send"], [1, "chmod"]]
-    assert [e[0] for e in req["entries"]] == ["x.py", "y.py"] and req["incoming"] == ["x.py", "y.py"]
-    only = sync.relay_request(a, "/w", {"b": (b, list(own)), "c": (c, [(x, "send")])},
-                              connect_timeout=3, timeout=9, own=own)
-    assert only["incoming"] == ["x.py"] and [e[0] for e in only["entries"]] == ["x.py"]
-    assert not sync.relay_request(a, "/w", {"b": (b, own[::-1])}, connect_timeout=3, timeout=9,
-                                  own=own)["targets"][0]["raw"]
-    assert not sync.relay_request(a, "/w", {"b": (b, [])}, connect_timeout=3, timeout=9)["targets"][0]["raw"]
+    own = [(hostfile, "send"), (x, "send"), (y, "send")]
+    todos = {"b": (b, [(x, "send"), (y, "send")]), "c": (c, [(x, "send"), (y, "chmod")]),
+             "d": (d, [(x, "send"), (y, "send")])}
+    ordered, raw = sync.raw_order(own, todos)
+    assert ordered == [(x, "send"), (y, "send"), (hostfile, "send")] and raw == 2
+    req = sync.relay_request(a, "/w", todos, connect_timeout=3, timeout=9, own=ordered, raw=raw)
+    tb, tc, td = req["targets"]
+    assert tb["raw"] and td["raw"] and tb["items"] == td["items"] == [] and req["raw"] == 2
+    assert not tc["raw"] and tc["items"] == [[0, "send"], [1, "chmod"]]
+    assert [e[0] for e in req["entries"]] == ["x.py", "y.py"] and req["incoming"] == ["x.py"]
+    # y is sent to c as a chmod only: the launch host's copy of y is not followed for it
+    assert sync.raw_order(own, {"b": (b, [(x, "send"), (y, "send")]), "c": (c, [(x, "chmod")])}) == (ordered, 2)
+    assert sync.raw_order(own, {"b": (b, [(x, "chmod")])}) == (own, 0)   # the launch host lacks no chmod of x
+    assert sync.raw_order([], {"b": (b, [(x, "send")])}) == ([], 0)
+    assert sync.raw_order(own, {"b": (b, [])}) == (own, 0)
     monkeypatch.setattr(sync, "RAW_MOST", 6)
-    assert not sync.relay_request(a, "/w", {"b": (b, list(own))}, connect_timeout=3, timeout=9,
-                                  own=own)["targets"][0]["raw"]
+    assert sync.raw_order(own, todos) == (own, 0)
     monkeypatch.setattr(sync, "RAW_MOST", 7)
-    assert sync.relay_request(a, "/w", {"b": (b, list(own))}, connect_timeout=3, timeout=9,
-                              own=own)["targets"][0]["raw"]
+    assert sync.raw_order(own, todos)[1] == 2
 
 
 def test_relayed_only_through_an_ssh_launch_host_to_ssh_hosts():
@@ -322,7 +327,8 @@ def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, way):
     files = {"pkg/a.py": "a" * 5000, "pkg/sub/b.bin": os.urandom(1_500_000).hex()}  # every block differs
     os.chmod(tree(tmp_path / "src", {"pkg/run.sh": "#!/bin/sh\n"}) / "pkg" / "run.sh", 0o750)
     answer, _, dirs = _relay(tmp_path, files, {"h1": ["sh", "-c"], "h2": ["sh", "-c"]}, **WAYS[way])
-    assert answer["written"] == {"from-its-copy": 0, "as-it-arrives": 6, "its-own-stream": 7}[way]
+    assert answer["written"] == {"from-its-copy": 0, "as-it-arrives": 6, "its-own-stream": 8}[way]
+    assert (tmp_path / "launch" / "hostfile").exists() == (way == "its-own-stream")
     assert answer["bad"] == {}
     assert set(answer["targets"]) == {"h1", "h2"} and all(r["rc"] == 0 for r in answer["targets"].values())
     for n, w in dirs.items():
@@ -332,7 +338,7 @@ def test_the_relay_passes_the_tree_on_identical_and_checked(tmp_path, way):
         assert stat.S_IMODE((w / "pkg" / "run.sh").stat().st_mode) == 0o750
         assert os.readlink(w / "pkg" / "l.py") == "a.py"
         assert (w / "rank_table.json").read_bytes() == b'{"n": 2}'
-        assert (w / f"only-{n}").exists() != (way == "its-own-stream")
+        assert (w / f"only-{n}").exists() != (way == "its-own-stream") and not (w / "hostfile").exists()
         assert not list(w.rglob(".orch-sync-partial.*"))
     assert (tmp_path / "launch" / "pkg" / "sub" / "b.bin").read_text() == files["pkg/sub/b.bin"]
     assert sync.relay_errors(_ssh_host("h0"), {n: (_ssh_host(n), []) for n in dirs}, answer, "/w", 60) == {}
@@ -397,8 +403,10 @@ def test_a_launch_host_that_cannot_keep_its_own_stream_stops_passing_it_on_at_on
     own = [(e, "send") for e in sync.manifest(src, ("pkg",), "c.yaml")]
     (tmp_path / "launch" / "pkg").mkdir(parents=True)
     (tmp_path / "launch" / "pkg" / "sub").write_text("in the way")
-    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), {"h1": (_ssh_host("h1"), list(own))},
-                             connect_timeout=3, timeout=300, own=own)
+    todos = {"h1": (_ssh_host("h1"), list(own))}
+    own, raw = sync.raw_order(own, todos)
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), todos, connect_timeout=3, timeout=300,
+                             own=own, raw=raw)
     assert req["targets"][0]["raw"]
     req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
     req["ssh_options"] = []
@@ -409,14 +417,16 @@ def test_a_launch_host_that_cannot_keep_its_own_stream_stops_passing_it_on_at_on
     assert not list((tmp_path / "w-h1").rglob(".orch-sync-partial.*"))
 
 
-def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path):
+@pytest.mark.parametrize("raw", [False, True], ids=["file-by-file", "as-it-came"])
+def test_a_damaged_stream_to_the_launch_host_is_passed_on_to_nobody(tmp_path, raw):
     """The launch host's own stream damaged on the way (one byte of a file it passes on as it
     arrives): the launch host refuses it (exit 43), and no host keeps the file."""
     src = tree(tmp_path / "src", {"pkg/b.bin": "b" * 3_000_000})
     entries = sync.manifest(src, ("pkg",), "c.yaml")
     own = [(e, "send") for e in entries]
     req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), {"h1": (_ssh_host("h1"), own)},
-                             connect_timeout=3, timeout=60, own=own)
+                             connect_timeout=3, timeout=60, own=own, raw=len(own) if raw else 0)
+    assert req["targets"][0]["raw"] == raw
     req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
     req["ssh_options"] = []
     data = bytearray(sync._Frames(own, json.dumps(req).encode() + b"\n").read())
