@@ -577,7 +577,7 @@ class Spool:
     # that lack just what its first CUT frames carry (the controller puts what only this host lacks
     # after them): each is sent these same bytes (the frames, the controller's sha256 trailers) from
     # where it has got to, by the kernel (sendfile), a stretch at a time, then an end frame: no
-    # Python a file, no waking a thread a file
+    # Python a file, no waking a thread a file. Nothing past the cut is kept.
     STEP = 1 << 18
 
     def __init__(self, inp, cut):
@@ -589,13 +589,17 @@ class Spool:
     def frame(self):
         # recv begins a frame
         if self.frames == self.cut_at:
-            self.cut = self.size + len(self.buf)
+            self.flush()
+            with self.cv:
+                self.cut = self.size
+                self.cv.notify_all()
         self.frames += 1
 
     def keep(self, data):
-        self.buf += data
-        if len(self.buf) >= self.STEP:
-            self.flush()
+        if self.cut is None:
+            self.buf += data
+            if len(self.buf) >= self.STEP:
+                self.flush()
         return data
 
     def readline(self):
@@ -628,7 +632,7 @@ class Spool:
                     if time.monotonic() > deadline:
                         raise OSError(errno.ETIMEDOUT, "this host's own stream did not arrive in time")
                     self.cv.wait(1)
-                if self.ended is False:
+                if self.ended is False and (self.cut is None or self.size < self.cut):
                     raise OSError(errno.EIO, "this host's own copy failed")
                 if self.ended and self.cut is None:
                     raise OSError(errno.EIO, "this host's own stream had fewer frames than the controller said")
@@ -668,7 +672,6 @@ def cmd_relay():
     blobs = {k: base64.b64decode(v) for k, v in req["blobs"].items()}
     deadline = time.monotonic() + req["timeout"]
     tee = Tee(set(req["incoming"]))  # what arrives on stdin for this host (recv) while it is passed on
-    spool = Spool(inp, req["raw"]) if any(t.get("raw") for t in targets) else None
 
     # the first hop's check: this host's copy of every file it passes on (and does not receive
     # now: recv checks those) has the controller's sha256
@@ -790,6 +793,7 @@ def cmd_relay():
             out.update(rc=rc, out=got.get("out", b"").decode("utf-8", "replace")[-2000:],
                        err=(out["err"] + "\n" + got.get("err", b"").decode("utf-8", "replace")).strip()[-2000:])
 
+    spool = Spool(inp, req["raw"]) if not bad and any(t.get("raw") for t in targets) else None
     threads = [] if bad else [threading.Thread(target=send, args=(t,)) for t in targets]
     for th in threads:
         th.start()
@@ -809,7 +813,7 @@ def cmd_relay():
     tee.close()
     if spool:
         spool.close()
-    print(json.dumps({"written": written, "bad": bad, "targets": results}))
+    print(json.dumps({"written": written, "bad": bad, "targets": results, "spooled": spool.size if spool else 0}))
 
 start()
 {"list": cmd_list, "recv": cmd_recv, "relay": cmd_relay}[sys.argv[1]]()
@@ -1141,12 +1145,12 @@ def raw_order(own: Sequence[tuple[Entry, str]], todos: Mapping[str, tuple[Host, 
     0 for none). Those hosts: the most of them that lack the same items, all of which the launch
     host lacks too (a first sync, an edit; what only it lacks: the hostfile), up to RAW_MOST bytes."""
     own = list(own)
+    mine = set(own)
     count = Counter(tuple(todo) for _, todo in todos.values() if todo)
-    for todo, _ in count.most_common(1):
-        lacked = set(todo)
-        rest = [x for x in own if x not in lacked]
-        if len(rest) == len(own) - len(todo) and _sent(todo) <= RAW_MOST:
-            return list(todo) + rest, len(todo)
+    for todo, _ in count.most_common():
+        if mine.issuperset(todo) and _sent(todo) <= RAW_MOST:
+            lacked = set(todo)
+            return list(todo) + [x for x in own if x not in lacked], len(todo)
     return own, 0
 
 

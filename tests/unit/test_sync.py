@@ -303,6 +303,9 @@ def test_hosts_that_lack_what_the_launch_host_lacks_get_its_stream_as_it_came(mo
     # y is sent to c as a chmod only: the launch host's copy of y is not followed for it
     assert sync.raw_order(own, {"b": (b, [(x, "send"), (y, "send")]), "c": (c, [(x, "chmod")])}) == (ordered, 2)
     assert sync.raw_order(own, {"b": (b, [(x, "chmod")])}) == (own, 0)   # the launch host lacks no chmod of x
+    # the most hosts' todo that the launch host lacks all of: not the commonest when it lacks less
+    assert sync.raw_order(own, {"b": (b, [(x, "chmod")]), "c": (c, [(x, "chmod")]),
+                                "d": (d, [(y, "send")])}) == ([(y, "send"), (hostfile, "send"), (x, "send")], 1)
     assert sync.raw_order([], {"b": (b, [(x, "send")])}) == ([], 0)
     assert sync.raw_order(own, {"b": (b, [])}) == (own, 0)
     monkeypatch.setattr(sync, "RAW_MOST", 6)
@@ -355,6 +358,51 @@ def test_the_relay_passes_on_more_files_than_it_may_hold_open(tmp_path, way):
     for w in dirs.values():
         assert {p.name: p.read_text() for p in (w / "pkg").glob("m*.py")} == \
             {rel.split("/")[1]: text for rel, text in files.items()}
+
+
+def _relay_run(tmp_path, own, todos, argvs, timeout=60.0):
+    """cmd_relay run here with the launch host's `own` stream (ordered by raw_order, as _relay
+    does) and `todos`, each target into w-NAME by its argv prefix `argvs[NAME]`: (answer, request)."""
+    own, raw = sync.raw_order(own, todos)
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), todos, connect_timeout=3, timeout=timeout,
+                             own=own, raw=raw)
+    for t in req["targets"]:
+        t.update(argv=argvs[t["name"]], workdir=str(tmp_path / f"w-{t['name']}"))
+    req["ssh_options"] = []
+    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")),
+                         stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
+    assert res.ok, res.err
+    return json.loads(res.out), req
+
+
+def test_hosts_that_get_the_stream_as_it_came_and_hosts_that_get_it_file_by_file_in_one_relay(tmp_path):
+    """One host lacks what the launch host lacks but its big file, another that and a file of its
+    own, a third dies early: each gets what it lacks (the first two), the third's end is told,
+    and the launch host keeps (spools) only the part of its stream the first one gets."""
+    tree(tmp_path / "src", {"pkg/a.py": "a" * 5000, "pkg/b.py": "b" * 7000})
+    (tmp_path / "src" / "big.bin").write_bytes(os.urandom(600_000))
+    entries = sync.manifest(tmp_path / "src", ("pkg", "big.bin"), "c.yaml")
+    big = [e for e in entries if e.rel == "big.bin"]
+    lack = [(e, "send") for e in entries if e.rel != "big.bin"]
+    own = [(e, "send") for e in entries]
+    todos = {"raw": (_ssh_host("raw"), lack), "dies": (_ssh_host("dies"), list(lack)),
+             "odd": (_ssh_host("odd"), lack + [(e, "send") for e in sync.rendered({"only-odd": b"odd"})])}
+    answer, req = _relay_run(tmp_path, own, todos, {
+        "raw": ["sh", "-c"], "odd": ["sh", "-c"],
+        "dies": ["sh", "-c", "head -c 100 >/dev/null; echo gone >&2; exit 3 # $0"]})
+    assert [t["raw"] for t in req["targets"]] == [True, True, False] and big
+    got = answer["targets"]
+    assert got["raw"]["rc"] == 0 and got["odd"]["rc"] == 0 and got["dies"]["rc"] == 3, got
+    for n in ("raw", "odd"):
+        w = tmp_path / f"w-{n}"
+        assert (w / "pkg" / "a.py").read_text() == "a" * 5000 and (w / "pkg" / "b.py").read_text() == "b" * 7000
+        assert not (w / "big.bin").exists() and (w / "only-odd").exists() == (n == "odd")
+    assert (tmp_path / "launch" / "big.bin").read_bytes() == (tmp_path / "src" / "big.bin").read_bytes()
+    errs = sync.relay_errors(_ssh_host("h0"), todos, answer, "/w", 60)
+    assert set(errs) == {"dies"} and "gone" in str(errs["dies"])
+    # the spool: the frames of what the raw hosts lack, not the big file after them
+    kept = len(sync._Frames(lack).read()) - len(sync._header(kind="end"))
+    assert answer["spooled"] == kept < 600_000
 
 
 def test_the_launch_hosts_copy_is_checked_before_it_is_passed_on(tmp_path):
