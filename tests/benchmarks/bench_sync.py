@@ -1,7 +1,7 @@
 """Code sync inside `orch up`, against parallel `rsync -a` plus a hand-run `ssh head mpirun`.
 
     python tests/benchmarks/bench_sync.py [--hosts 8] [--files 3000] [--repeat 3] [--keep] [--sync-via controller]
-                                          [--before SRC] [--settle 61]
+                                          [--before SRC]
 
 Needs root (the lab) and rsync (apt-get install rsync). A project of --files small Python
 files (about 11 KB each, in 30 directories) plus a 20 MB binary, a `.git` of 200 files and a
@@ -22,10 +22,8 @@ created within a minute of ~24,000 deletions (minutes, while their inode table b
 costs the kernel a scan past every recently deleted inode of its group (find_inode_bit ->
 recently_deleted: 28-37% of all the machine's CPU in a first sync that followed an `rm -rf` of
 the last one, for orch and rsync alike, by `perf record -a -g`), which made the first-sync ratio
-the kernel's, varying by seconds from run to run. An inode counts as recently deleted for 60 s once
-its inode table block is written back, 300 s while it is dirty: so before its first run the
-benchmark writes the disks back (sync) and waits --settle seconds (61), which removals before it
-(the last run's, or leftovers removed at the start) then no longer cost its first repetitions. Disk:
+the kernel's, varying by seconds from run to run. A run started within minutes of a removal (the
+last run's, or leftovers removed at the start) still pays it in its first repetitions. Disk:
 ~53 MB a host for each first sync (3 tools x --repeat x --hosts: ~3.8 GB at the defaults; 4 with --before).
 """
 
@@ -36,7 +34,6 @@ import os
 import shlex
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,8 +84,6 @@ def main(argv=None) -> None:
                     help="job.sync_via (default: orch's, launch-host for mpirun)")
     ap.add_argument("--before", default=None, metavar="SRC",
                     help="also `orch up -q --skip-checks` of the orch package in SRC (a checkout)")
-    ap.add_argument("--settle", type=float, default=61.0,
-                    help="seconds to wait, once the disks are written back, before the first run (see above)")
     a = ap.parse_args(argv)
     lab = lab_up("pbsync", a.hosts)
     hosts = lab_hosts([lab], a.hosts)
@@ -97,9 +92,7 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp:
             work = Path(tmp)
             proj = project(work, a.files)
-            clean(hosts)  # a run before this one's
-            os.sync()  # removals no longer count against the first runs once written back and a minute old
-            time.sleep(a.settle)
+            clean(hosts)  # a run before this one's (removing it may slow the first runs, see above)
             # each orch's `orch up` options, the name of its workdirs and its source (None: this tree)
             orchs = {"orch --skip-checks": (["--skip-checks"], "orch-skip", None),
                      "orch (with preflight)": ([], "orch-checked", None),
