@@ -1132,10 +1132,11 @@ def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str,
 # --------------------------------------------------------------------------- through the launch host
 
 RELAY_FANOUT = 16  # streams the launch host sends at once
-# A host that lacks just what the launch host lacks gets the launch host's own stream as it came
-# (cmd_relay's Spool: the kernel copies it, no Python a file), which the launch host keeps, unlinked,
-# in its workdir while it passes it on: up to this many bytes; a larger stream is passed on file by
-# file, from the files themselves (where a file's own cost is small beside its bytes anyway)
+# The hosts that lack what most hosts lack, all of which the launch host lacks too, get that part
+# of the launch host's own stream as it came (raw_order; cmd_relay's Spool: the kernel copies it,
+# no Python a file), which the launch host keeps, unlinked, in its workdir while it passes it on:
+# up to this many bytes; more is passed on file by file, from the files themselves (where a file's
+# own cost is small beside its bytes anyway)
 RAW_MOST = 256 << 20
 RELAY_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
