@@ -566,11 +566,11 @@ class SshTransport(Transport):
                     raise
                 time.sleep(min(pause, left))
                 pause = min(2 * pause, 0.2)
-                continue
-            with self._lock:
-                self._sessions.add(chan)
-                self._most = max(self._most, len(self._sessions))
-            return chan
+            else:
+                with self._lock:
+                    self._sessions.add(chan)
+                    self._most = max(self._most, len(self._sessions))
+                return chan
 
     def _close(self, chan: paramiko.Channel) -> None:
         chan.close()
