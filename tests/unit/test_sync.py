@@ -303,6 +303,9 @@ def test_hosts_that_lack_what_the_launch_host_lacks_get_its_stream_as_it_came(mo
     # y is sent to c as a chmod only: the launch host's copy of y is not followed for it
     assert sync.raw_order(own, {"b": (b, [(x, "send"), (y, "send")]), "c": (c, [(x, "chmod")])}) == (ordered, 2)
     assert sync.raw_order(own, {"b": (b, [(x, "chmod")])}) == (own, 0)   # the launch host lacks no chmod of x
+    # the most hosts' todo, not the first met
+    assert sync.raw_order(own, {"b": (b, [(y, "send")]), "c": (c, [(x, "send"), (y, "send")]),
+                                "d": (d, [(x, "send"), (y, "send")])}) == (ordered, 2)
     # the most hosts' todo that the launch host lacks all of: not the commonest when it lacks less
     assert sync.raw_order(own, {"b": (b, [(x, "chmod")]), "c": (c, [(x, "chmod")]),
                                 "d": (d, [(y, "send")])}) == ([(y, "send"), (hostfile, "send"), (x, "send")], 1)
