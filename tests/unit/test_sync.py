@@ -243,19 +243,27 @@ def _relay(tmp_path, src_files, targets, *, corrupt=None, timeout=60.0, through=
     for n in targets:
         items = entries + sync.rendered({"rank_table.json": b'{"n": 2}', f"only-{n}": n.encode()})
         todos[n] = (_ssh_host(n), list(own[1:]) if same else [(e, "send") for e in items])
-    own, raw = sync.raw_order(own, todos)
-    req = sync.relay_request(_ssh_host("h0"), str(lw), todos, connect_timeout=3, timeout=timeout, own=own, raw=raw)
+    res, req = _run_relay(tmp_path, own, todos, targets, timeout=timeout, open_files=open_files)
+    assert res.ok, res.err
     assert [t["raw"] for t in req["targets"]] == [same] * len(targets)
-    dirs = {}
+    return json.loads(res.out), req, {n: tmp_path / f"w-{n}" for n in targets}
+
+
+def _run_relay(tmp_path, own, todos, argvs, *, timeout=60.0, open_files=None, run_timeout=None):
+    """cmd_relay run here (the launch host's workdir `launch`) as `orch up` asks it (sync._relay:
+    `own` ordered by raw_order, then relay_request), each target into w-NAME by its argv prefix
+    `argvs[NAME]`; `open_files`: the relay's limit of open files (ulimit -n); `run_timeout`: the
+    run's own limit. (its Result, the request)."""
+    own, raw = sync.raw_order(own, todos)
+    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), todos, connect_timeout=3, timeout=timeout,
+                             own=own, raw=raw)
     for t in req["targets"]:
-        dirs[t["name"]] = tmp_path / f"w-{t['name']}"
-        t["argv"], t["workdir"], req["ssh_options"] = targets[t["name"]], str(dirs[t["name"]]), []
-    argv = sync._receiver_argv("relay", str(lw))
+        t.update(argv=argvs[t["name"]], workdir=str(tmp_path / f"w-{t['name']}"))
+    req["ssh_options"] = []
+    argv = sync._receiver_argv("relay", str(tmp_path / "launch"))
     if open_files:
         argv = ["sh", "-c", f'ulimit -n {open_files} && exec "$@"', "sh", *argv]
-    res = Counting().run(argv, stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
-    assert res.ok, res.err
-    return json.loads(res.out), req, dirs
+    return Counting().run(argv, stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"), timeout=run_timeout), req
 
 
 def test_relay_request_names_each_entry_once_and_reaches_hosts_as_mpirun_does():
@@ -363,21 +371,6 @@ def test_the_relay_passes_on_more_files_than_it_may_hold_open(tmp_path, way):
             {rel.split("/")[1]: text for rel, text in files.items()}
 
 
-def _relay_run(tmp_path, own, todos, argvs, timeout=60.0):
-    """cmd_relay run here with the launch host's `own` stream (ordered by raw_order, as _relay
-    does) and `todos`, each target into w-NAME by its argv prefix `argvs[NAME]`: (answer, request)."""
-    own, raw = sync.raw_order(own, todos)
-    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), todos, connect_timeout=3, timeout=timeout,
-                             own=own, raw=raw)
-    for t in req["targets"]:
-        t.update(argv=argvs[t["name"]], workdir=str(tmp_path / f"w-{t['name']}"))
-    req["ssh_options"] = []
-    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")),
-                         stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
-    assert res.ok, res.err
-    return json.loads(res.out), req
-
-
 def test_hosts_that_get_the_stream_as_it_came_and_hosts_that_get_it_file_by_file_in_one_relay(tmp_path):
     """One host lacks what the launch host lacks but its big file, another that and a file of its
     own, a third dies early: each gets what it lacks (the first two), the third's end is told,
@@ -390,9 +383,11 @@ def test_hosts_that_get_the_stream_as_it_came_and_hosts_that_get_it_file_by_file
     own = [(e, "send") for e in entries]
     todos = {"raw": (_ssh_host("raw"), lack), "dies": (_ssh_host("dies"), list(lack)),
              "odd": (_ssh_host("odd"), lack + [(e, "send") for e in sync.rendered({"only-odd": b"odd"})])}
-    answer, req = _relay_run(tmp_path, own, todos, {
+    res, req = _run_relay(tmp_path, own, todos, {
         "raw": ["sh", "-c"], "odd": ["sh", "-c"],
         "dies": ["sh", "-c", "head -c 100 >/dev/null; echo gone >&2; exit 3 # $0"]})
+    assert res.ok, res.err
+    answer = json.loads(res.out)
     assert [t["raw"] for t in req["targets"]] == [True, True, False] and big
     got = answer["targets"]
     assert got["raw"]["rc"] == 0 and got["odd"]["rc"] == 0 and got["dies"]["rc"] == 3, got
@@ -454,15 +449,9 @@ def test_a_launch_host_that_cannot_keep_its_own_stream_stops_passing_it_on_at_on
     own = [(e, "send") for e in sync.manifest(src, ("pkg",), "c.yaml")]
     (tmp_path / "launch" / "pkg").mkdir(parents=True)
     (tmp_path / "launch" / "pkg" / "sub").write_text("in the way")
-    todos = {"h1": (_ssh_host("h1"), list(own))}
-    own, raw = sync.raw_order(own, todos)
-    req = sync.relay_request(_ssh_host("h0"), str(tmp_path / "launch"), todos, connect_timeout=3, timeout=300,
-                             own=own, raw=raw)
+    res, req = _run_relay(tmp_path, own, {"h1": (_ssh_host("h1"), list(own))}, {"h1": ["sh", "-c"]},
+                          timeout=300, run_timeout=60)
     assert req["targets"][0]["raw"]
-    req["targets"][0].update(argv=["sh", "-c"], workdir=str(tmp_path / "w-h1"))
-    req["ssh_options"] = []
-    res = Counting().run(sync._receiver_argv("relay", str(tmp_path / "launch")), timeout=60,
-                         stdin=sync._Frames(own, json.dumps(req).encode() + b"\n"))
     assert res.exit_code == 43 and "not a directory orch made" in res.err, (res.exit_code, res.err)
     assert not (tmp_path / "w-h1" / "pkg" / "sub").exists()
     assert not list((tmp_path / "w-h1").rglob(".orch-sync-partial.*"))
