@@ -376,6 +376,10 @@ def readline(inp, rel):
         raise EOFError(rel)
     return line
 
+def tmp_name():
+    # a name below a directory for a file on its way (removed or renamed before the program ends)
+    return TMP + os.urandom(6).hex()
+
 def place(d, tmp, name, rel):
     # one rename, no stat of the name first (a syscall a file on every host): what is there is
     # replaced, a link itself, never what it points to; only a rename that failed looks at what
@@ -427,12 +431,12 @@ def recv(inp, tee=None):
                 os.utime(fd, ns=(h["mtime"], h["mtime"]))
                 os.close(fd)
             elif kind == "link":
-                tmp = (d, TMP + os.urandom(6).hex())
+                tmp = (d, tmp_name())
                 os.symlink(h["target"], tmp[1], dir_fd=d)
                 place(d, tmp[1], name, rel)
                 tmp = None
             elif kind == "file":
-                tmp = (d, TMP + os.urandom(6).hex())
+                tmp = (d, tmp_name())
                 fd = os.open(tmp[1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
                 left, sha = h["size"], hashlib.sha256()
                 if tee:
@@ -577,7 +581,7 @@ def spool_file():
     try:
         return os.open(".", os.O_RDWR | os.O_TMPFILE, 0o600, dir_fd=d)
     except (AttributeError, OSError):
-        name = TMP + os.urandom(6).hex()
+        name = tmp_name()
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
         os.unlink(name, dir_fd=d)
         return fd
