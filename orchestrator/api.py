@@ -285,11 +285,14 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
     # what is synced, read once: the probe lists it on the hosts (or prepare does, with
     # --skip-checks) and sync sends what they lack; unreadable: the check says why, else this
     try:
-        entries: list | None = sync.job_manifest(cluster)
+        entries, aside = sync.job_files(cluster)
     except SpecError:
         if skip_checks:
             raise
-        entries = None
+        entries, aside = None, []
+    said = sync.set_aside_message(aside)
+    if said:
+        events.warning(said)
     with Pool(cluster) as pool:
         report = None
         if not skip_checks:

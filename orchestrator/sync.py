@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .errors import HostError, Location, OrchError, RemoteTimeout, SpecError
 from .fanout import Outcome, Results
 from .hostlayout import PY
+from .launchers import launcher
 from .logins import HOST_KEX, ssh_args
 from .model import Cluster, Host, SshSettings
 from .transport import Transport
@@ -172,9 +173,41 @@ def manifest(base: Path, sync: tuple[str, ...], cluster_file: str, exclude: tupl
 
 
 def job_manifest(cluster: Cluster) -> list[Entry]:
-    """What `orch up` syncs of this cluster's job (job.sync less job.sync_exclude): made once per
-    `orch up`, for its probe's listing, the files check and the sync itself."""
-    return manifest(cluster.base_dir, cluster.job.sync, str(cluster.path), cluster.job.sync_exclude)
+    """What `orch up` syncs of this cluster's job (job.sync less job.sync_exclude, less what
+    set_aside leaves out): made once per `orch up`, for its probe's listing, the files check and
+    the sync itself."""
+    return job_files(cluster)[0]
+
+
+def job_files(cluster: Cluster) -> tuple[list[Entry], list[Entry]]:
+    """(job_manifest, the synced paths set_aside leaves out for this cluster's launcher)."""
+    return set_aside(manifest(cluster.base_dir, cluster.job.sync, str(cluster.path), cluster.job.sync_exclude),
+                     launcher(cluster).rendered_names(cluster))
+
+
+def set_aside(entries: Sequence[Entry], names: Sequence[str]) -> tuple[list[Entry], list[Entry]]:
+    """(entries to sync, the ones left out: each that is one of `names` and, for a directory,
+    what is under it), pure. `names`: the files orch writes in the workdir for the launch (a
+    launcher's rendered_names: mpirun's hostfile, the rank table). Orch's is the one the launch
+    reads there; a synced one of the same name (a hostfile left from running mpirun by hand, in
+    a synced `.`) would be written to the same path in the same stream, and sent again on every
+    `orch up` (each differs from what the other left)."""
+    keep: list[Entry] = []
+    out: list[Entry] = []
+    for e in entries:
+        (out if any(e.rel == n or e.rel.startswith(n + "/") for n in names) else keep).append(e)
+    return keep, out
+
+
+def set_aside_message(out: Sequence[Entry]) -> str | None:
+    """The warning for what set_aside left out (its tops only), or None."""
+    tops = [e for e in out if "/" not in e.rel]
+    if not tops:
+        return None
+    shown = ", ".join(e.rel + ("/" if e.kind == "dir" else "") for e in tops)
+    return (f"job.sync: {shown} not synced: orch writes its own {'file' if len(tops) == 1 else 'files'} of "
+            "that name in job.workdir for the launch (rename yours, or add it to job.sync_exclude, to keep "
+            "this quiet)")
 
 
 def _inside(path: str, root: str) -> bool:
@@ -999,9 +1032,7 @@ def listing_request(entries: Sequence[Entry], rendered_names: Sequence[str] = ()
     """What `orch up`'s check probe lists on every host (the receiver's `list` request, pure): every
     synced path by its size and mtime, and the files orch renders (`rendered_names`: hostfile,
     rank table) by their sha256."""
-    out = [(e.rel, False) for e in entries]
-    seen = {e.rel for e in entries}
-    return tuple(out + [(n, True) for n in sorted(set(rendered_names) - seen)])
+    return tuple([(e.rel, False) for e in entries] + [(n, True) for n in sorted(set(rendered_names))])
 
 
 def list_input(request: Sequence[tuple[str, bool]]) -> str:

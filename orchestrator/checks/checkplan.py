@@ -17,7 +17,7 @@ from ..probes import ReachTarget, SyncFile
 from ..model import Cluster, Host
 from .names import KNOWN_CHECKS
 from ..prepare import sync_listing
-from ..sync import Entry, job_manifest, manifest
+from ..sync import Entry, job_manifest, manifest, set_aside, set_aside_message
 
 
 def active_checks(cluster: Cluster) -> list[str]:
@@ -53,23 +53,27 @@ def mesh_sources(hosts: tuple[Host, ...], cluster: Cluster, full_mesh: bool) -> 
     return list(hosts) if full_mesh else [hosts[0]]
 
 
-def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str]]:
-    """(files orch up will copy, with size and sha256; why job.sync entries cannot be synced). Reads
-    local files.
+def sync_manifest(cluster: Cluster) -> tuple[list[SyncFile], list[str], list[Entry]]:
+    """(files orch up will copy, with size and sha256; why job.sync entries cannot be synced; what
+    it leaves out, sync.set_aside). Reads local files.
 
     Uses sync.manifest, entry by entry, so the paths in workdir are exactly the ones `orch up` writes."""
 
     files: list[SyncFile] = []
     missing: list[str] = []
+    aside: list[Entry] = []
+    names = launcher(cluster).rendered_names(cluster)
     for entry in cluster.job.sync:
         try:
-            got = manifest(cluster.base_dir, (entry,), str(cluster.path), cluster.job.sync_exclude, hashed=True)
+            got, out = set_aside(manifest(cluster.base_dir, (entry,), str(cluster.path), cluster.job.sync_exclude,
+                                          hashed=True), names)
         except SpecError as exc:
             missing += [msg for _, msg in exc.problems]
             continue
+        aside += out
         files += [SyncFile(e.rel, e.size, e.sha256 if e.size <= probes.HASH_LIMIT else None)
                   for e in got if e.kind == "file"]
-    return files, missing
+    return files, missing, aside
 
 
 def up_files(cluster: Cluster, entries: Sequence[Entry] | None) -> tuple[list[SyncFile], list[str],
@@ -84,7 +88,7 @@ def up_files(cluster: Cluster, entries: Sequence[Entry] | None) -> tuple[list[Sy
         try:
             entries = job_manifest(cluster)
         except OrchError:
-            files, missing = sync_manifest(cluster)
+            files, missing, _ = sync_manifest(cluster)   # what it sets aside: `orch up` says it (api)
             return files, missing, ()
     return ([SyncFile(e.rel, e.size, None, e.mtime_ns) for e in entries if e.kind == "file"], [],
             sync_listing(cluster, entries))
@@ -103,6 +107,7 @@ class CheckPlan:
     needed: tuple[str, ...]
     manifest: tuple[SyncFile, ...]
     missing_sync: tuple[str, ...]
+    set_aside: str | None  # `orch check`: what job.sync has that orch writes itself (sync.set_aside_message)
     mesh_from: frozenset[str]
     full_mesh: bool
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
@@ -132,14 +137,16 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
     checks = tuple(c for c in active_checks(cluster) if deep or c != "health")
     hosts = rank_plan.all_hosts if isinstance(rank_plan, RankPlan) else order_hosts(cluster.hosts)
     listing: tuple[tuple[str, bool], ...] = ()
+    aside: list[Entry] = []
     if prepare:
         manifest, missing, listing = up_files(cluster, entries)
     else:
-        manifest, missing = sync_manifest(cluster) if "files" in checks else ([], [])
+        manifest, missing, aside = sync_manifest(cluster) if "files" in checks else ([], [], [])
     mesh_from = frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh))
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
-                     manifest=tuple(manifest), missing_sync=tuple(missing), mesh_from=mesh_from,
+                     manifest=tuple(manifest), missing_sync=tuple(missing), set_aside=set_aside_message(aside),
+                     mesh_from=mesh_from,
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
                      listing=listing,
                      share=share_name(secrets.token_hex(4)) if prepare and hosts[0].name in mesh_from else "",

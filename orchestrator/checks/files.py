@@ -95,10 +95,11 @@ def _verdict(host: Host, manifest: Sequence[SyncFile], compared: int, current: i
 
 
 def _local(plan) -> list[CheckResult]:
+    out = [CheckResult("files", None, "warn", plan.set_aside)] if plan.set_aside else []
     if not plan.missing_sync:
-        return []
-    return [CheckResult("files", None, "fail", f"job.sync (relative to {plan.cluster.base_dir}): "
-                        + "; ".join(plan.missing_sync))]
+        return out
+    return out + [CheckResult("files", None, "fail", f"job.sync (relative to {plan.cluster.base_dir}): "
+                              + "; ".join(plan.missing_sync))]
 
 
 register(Check("files", applies=lambda plan, host: bool(plan.manifest), probes=(WORKDIR, FILES),

@@ -21,10 +21,13 @@ def _cluster(tmp_path: Path, command: str) -> Path:
 
 class Recorder(orch.Events):
     def __init__(self):
-        self.steps, self.out = [], {}
+        self.steps, self.out, self.warnings = [], {}, []
 
     def step(self, message):
         self.steps.append(message)
+
+    def warning(self, message):
+        self.warnings.append(message)
 
     def output(self, rank, data):
         self.out[rank] = self.out.get(rank, b"") + data
@@ -73,3 +76,28 @@ def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
     with pytest.raises(PreflightFailed) as exc:
         orch.up(orch.load(tmp_path / "nowrite.yaml"))
     assert not exc.value.report.ok  # the check results travel with the error
+
+
+def test_a_synced_hostfile_is_left_out_for_orchs_own_and_said(tmp_path, monkeypatch):
+    """A `hostfile` left in a synced `.` (from running mpirun by hand): the workdir's hostfile is
+    orch's, the user's is not synced, and `orch up` says so. Before, both went in one stream on
+    every `orch up` (the user's first, then orch's over it), one copy counted each time."""
+    project = tmp_path / "project"   # the workdir is outside it
+    project.mkdir()
+    monkeypatch.chdir(project)
+    (project / "hostfile").write_text("mine slots=9\n")
+    (project / "cluster.yaml").write_text(
+        "inventory: {hosts: [{address: 127.0.0.1, connection: local, slots: 1}]}\n"
+        f"job: {{workdir: {tmp_path}/wd, launcher: mpirun, sync: [.], command: [cat, hostfile]}}\n"
+        "checks: {skip: [stale]}\n")
+    for n in range(2):
+        ev = Recorder()
+        result = orch.up(orch.load("cluster.yaml"), events=ev)
+        assert (result.state, result.exit_code) == ("succeeded", 0)
+        assert ev.warnings == ["job.sync: hostfile not synced: orch writes its own file of that name in "
+                               "job.workdir for the launch (rename yours, or add it to job.sync_exclude, to keep "
+                               "this quiet)"], ev.warnings
+        assert ev.out[0].endswith(b"\n127.0.0.1 slots=1\n") and b"mine" not in ev.out[0]
+        synced = [s for s in ev.steps if s.startswith("synced:")]
+        assert synced == [f"synced: {1 - n} file copies, {n} already up to date"], ev.steps   # cluster.yaml
+    assert (project / "hostfile").read_text() == "mine slots=9\n"

@@ -650,8 +650,8 @@ def test_files_judge_and_manifest(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text("y")
     c = cluster(tmp_path, sync=("net.py", "pkg", "nope.py"))
-    files, missing = checks.sync_manifest(c)
-    assert [f.rel for f in files] == ["net.py", "pkg/m.py"]
+    files, missing, aside = checks.sync_manifest(c)
+    assert [f.rel for f in files] == ["net.py", "pkg/m.py"] and aside == []
     assert len(missing) == 1 and "'nope.py' does not exist" in missing[0]
     plan = checks.make_check_plan(c)
     (r,) = [x for x in checks.judge_cluster_local(plan) if x.check == "files"]
@@ -663,6 +663,26 @@ def test_files_judge_and_manifest(tmp_path):
     assert r.status == "warn" and "stale code on the host: b.py differ" in r.message
     r = checks.judge_files(h, sec("files", f"{'1' * 64}  a.py\nsize 9 big\n"), man)
     assert r.status == "pass" and "2 file(s) up to date, 1 not there yet" in r.message
+
+
+@pytest.mark.parametrize("launcher, name", [("mpirun", "hostfile"), ("ranktable", "rank_table.json")])
+def test_a_synced_file_where_orch_writes_its_own_is_left_out_with_a_warning(tmp_path, launcher, name):
+    """`orch check`: a synced `.` holding a file of the name orch renders for the launch (mpirun's
+    hostfile, the Ascend rank table) is not compared or synced (orch's own goes there), and the
+    files check warns, naming it; nothing else synced is left out. Other launchers render neither."""
+    (tmp_path / name).write_text("mine\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / name).write_text("not at the top\n")
+    c = cluster(tmp_path, sync=(".",), launcher=launcher, platform="ascend")
+    files, missing, aside = checks.sync_manifest(c)
+    assert [f.rel for f in files] == [f"pkg/{name}"] and not missing and [e.rel for e in aside] == [name]
+    plan = checks.make_check_plan(c)
+    (r,) = [x for x in checks.judge_cluster_local(plan) if x.check == "files"]
+    assert (r.status, r.host) == ("warn", None)
+    assert r.message == (f"job.sync: {name} not synced: orch writes its own file of that name in job.workdir for "
+                         "the launch (rename yours, or add it to job.sync_exclude, to keep this quiet)")
+    files, _, aside = checks.sync_manifest(cluster(tmp_path, sync=(".",), launcher="torchrun"))
+    assert name in [f.rel for f in files] and aside == []
 
 
 def test_up_files_judged_from_the_sync_listing_nothing_hashed(tmp_path):

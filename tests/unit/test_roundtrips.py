@@ -159,7 +159,7 @@ def test_up_hashes_each_sync_file_once(tmp_path, monkeypatch):
         return real(path)
 
     monkeypatch.setattr(sync, "_sha256", sha)
-    files, missing = checks.sync_manifest(c)
+    files, missing, _ = checks.sync_manifest(c)
     assert [f.rel for f in files] == ["net.py"] and not missing
     entries = sync.manifest(c.base_dir, c.job.sync, str(c.path), c.job.sync_exclude)
     assert [sync._digest(e) for e in entries] == [files[0].sha256]

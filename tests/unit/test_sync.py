@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator import sync
 from orchestrator.errors import HostError, SpecError
-from orchestrator.spec import Host
+from orchestrator.spec import Host, load_cluster
 from orchestrator.transport.local import LocalTransport
 
 
@@ -541,10 +541,46 @@ def test_the_listing_carries_any_name_a_file_can_have(tmp_path):
 
 
 def test_listing_request_lists_paths_by_stat_and_rendered_files_by_sha256_once():
-    es = [sync.Entry("pkg", "dir", 0o755, 0, 0), sync.Entry("pkg/a.py", "file", 0o644, 3, 5),
-          sync.Entry("hostfile", "file", 0o644, 3, 5)]
-    assert sync.listing_request(es, ("rank_table.json", "hostfile")) == (
-        ("pkg", False), ("pkg/a.py", False), ("hostfile", False), ("rank_table.json", True))
+    es = [sync.Entry("pkg", "dir", 0o755, 0, 0), sync.Entry("pkg/a.py", "file", 0o644, 3, 5)]
+    assert sync.listing_request(es, ("rank_table.json", "hostfile", "hostfile")) == (
+        ("pkg", False), ("pkg/a.py", False), ("hostfile", True), ("rank_table.json", True))
+
+
+def test_set_aside_leaves_out_what_lands_where_orch_writes_its_own_file():
+    """A synced path named like a file orch renders in the workdir (a hostfile, a rank table), and
+    all under it when it is a directory, is not synced; the same name deeper down, or a name that
+    only begins like it, is."""
+    E = sync.Entry
+    es = [E("hostfile", "dir", 0o755), E("pkg", "dir", 0o755), E("hostfile/a", "file"), E("hostfile.bak", "file"),
+          E("pkg/hostfile", "file"), E("rank_table.json", "link", 0o777, target="x"), E("rank_table.jsonx", "file")]
+    keep, out = sync.set_aside(es, ("hostfile", "rank_table.json"))
+    assert [e.rel for e in keep] == ["pkg", "hostfile.bak", "pkg/hostfile", "rank_table.jsonx"]
+    assert [e.rel for e in out] == ["hostfile", "hostfile/a", "rank_table.json"]
+    assert sync.set_aside_message(out) == (
+        "job.sync: hostfile/, rank_table.json not synced: orch writes its own files of that name in job.workdir "
+        "for the launch (rename yours, or add it to job.sync_exclude, to keep this quiet)")
+    assert sync.set_aside(es, ()) == (es, []) and sync.set_aside_message([]) is None
+
+
+def test_job_manifest_leaves_out_the_launchers_own_files(tmp_path):
+    """What `orch up` syncs (job_manifest) is what set_aside keeps of job.sync for the cluster's
+    launcher: with mpirun a top-level hostfile is left out (job_files says so), with torchrun
+    (nothing rendered) it is synced."""
+    (tmp_path / "hostfile").write_text("h slots=1\n")
+    (tmp_path / "a.py").write_text("a\n")
+    c = load_cluster(_write_cluster(tmp_path, "mpirun"))
+    assert [e.rel for e in sync.job_manifest(c)] == ["a.py", "cluster.yaml"]
+    assert [e.rel for e in sync.job_files(c)[1]] == ["hostfile"]
+    c = load_cluster(_write_cluster(tmp_path, "torchrun"))
+    assert [e.rel for e in sync.job_manifest(c)] == ["a.py", "cluster.yaml", "hostfile"]
+    assert sync.job_files(c)[1] == []
+
+
+def _write_cluster(d, launcher):
+    p = d / "cluster.yaml"
+    p.write_text("inventory: {hosts: [{address: 127.0.0.1, connection: local}]}\n"
+                 f"job: {{workdir: /tmp/nowhere, launcher: {launcher}, sync: [.], command: [\"true\"]}}\n")
+    return p
 
 
 def test_parse_listing_takes_only_a_whole_answer():
