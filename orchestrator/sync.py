@@ -274,10 +274,20 @@ def _walk(root: Path, top: str, rules: list[_Rule], entries: dict, problems: lis
                                       "device): exclude it"))
 
 
-def rendered(files: dict[str, bytes]) -> list[Entry]:
-    """Files orch renders (hostfile, rank table) as entries: compared by sha256."""
-    return [Entry(rel, "file", 0o644, len(data), 0, data=data, sha256=hashlib.sha256(data).hexdigest())
-            for rel, data in sorted(files.items())]
+def rendered(files: Mapping[str, bytes], made: dict[tuple[str, bytes], Entry] | None = None) -> list[Entry]:
+    """Files orch renders (hostfile, rank table) as entries: compared by sha256. `made`: entries
+    made before, kept across hosts (a rank table is every host's: 185 KB at 128 x 8, hashed once,
+    not 128 times; hashlib lets go of the GIL for each, and got it back behind the supervisors'
+    starts running meanwhile)."""
+    made = {} if made is None else made
+    out = []
+    for rel, data in sorted(files.items()):
+        e = made.get((rel, data))
+        if e is None:
+            e = made[(rel, data)] = Entry(rel, "file", 0o644, len(data), 0, data=data,
+                                          sha256=hashlib.sha256(data).hexdigest())
+        out.append(e)
+    return out
 
 
 # --------------------------------------------------------------------------- the host's side
@@ -1154,11 +1164,14 @@ def _todo_for(t: Transport, workdir: str, items: list[Entry], listed: Mapping[st
 
 
 def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,
-              listed: Mapping[str, list | None] | None = None) -> SyncReport:
+              listed: Mapping[str, list | None] | None = None, *,
+              todo: list[tuple[Entry, str]] | None = None) -> SyncReport:
     """Bring `workdir` on one host up to date with `entries`, plus `extra` rendered files
     ({relative path: bytes}): two round trips, one stream; one (the stream, when something
-    differs) when `listed`, what up's probe listed there (parse_listing), covers them."""
-    todo = _todo_for(t, workdir, entries + rendered(extra or {}), listed)
+    differs) when `listed`, what up's probe listed there (parse_listing), covers them; `todo`:
+    what to send, known already (then `extra` and `listed` are not read)."""
+    if todo is None:
+        todo = _todo_for(t, workdir, entries + rendered(extra or {}), listed)
     _send(t, workdir, todo)
     return _report(t.host, entries, todo)
 
@@ -1317,26 +1330,37 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     is not asked again. `share`: the launch host's open connections the relay's ssh uses
     (relay_request)."""
     listed = listed or {}
+    made: dict[tuple[str, bytes], Entry] = {}
+    items = {h.name: entries + rendered(extras.get(h.name, {}), made) for h in hosts}
+    # what each host lacks by its listing, here: a host needs a thread of the fan-out only for a
+    # round trip (the listing does not cover it, or something goes to it). With nothing to send
+    # at 128 hosts, the fan-out's 128 threads took their turns at the GIL behind the supervisors'
+    # starts (running meanwhile) for 0.05-0.6 s, and the head's start waits for the sync's end.
+    known = {h.name: known_todo(items[h.name], listed.get(h.name)) for h in hosts}
     via_launch = relayed(hosts, launch, via)
     if not via_launch:
-        return fan(hosts, lambda h: sync_host(pool[h], workdir, entries, dict(extras.get(h.name, {})),
-                                              listed.get(h.name)))
-    lists = fan(hosts, lambda h: _todo_for(pool[h], workdir, entries + rendered(dict(extras.get(h.name, {}))),
-                                           listed.get(h.name)))
-    done: dict[str, Outcome] = {n: o for n, o in lists.items() if not o.ok}
-    todos = {h.name: (h, lists[h.name].value) for h in via_launch if lists[h.name].ok and lists[h.name].value}
+        sent = fan([h for h in hosts if known[h.name] != []], lambda h: sync_host(
+            pool[h], workdir, entries, todo=known[h.name] if known[h.name] is not None else
+            _todo(pool[h], workdir, items[h.name])))
+        return Results((h.name, sent[h.name] if h.name in sent else Outcome(h, value=_report(h, entries, [])))
+                       for h in hosts)
+    asked = fan([h for h in hosts if known[h.name] is None], lambda h: _todo(pool[h], workdir, items[h.name]))
+    done: dict[str, Outcome] = {n: o for n, o in asked.items() if not o.ok}
+    lacks: dict[str, list[tuple[Entry, str]]] = {
+        h.name: (asked[h.name].value if h.name in asked else known[h.name]) or [] for h in hosts if h.name not in done}
+    todos = {h.name: (h, lacks[h.name]) for h in via_launch if lacks.get(h.name)}
     hop = f"sync controller -> {launch.name} (the launch host, job.sync_via: launch-host)"
     # the launch host's own stream goes with the relay request when there is something to pass on
-    near = [h for h in hosts if lists[h.name].ok and h.name not in {x.name for x in via_launch}
+    near = [h for h in hosts if lacks.get(h.name) and h.name not in {x.name for x in via_launch}
             and not (todos and h.name == launch.name)]
-    sent = fan(near, lambda h: _send(pool[h], workdir, lists[h.name].value,
+    sent = fan(near, lambda h: _send(pool[h], workdir, lacks[h.name],
                                      f"{hop}: cannot write" if h.name == launch.name else "cannot write"))
     done.update({n: o for n, o in sent.items() if not o.ok})
     healed: tuple[str, ...] = ()
     if todos and launch.name not in done:
         t = pool[launch]
         try:
-            answer = _relay(t, workdir, lists[launch.name].value, todos, ssh, hop, share)
+            answer = _relay(t, workdir, lacks[launch.name], todos, ssh, hop, share)
         except OrchError as exc:
             done[launch.name] = Outcome(launch, error=exc)
         else:
@@ -1354,7 +1378,7 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
                                         hint="is the disk failing, or is something rewriting workdir? "
                                              "job.sync_via: controller sends every host its copy from here")
                 errors = relay_errors(launch, todos, answer, workdir,
-                                      _relay_timeout(ssh.command_timeout, lists[launch.name].value, todos))
+                                      _relay_timeout(ssh.command_timeout, lacks[launch.name], todos))
             except OrchError as exc:
                 errors = {n: HostError(n, f"not synced: the launch host {launch.name} passes the code on "
                                           f"(job.sync_via: launch-host), and there: {exc.message}", hint=exc.hint)
@@ -1369,6 +1393,6 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
                    "launch-host), failed")))
     for h in hosts:
         if h.name not in done:
-            done[h.name] = Outcome(h, value=_report(h, entries, lists[h.name].value,
+            done[h.name] = Outcome(h, value=_report(h, entries, lacks[h.name],
                                                     healed if h.name == launch.name else ()))
     return Results((h.name, done[h.name]) for h in hosts)
