@@ -212,6 +212,26 @@ def test_a_link_that_leaves_the_tree_through_another_link_is_refused(tmp_path):
         sync.manifest(tmp_path, ("p",), "c.yaml")
 
 
+def test_a_rendered_file_every_host_gets_is_made_and_hashed_once(monkeypatch):
+    """The rank table is every host's (185 KB at 128 x 8): sync_hosts hashes it once, not once a
+    host (hashlib lets go of the GIL for each, and waits to get it back)."""
+    hashed = []
+    real = sync.hashlib.sha256
+
+    def sha256(data):
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(sync.hashlib, "sha256", sha256)
+    table, other = b"{}" * 1000, b"h1 slots=8\n"
+    made: dict = {}
+    a = sync.rendered({"rank_table.json": table}, made)
+    b = sync.rendered({"rank_table.json": bytes(table), "hostfile": other}, made)
+    assert b[1] is a[0] and [e.rel for e in b] == ["hostfile", "rank_table.json"]
+    assert sorted(hashed) == [len(other), len(table)]
+    assert sync.rendered({"rank_table.json": table})[0] == a[0]   # without `made`: made anew, the same
+
+
 @pytest.mark.parametrize("via", ["controller", "launch-host"])
 def test_only_hosts_with_something_to_do_get_a_thread_of_the_fan_out(tmp_path, via):
     """What a host lacks by up's listing is known here: a host gets a thread of the fan-out only
