@@ -200,14 +200,17 @@ def set_aside(entries: Sequence[Entry], names: Sequence[str]) -> tuple[list[Entr
 
 
 def set_aside_message(out: Sequence[Entry]) -> str | None:
-    """The warning for what set_aside left out (its tops only), or None."""
-    tops = [e for e in out if "/" not in e.rel]
+    """The warning for what set_aside left out (each path once, not what is under another), or None."""
+    rels = {e.rel for e in out}
+    tops = {e.rel: e for e in out if not any(e.rel[:i] in rels for i, c in enumerate(e.rel) if c == "/")}
     if not tops:
         return None
-    shown = ", ".join(e.rel + ("/" if e.kind == "dir" else "") for e in tops)
-    return (f"job.sync: {shown} not synced: orch writes its own {'file' if len(tops) == 1 else 'files'} of "
-            "that name in job.workdir for the launch (rename yours, or add it to job.sync_exclude, to keep "
-            "this quiet)")
+    shown = ", ".join(rel + ("/" if e.kind == "dir" else "") for rel, e in tops.items())
+    one = len(tops) == 1
+    return (f"job.sync: {shown} not synced: orch writes the launch's own {'file' if one else 'files'} of "
+            f"{'that name' if one else 'those names'} in job.workdir (to keep this quiet: rename yours, or "
+            f"leave {'it' if one else 'them'} out of job.sync, or add {', '.join('/' + r for r in tops)} to "
+            "job.sync_exclude)")
 
 
 def _inside(path: str, root: str) -> bool:
@@ -1042,6 +1045,7 @@ def listing_request(entries: Sequence[Entry], rendered_names: Sequence[str] = ()
     """What `orch up`'s check probe lists on every host (the receiver's `list` request, pure): every
     synced path by its size and mtime, and the files orch renders (`rendered_names`: hostfile,
     rank table) by their sha256."""
+    assert not {e.rel for e in entries} & set(rendered_names), "job_manifest sets them aside (set_aside)"
     return tuple([(e.rel, False) for e in entries] + [(n, True) for n in sorted(set(rendered_names))])
 
 

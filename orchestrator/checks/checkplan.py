@@ -88,7 +88,7 @@ def up_files(cluster: Cluster, entries: Sequence[Entry] | None) -> tuple[list[Sy
         try:
             entries = job_manifest(cluster)
         except OrchError:
-            files, missing, _ = sync_manifest(cluster)   # what it sets aside: `orch up` says it (api)
+            files, missing, _ = sync_manifest(cluster)   # (job.sync cannot be read: the check fails on that)
             return files, missing, ()
     return ([SyncFile(e.rel, e.size, None, e.mtime_ns) for e in entries if e.kind == "file"], [],
             sync_listing(cluster, entries))
@@ -107,7 +107,7 @@ class CheckPlan:
     needed: tuple[str, ...]
     manifest: tuple[SyncFile, ...]
     missing_sync: tuple[str, ...]
-    set_aside: str | None  # `orch check`: what job.sync has that orch writes itself (sync.set_aside_message)
+    set_aside_note: str | None  # `orch check`: what job.sync has that orch writes itself (sync.set_aside_message)
     mesh_from: frozenset[str]
     full_mesh: bool
     rank_plan: RankPlan | PlanError  # the rank plan, or why there is none (check device-rules says)
@@ -145,7 +145,7 @@ def make_check_plan(cluster: Cluster, rank_plan: RankPlan | PlanError | None = N
     mesh_from = frozenset(h.name for h in mesh_sources(hosts, cluster, full_mesh))
     return CheckPlan(cluster=cluster, checks=checks, hosts=hosts, launch=hosts[0],
                      tools=tuple(version_tools(cluster)), needed=tuple(needed_tools(cluster)),
-                     manifest=tuple(manifest), missing_sync=tuple(missing), set_aside=set_aside_message(aside),
+                     manifest=tuple(manifest), missing_sync=tuple(missing), set_aside_note=set_aside_message(aside),
                      mesh_from=mesh_from,
                      full_mesh=full_mesh, rank_plan=rank_plan, prepare=prepare, reach_token=secrets.token_hex(32),
                      listing=listing,

@@ -95,7 +95,7 @@ def _verdict(host: Host, manifest: Sequence[SyncFile], compared: int, current: i
 
 
 def _local(plan) -> list[CheckResult]:
-    out = [CheckResult("files", None, "warn", plan.set_aside)] if plan.set_aside else []
+    out = [CheckResult("files", None, "warn", plan.set_aside_note)] if plan.set_aside_note else []
     if not plan.missing_sync:
         return out
     return out + [CheckResult("files", None, "fail", f"job.sync (relative to {plan.cluster.base_dir}): "

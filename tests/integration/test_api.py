@@ -94,9 +94,9 @@ def test_a_synced_hostfile_is_left_out_for_orchs_own_and_said(tmp_path, monkeypa
         ev = Recorder()
         result = orch.up(orch.load("cluster.yaml"), events=ev)
         assert (result.state, result.exit_code) == ("succeeded", 0)
-        assert ev.warnings == ["job.sync: hostfile not synced: orch writes its own file of that name in "
-                               "job.workdir for the launch (rename yours, or add it to job.sync_exclude, to keep "
-                               "this quiet)"], ev.warnings
+        assert ev.warnings == ["job.sync: hostfile not synced: orch writes the launch's own file of that name "
+                               "in job.workdir (to keep this quiet: rename yours, or leave it out of job.sync, or "
+                               "add /hostfile to job.sync_exclude)"], ev.warnings
         assert ev.out[0].endswith(b"\n127.0.0.1 slots=1\n") and b"mine" not in ev.out[0]
         synced = [s for s in ev.steps if s.startswith("synced:")]
         assert synced == [f"synced: {1 - n} file copies, {n} already up to date"], ev.steps   # cluster.yaml

@@ -679,8 +679,9 @@ def test_a_synced_file_where_orch_writes_its_own_is_left_out_with_a_warning(tmp_
     plan = checks.make_check_plan(c)
     (r,) = [x for x in checks.judge_cluster_local(plan) if x.check == "files"]
     assert (r.status, r.host) == ("warn", None)
-    assert r.message == (f"job.sync: {name} not synced: orch writes its own file of that name in job.workdir for "
-                         "the launch (rename yours, or add it to job.sync_exclude, to keep this quiet)")
+    assert r.message == (f"job.sync: {name} not synced: orch writes the launch's own file of that name in "
+                         f"job.workdir (to keep this quiet: rename yours, or leave it out of job.sync, or add /{name} "
+                         "to job.sync_exclude)")
     files, _, aside = checks.sync_manifest(cluster(tmp_path, sync=(".",), launcher="torchrun"))
     assert name in [f.rel for f in files] and aside == []
 

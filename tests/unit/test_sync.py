@@ -212,38 +212,38 @@ def test_a_link_that_leaves_the_tree_through_another_link_is_refused(tmp_path):
         sync.manifest(tmp_path, ("p",), "c.yaml")
 
 
+def _counting_sha256(monkeypatch) -> list[int]:
+    """sync's sha256, counted: the length of each thing it hashes."""
+    import types
+
+    hashed: list[int] = []
+    real = hashlib.sha256
+    monkeypatch.setattr(sync, "hashlib", types.SimpleNamespace(sha256=lambda data: hashed.append(len(data)) or real(data)))
+    return hashed
+
+
 def test_a_rendered_file_every_host_gets_is_made_and_hashed_once(monkeypatch):
-    """The rank table is every host's (185 KB at 128 x 8): sync_hosts hashes it once, not once a
-    host (hashlib lets go of the GIL for each, and waits to get it back)."""
-    hashed = []
-    real = sync.hashlib.sha256
-
-    def sha256(data):
-        hashed.append(len(data))
-        return real(data)
-
-    monkeypatch.setattr(sync.hashlib, "sha256", sha256)
+    """rendered's `made`: a file already made (the same name and bytes, another bytes object or
+    not) is that entry again, not hashed again."""
+    hashed = _counting_sha256(monkeypatch)
     table, other = b"{}" * 1000, b"h1 slots=8\n"
     made: dict = {}
     a = sync.rendered({"rank_table.json": table}, made)
-    b = sync.rendered({"rank_table.json": bytes(table), "hostfile": other}, made)
+    b = sync.rendered({"rank_table.json": bytes(bytearray(table)), "hostfile": other}, made)
     assert b[1] is a[0] and [e.rel for e in b] == ["hostfile", "rank_table.json"]
     assert sorted(hashed) == [len(other), len(table)]
     assert sync.rendered({"rank_table.json": table})[0] == a[0]   # without `made`: made anew, the same
 
 
-@pytest.mark.parametrize("via", ["controller", "launch-host"])
-def test_only_hosts_with_something_to_do_get_a_thread_of_the_fan_out(tmp_path, via):
-    """What a host lacks by up's listing is known here: a host gets a thread of the fan-out only
-    for a round trip (its listing does not cover it, or something goes to it). At 128 hosts with
-    nothing changed, 128 threads took their turns at the GIL behind the supervisors' starts for
-    up to 0.6 s, on the head's start's path. Every host still has its report."""
+def _fan_out_case(tmp_path, monkeypatch, hosts):
+    """A workdir holding pkg/ and a rank table, its listing, a pool of local transports for
+    `hosts`, and a fan that notes the hosts it gets; every host's rank table its own bytes object."""
     src = tree(tmp_path / "src", {"pkg/a.py": "a\n", "pkg/b.py": "b\n"})
     work = tmp_path / "wd"
     entries = sync.manifest(src, ("pkg",), "c.yaml")
-    sync.sync_host(Counting(), str(work), entries)
-    listing = _probe_listing(work, sync.listing_request(entries))
-    hosts = [Host(name=f"h{i}", address="localhost", user="u", connection="local") for i in range(4)]
+    table = b"{}" * 1000
+    sync.sync_host(Counting(), str(work), entries, {"rank_table.json": table})
+    listing = _probe_listing(work, sync.listing_request(entries, ("rank_table.json",)))
     transports = {h.name: LocalTransport(h, 60) for h in hosts}
     pool = type("Pool", (), {"__getitem__": lambda self, h: transports[h.name]})()
     fanned: list[str] = []
@@ -252,18 +252,57 @@ def test_only_hosts_with_something_to_do_get_a_thread_of_the_fan_out(tmp_path, v
         fanned.extend(h.name for h in hs)
         return fan_out(hs, fn)
 
-    # h0 (the launch host) and h1 have it all, h3 was not listed; with job.sync_via: controller, h2
-    # lists an older pkg/b.py (through the launch host, that would go by ssh from h0: not here)
+    extras = {h.name: {"rank_table.json": bytes(bytearray(table))} for h in hosts}
     older = dict(listing, **{"pkg/b.py": listing["pkg/b.py"][:2] + [1] + listing["pkg/b.py"][3:]})
-    listed = {"h0": listing, "h1": listing, "h2": older if via == "controller" else listing}
-    got = sync.sync_hosts(pool, hosts, hosts[0], str(work), entries, {}, via=via, ssh=SshSettings(), fan=fan,
-                          listed=listed)
+    return work, entries, extras, pool, fan, fanned, listing, older
+
+
+def test_only_hosts_with_something_to_do_get_a_thread_of_the_fan_out(tmp_path, monkeypatch):
+    """What a host lacks by up's listing is known here: a host gets a thread of the fan-out only
+    for a round trip (its listing does not cover it, or something goes to it). At 128 hosts with
+    nothing changed, 128 threads took their turns at the GIL behind the supervisors' starts for
+    up to 0.6 s, on the head's start's path. Every host still has its report; the rank table
+    every host gets is hashed once (hashlib lets go of the GIL for each)."""
+    hosts = [Host(name=f"h{i}", address="localhost", user="u", connection="local") for i in range(4)]
+    work, entries, extras, pool, fan, fanned, listing, older = _fan_out_case(tmp_path, monkeypatch, hosts)
+    hashed = _counting_sha256(monkeypatch)
+    # h0 (the launch host) and h1 have it all, h2 lists an older pkg/b.py, h3 was not listed
+    got = sync.sync_hosts(pool, hosts, hosts[0], str(work), entries, extras, via="controller", ssh=SshSettings(),
+                          fan=fan, listed={"h0": listing, "h1": listing, "h2": older})
     assert not got.failed, got.failed
-    assert sorted(fanned) == (["h2", "h3"] if via == "controller" else ["h3"]), fanned
+    assert sorted(fanned) == ["h2", "h3"]
+    assert hashed.count(2000) == 1
     both = ("pkg/a.py", "pkg/b.py")
     assert {n: (o.value.copied, o.value.unchanged) for n, o in got.items()} == {
-        "h0": ((), both), "h1": ((), both), "h3": ((), both),
-        "h2": (("pkg/b.py",), ("pkg/a.py",)) if via == "controller" else ((), both)}
+        "h0": ((), both), "h1": ((), both), "h2": (("pkg/b.py",), ("pkg/a.py",)), "h3": ((), both)}
+
+
+def test_through_the_launch_host_only_a_round_trip_takes_a_thread(tmp_path, monkeypatch):
+    """job.sync_via: launch-host: a host the listing covers needs no thread (asked: those it does
+    not; near: those sent to from here with something to send); the relay gets what the others
+    lack, the launch host's own part empty when it lacks nothing; nothing lacked: no relay."""
+    hosts = [_ssh_host(f"h{i}") for i in range(4)]
+    work, entries, extras, pool, fan, fanned, listing, older = _fan_out_case(tmp_path, monkeypatch, hosts)
+    relays = []
+
+    def relay(t, workdir, own, todos, ssh, hop, share=None):
+        relays.append((t.host.name, [(e.rel, w) for e, w in own],
+                       {n: [(e.rel, w) for e, w in todo] for n, (_, todo) in todos.items()}))
+        return {"targets": {n: {"rc": 0} for n in todos}}
+
+    monkeypatch.setattr(sync, "_relay", relay)
+    # h0 (the launch host) and h2 have it all, h1 lists an older pkg/b.py, h3 was not listed
+    got = sync.sync_hosts(pool, hosts, hosts[0], str(work), entries, extras, via="launch-host", ssh=SshSettings(),
+                          fan=fan, listed={"h0": listing, "h1": older, "h2": listing})
+    assert not got.failed, got.failed
+    assert fanned == ["h3"] and relays == [("h0", [], {"h1": [("pkg/b.py", "send")]})]
+    both = ("pkg/a.py", "pkg/b.py")
+    assert {n: (o.value.copied, o.value.unchanged) for n, o in got.items()} == {
+        "h0": ((), both), "h1": (("pkg/b.py",), ("pkg/a.py",)), "h2": ((), both), "h3": ((), both)}
+    fanned.clear()
+    got = sync.sync_hosts(pool, hosts, hosts[0], str(work), entries, extras, via="launch-host", ssh=SshSettings(),
+                          fan=fan, listed={h.name: listing for h in hosts})
+    assert not got.failed and fanned == [] and len(relays) == 1
 
 
 # --------------------------------------------------------------------------- through the launch host
@@ -613,9 +652,16 @@ def test_set_aside_leaves_out_what_lands_where_orch_writes_its_own_file():
     assert [e.rel for e in keep] == ["pkg", "hostfile.bak", "pkg/hostfile", "rank_table.jsonx"]
     assert [e.rel for e in out] == ["hostfile", "hostfile/a", "rank_table.json"]
     assert sync.set_aside_message(out) == (
-        "job.sync: hostfile/, rank_table.json not synced: orch writes its own files of that name in job.workdir "
-        "for the launch (rename yours, or add it to job.sync_exclude, to keep this quiet)")
+        "job.sync: hostfile/, rank_table.json not synced: orch writes the launch's own files of those names in "
+        "job.workdir (to keep this quiet: rename yours, or leave them out of job.sync, or add /hostfile, "
+        "/rank_table.json to job.sync_exclude)")
     assert sync.set_aside(es, ()) == (es, []) and sync.set_aside_message([]) is None
+    # a name deeper down (no launcher renders one today), and one path met twice (job.sync: [., hostfile])
+    keep, out = sync.set_aside(es + [E("hostfile", "file")], ("pkg/hostfile",))
+    assert [e.rel for e in out] == ["pkg/hostfile"]
+    assert sync.set_aside_message(out).startswith("job.sync: pkg/hostfile not synced: ")
+    assert sync.set_aside_message([E("hostfile", "file"), E("hostfile", "file")]).startswith(
+        "job.sync: hostfile not synced: ")
 
 
 def test_job_manifest_leaves_out_the_launchers_own_files(tmp_path):
