@@ -77,5 +77,6 @@ def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) 
     if not doc.get("run"):
         raise UsageError(f"no run {run_id + ' ' if run_id else ''}found in {cluster.job.workdir} on {head.name}",
                          hint="start one with `orch up`" if run_id is None else "is the run id whole and right?")
-    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"])
+    # the hosts: as `orch status` of a recorded run names them (the head's word for the others)
+    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"], [h.name for h in plan.all_hosts])
     return doc["run"], view
