@@ -120,7 +120,7 @@ def inventory_option(f):
     return click.option("-i", "--inventory", "inventory", default=None, metavar="PATH", envvar="ORCH_INVENTORY",
                         expose_value=False, callback=keep, type=click.Path(dir_okay=False),
                         help="use this inventory instead of the cluster file's `inventory:` "
-                             "(also ORCH_INVENTORY), e.g. -i \"$(orch lab inventory NAME)\"")(f)
+                             "(also ORCH_INVENTORY), e.g. -i \"$(orch lab inventory --name NAME)\"")(f)
 
 
 def interface_option(f):
@@ -250,7 +250,8 @@ def _plan_print(cluster, rp) -> None:
 
     from .hostsets import fold
 
-    click.echo(f"{cluster.name}: {rp.size} ranks on {len(rp.hosts)} hosts, launcher {rp.launcher}, "
+    click.echo(f"{cluster.name}: {rp.size} rank{'s' if rp.size != 1 else ''} on {len(rp.hosts)} "
+               f"host{'s' if len(rp.hosts) != 1 else ''}, launcher {rp.launcher}, "
                f"platform {rp.platform}, launch host {rp.launch_host.name} ({rp.launch_host.cluster_address})")
     if len(rp.hosts) > 1:
         from .launchers import head_reach
@@ -792,11 +793,11 @@ def down_command(run_id: str | None, as_json: bool) -> None:
                     f"reachable; logs in {run.logs_dir}{following}", fg="yellow", err=True)
         _end(1)
     if ended is not None:
-        said = f"run {run.id} had already ended {ended} (its record is kept)"
+        said = f"run {run.id} had already ended: {ended} (its record is kept)"
     elif view.state == "stopped":
         said = f"run {run.id} stopped"
     else:   # the cluster had ended it before the stop came: its own verdict, recorded
-        said = f"run {run.id} had already ended {view.state}" + (f": {view.message}" if view.message else "")
+        said = f"run {run.id} had already ended: {view.state}" + (f" ({view.message})" if view.message else "")
     click.echo(f"orch: {said}; logs in {run.logs_dir}{following}", err=True)
     _end(0)
 

@@ -374,7 +374,11 @@ def _read(path: Path, what: str, loc: Location | None) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError([(loc or Location(str(path)), f"{what} {path} does not exist")]) from None
+        if loc is None:   # the file itself: its path is the location
+            raise SpecError([(Location(str(path)), f"no such {what}")],
+                            hint="name it: `orch COMMAND FILE` (cluster.yaml in this directory when none is "
+                                 "named)") from None
+        raise SpecError([(loc, f"{what} {path} does not exist")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([(loc or Location(str(path)), f"cannot read {what} {path}: {exc}")]) from None
 

@@ -197,12 +197,12 @@ def test_down_with_the_launch_host_cut_off_records_nothing_then_the_clusters_ver
     finally:
         life.link(1, True)
     err = orch("down", cwd=tmp_path, check_rc=0).stderr.decode()
-    assert f"run {run_id} had already ended lost: the launch host {life.host(1).name} heard nothing" in err, err
+    assert f"run {run_id} had already ended: lost (the launch host {life.host(1).name} heard nothing" in err, err
     assert err.startswith("orch: nothing of the run left running on ") and err.count("\n") == 2, err
     assert run_record(tmp_path, run_id)["state"] == "lost"
     res = orch("down", "--json", cwd=tmp_path, check_rc=0)   # again: the same word in its JSON and its line
     assert json.loads(res.stdout)["state"] == "lost"
-    assert f"run {run_id} had already ended lost (its record is kept)" in res.stderr.decode()
+    assert f"run {run_id} had already ended: lost (its record is kept)" in res.stderr.decode()
 
 
 def test_an_mpirun_that_cannot_start_says_why(life, tmp_path):

@@ -32,8 +32,10 @@ def test_typo_exits_2_naming_key_and_line(tmp_path):
 
 
 def test_missing_file_exits_2(tmp_path):
+    """The path once (it is the location), and how to name the file."""
     res = run("check", str(tmp_path / "nope.yaml"))
-    assert res.exit_code == 2 and "does not exist" in res.output
+    assert res.exit_code == 2 and f"{tmp_path / 'nope.yaml'}: no such cluster file\n" in res.output, res.output
+    assert "hint: name it: `orch COMMAND FILE`" in res.output and res.output.count("nope.yaml") == 1
 
 
 def test_unexpected_crash_saves_traceback(monkeypatch, tmp_path):
@@ -192,7 +194,7 @@ def test_down_of_a_run_that_had_ended_says_so_and_counts_no_rank_as_stopped_by_i
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert lines == ["orch: nothing of the run left running on node[1-4]",
-                     f"orch: run r1 had already ended failed (its record is kept); logs in {tmp_path}"], lines
+                     f"orch: run r1 had already ended: failed (its record is kept); logs in {tmp_path}"], lines
     assert "none" not in res.output
 
 

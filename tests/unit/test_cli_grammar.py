@@ -146,7 +146,7 @@ def test_up_status_and_down_end_at_once_with_their_whole_output_and_exit_code(tm
     res = orch_program("status", cwd=tmp_path, rc=0)
     assert LONG in res.stdout and "succeeded" in res.stdout and ended_at_once(res)
     res = orch_program("down", cwd=tmp_path, rc=0)
-    assert "had already ended succeeded" in res.stderr and ended_at_once(res)
+    assert "had already ended: succeeded" in res.stderr and ended_at_once(res)
     res = orch_program("logs", cwd=tmp_path, rc=0)
     assert res.stdout == "[rank 0] rank 0\n[rank 1] rank 1\n" and not ended_at_once(res)
     cluster(tmp_path, '[ "$RANK_ID" = 1 ] && exit 3; sleep 30')
