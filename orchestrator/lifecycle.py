@@ -207,18 +207,22 @@ class Lifecycle:
         for name, data in {n: d for host_files in launch.files.values() for n, d in host_files.items()}.items():
             self.run.write_file(name, data.decode())
         head = self.plan.launch_host
-        self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} host(s)"
-                         + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via) else ""))
+        said = bool(entries) or any(launch.files.values())   # nothing synced or rendered: nothing to say
+        if said:
+            self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} "
+                             "host(s)" + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via)
+                                          else ""))
         results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
                              via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts),
                              listed=listed, share=share)
         results.raise_if_failed(LaunchError, "distribution failed; nothing was started")
         copied = sum(len(o.value.copied) for o in results.values())
         resent = sorted({rel for o in results.values() for rel in o.value.resent})
-        self.events.step(f"synced: {copied} file copies, "
-                         f"{sum(len(o.value.unchanged) for o in results.values())} already up to date"
-                         + (f"; the launch host's copy of {len(resent)} file(s) was not what it listed, sent again: "
-                            f"{', '.join(resent[:3])}" if resent else ""))
+        if said:
+            self.events.step(f"synced: {copied} file copies, "
+                             f"{sum(len(o.value.unchanged) for o in results.values())} already up to date"
+                             + (f"; the launch host's copy of {len(resent)} file(s) was not what it listed, sent "
+                                f"again: {', '.join(resent[:3])}" if resent else ""))
 
     def start(self, launch: Launch, have_agent: AbstractSet[str] = frozenset(),
               sync: Callable[[], None] = lambda: None) -> None:
