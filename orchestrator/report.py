@@ -246,7 +246,7 @@ def plotly_js() -> str:
         from plotly.offline import get_plotlyjs
     except ImportError:
         raise UsageError("orch report draws its charts with plotly.js, which the `plotly` package ships: "
-                         "pip install 'orch[report]' (or pip install plotly)") from None
+                         "pip install plotly, in orch's environment (from a checkout of orch: pip install -e '.[report]')") from None
     return get_plotlyjs()
 
 
