@@ -44,9 +44,16 @@ def test_up_logs_status_down_from_python(tmp_path, monkeypatch, capsys):
     result = orch.up(cluster, events=ev, follow_rank=1)
     assert (result.state, result.exit_code) == ("succeeded", 0)
     assert any("checking" in s for s in ev.steps) and ev.out.get(1) == b"hello 1\n"
+    assert not any(s.startswith(("syncing", "synced")) for s in ev.steps), ev.steps   # nothing to sync
     assert b"".join(orch.logs(result.run.id, rank=0)) == b"hello 0\n"
     assert b"".join(orch.logs(rank=None)) == b"[rank 0] hello 0\n[rank 1] hello 1\n"
     assert orch.status(result.run.id).state == "succeeded"
+    # the record here, and (from a directory with none) the cluster file's hosts: the same verdict
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    here, there = orch.status(result.run.id), orch.status(root=elsewhere, cluster=cluster)
+    assert (there.run_id, there.state) == (result.run.id, "succeeded")
+    assert here.nothing_left and there.nothing_left
     done, failed, view = orch.down(result.run.id)
     assert failed == {} and view.state == "succeeded"
     assert capsys.readouterr().out == ""  # the API prints nothing
@@ -66,6 +73,8 @@ def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
     assert b"".join(followed) == b"" and followed.ok
     with pytest.raises(UsageError, match="numbered from 1"):
         orch.logs(result.run.id, attempt=0)
+    with pytest.raises(UsageError, match=f"--attempt 2: run {result.run.id} had 1 attempt$"):
+        orch.logs(result.run.id, attempt=2)   # ended: there will be none
     (tmp_path / "bad.yaml").write_text("inventory: {hosts: [{address: x}]}\njob: {workdir: rel, command: x}\n")
     with pytest.raises(SpecError, match="must be an absolute path"):
         orch.load(tmp_path / "bad.yaml")
