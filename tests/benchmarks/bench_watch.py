@@ -50,7 +50,7 @@ def main() -> None:
     print(f"{a.ranks} ranks, {a.seconds} s of a training run, one publish a second")
     print(f"{'what the watcher gets':<36}{'bytes/s':>14}{'head CPU ms/publish':>22}")
     for label, mode in (("whole document (before)", "full"), ("deltas", "delta"),
-                        ("deltas, figures every 5 s (now)", "throttled")):
+                        (f"deltas, figures every {delta.figures_every(a.ranks):g} s (now)", "throttled")):
         doc = doc_of(a.ranks)
         pub = delta.Publisher(doc)
         sent = 0

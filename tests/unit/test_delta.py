@@ -83,9 +83,15 @@ def test_the_controllers_stream_passes_on_each_heartbeat():
     assert got == ["H", b"H\n", "E", "H"]
 
 
+def test_figures_go_out_every_second_for_a_small_run_less_often_for_a_large_one():
+    assert [delta.figures_every(n) for n in (0, 1, 512, 1024, 2560, 8192)] == [1.0, 1.0, 1.0, 2.0, 5.0, 5.0]
+    doc = {"state": "running", "ranks": [{"state": "running"}] * 1024, "progress": {"0": {"step": 1}}}
+    assert Publisher(doc).every == 2.0 and Publisher({"ranks": []}).every == 1.0
+
+
 def test_figures_that_move_every_second_go_out_at_most_every_few_seconds():
     doc = {"state": "running", "ranks": [{"state": "running"}], "progress": {"0": {"step": 1}}}
-    pub = Publisher(doc)
+    pub = Publisher(doc, every=delta.FIGURES_EVERY)
     f = Follower()
     f.snapshot(*pub.snapshot())
     f.doc = delta.copy(f.doc)
