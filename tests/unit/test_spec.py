@@ -164,7 +164,7 @@ def test_missing_inventory_file(tmp_path):
 
 
 def test_missing_cluster_file(tmp_path):
-    with pytest.raises(SpecError, match=f"^{tmp_path / 'absent.yaml'}: no such cluster file$"):
+    with pytest.raises(SpecError, match=f"^{tmp_path / 'absent.yaml'}: no such cluster file\n  hint: name it"):
         load_cluster(tmp_path / "absent.yaml")
 
 
