@@ -85,6 +85,15 @@ def test_failures_are_results_and_bad_input_raises(tmp_path, monkeypatch):
     with pytest.raises(PreflightFailed) as exc:
         orch.up(orch.load(tmp_path / "nowrite.yaml"))
     assert not exc.value.report.ok  # the check results travel with the error
+    assert exc.value.hint == "fix the problems above, or pass --skip-checks to launch anyway"
+    (tmp_path / "nosync.yaml").write_text(   # --skip-checks would fail on it too: not offered
+        "inventory: {hosts: [{address: 127.0.0.1, connection: local}]}\n"
+        f"job: {{workdir: {tmp_path}/wd, command: [\"true\"], sync: [nope.py]}}\n")
+    with pytest.raises(PreflightFailed) as exc:
+        orch.up(orch.load(tmp_path / "nosync.yaml"))
+    assert exc.value.hint == "fix the problems above"
+    with pytest.raises(SpecError, match="'nope.py' does not exist"):
+        orch.up(orch.load(tmp_path / "nosync.yaml"), skip_checks=True)
 
 
 def test_a_synced_hostfile_is_left_out_for_orchs_own_and_said(tmp_path, monkeypatch):
