@@ -8,6 +8,7 @@ each with its file, line and field path.
 
 from __future__ import annotations
 
+import copy
 import os
 import posixpath
 import re
@@ -336,6 +337,12 @@ class _Problems:
                                                                if path == ("inventory",) else "")
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
+            elif err["type"] == "literal_error" and isinstance(err.get("input"), str):
+                import difflib
+
+                allowed = [str(x).strip("'") for x in re.findall(r"'[^']*'", msg)]
+                close = difflib.get_close_matches(err["input"], allowed, n=1)
+                msg = f"{err['input']!r}: {msg[0].lower()}{msg[1:]}" + (f" (did you mean {close[0]!r}?)" if close else "")
             self.add(src.loc(path), msg)
 
     def raise_if_any(self) -> None:
@@ -399,20 +406,27 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
     if not isinstance(data, dict):
         raise SpecError([(Location(src.file, src.line_of(())), "the cluster file must be a mapping with "
                           "at least 'inventory:' and 'job:'")])
+    checked = True   # the job's own checks (_resolve_job) run: on what validated, all problems at once
+    raw: RawCluster | None
     try:
         raw = RawCluster.model_validate(data)
     except ValidationError as exc:
         problems.pydantic(exc, src)
-        raw = None
+        raw, checked = _without(data, exc)
 
     # The inventory: inline (same file) or a path relative to the cluster file.
     inv_data, inv_src, inv_base = data.get("inventory"), src, path.parent
     inv_prefix: tuple = ("inventory",)
     if isinstance(inv_data, str):
         inv_path = (path.parent / Path(inv_data).expanduser()).absolute()
-        inv_text = _read(inv_path, "inventory file", src.loc(("inventory",)))
-        inv_data, inv_src = load_yaml(inv_text, str(inv_path))
-        inv_base, inv_prefix = inv_path.parent, ()
+        try:
+            inv_text = _read(inv_path, "inventory file", src.loc(("inventory",)))
+        except SpecError as exc:   # said with the cluster file's own problems
+            problems.items += exc.problems
+            inv_data = None
+        else:
+            inv_data, inv_src = load_yaml(inv_text, str(inv_path))
+            inv_base, inv_prefix = inv_path.parent, ()
     hosts: tuple[Host, ...] = ()
     groups: dict[str, tuple[str, ...]] = {}
     slurm: Slurm | None = None
@@ -423,7 +437,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
         problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:' (or 'slurm:')")
 
     job = None
-    if raw is not None:
+    if raw is not None and checked:
         job = _resolve_job(raw.job, src, problems, slurm=slurm is not None)
     problems.raise_if_any()
     assert raw is not None and job is not None
@@ -433,6 +447,30 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
                     clock_skew=raw.checks.clock_skew)
     return Cluster(name=raw.name or path.stem, path=path, hosts=hosts, job=job, ssh=ssh,
                    checks=checks, groups=groups, slurm=slurm)
+
+
+def _without(data: dict, exc: ValidationError) -> tuple[RawCluster | None, bool]:
+    """The cluster file less the keys `exc` found wrong (each already a problem), validated again,
+    so that the job's own checks see the rest: (that, whether they may run: not when the job's
+    launcher or platform was wrong, which they depend on). (None, False) when it still fails
+    (a required key missing, a wrong one in a list)."""
+    pruned = copy.deepcopy(data)
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+        if not loc or loc[0] == "inventory" or any(not isinstance(p, str) for p in loc):
+            return None, False
+        parent: Any = pruned
+        for p in loc[:-1]:
+            parent = parent.get(p) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or loc[-1] not in parent:
+            return None, False
+        del parent[loc[-1]]
+        if loc[:1] == ("job",) and loc[1:2] in (("launcher",), ("platform",)):
+            return None, False
+    try:
+        return RawCluster.model_validate(pruned), True
+    except ValidationError:
+        return None, False
 
 
 SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc",

@@ -163,6 +163,22 @@ def test_missing_inventory_file(tmp_path):
     assert probs[0][0] == 1 and "does not exist" in probs[0][2]
 
 
+def test_every_problem_at_once_a_wrong_value_does_not_hide_the_jobs_own_checks(tmp_path):
+    """A value of the wrong type (timeout: 5m) is said with what the job's own checks find in the
+    rest (a relative workdir); a missing inventory file with the job's problems; a wrong
+    launcher names the value and the likely one (the job's checks, which depend on it, wait)."""
+    probs = problems(tmp_path, "inventory: {hosts: [{address: a}]}\njob:\n  workdir: tmp/x\n  timeout: 5m\n"
+                               "  command: x\n")
+    assert [(line, field) for line, field, _ in probs] == [(4, "job.timeout"), (3, "job.workdir")], probs
+    assert "must be an absolute path" in probs[1][2]
+    probs = problems(tmp_path, "inventory: nope.yaml\njob: {workdir: rel, command: x}\n")
+    assert [(line, field) for line, field, _ in probs] == [(1, "inventory"), (2, "job.workdir")], probs
+    probs = problems(tmp_path, "inventory: {hosts: [{address: a}]}\njob: {workdir: rel, command: x, "
+                               "launcher: ranktabel}\n")
+    assert probs == [(2, "job.launcher", "'ranktabel': input should be 'mpirun', 'ranktable', 'msrun' or "
+                                          "'torchrun' (did you mean 'ranktable'?)")], probs
+
+
 def test_missing_cluster_file(tmp_path):
     with pytest.raises(SpecError, match=f"^{tmp_path / 'absent.yaml'}: no such cluster file\n  hint: name it"):
         load_cluster(tmp_path / "absent.yaml")
