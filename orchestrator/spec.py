@@ -396,6 +396,8 @@ def load_cluster(path: str | os.PathLike[str], inventory: str | os.PathLike[str]
     path = Path(path).expanduser().absolute()
     text = _read(path, "cluster file", None)
     data, src = load_yaml(text, str(path))
+    if inventory is not None and not Path(inventory).expanduser().exists():   # not the file's `inventory:` line
+        raise SpecError([(Location("-i/--inventory"), f"no such inventory file {inventory}")])
     if inventory is not None and isinstance(data, dict):
         data = {**data, "inventory": str(Path(inventory).expanduser().absolute())}
     return parse_cluster(data, src, path)

@@ -179,6 +179,11 @@ def test_every_problem_at_once_a_wrong_value_does_not_hide_the_jobs_own_checks(t
                                           "'torchrun' (did you mean 'ranktable'?)")], probs
 
 
+def test_a_missing_inventory_named_with_i_is_said_of_the_option_not_the_files_line(tmp_path):
+    with pytest.raises(SpecError, match=r"^-i/--inventory: no such inventory file .*nope\.yaml$"):
+        load_cluster(write(tmp_path, GOOD), inventory=tmp_path / "nope.yaml")
+
+
 def test_missing_cluster_file(tmp_path):
     with pytest.raises(SpecError, match=f"^{tmp_path / 'absent.yaml'}: no such cluster file\n  hint: name it"):
         load_cluster(tmp_path / "absent.yaml")
