@@ -459,7 +459,8 @@ def logs(run_id: str | None = None, rank: int | None = 0, root: str | os.PathLik
     ranks = _logs.select_ranks(run, rank, host)
     if attempt is not None and attempt < 1:
         raise UsageError(f"--attempt {attempt}: attempts are numbered from 1")
-    if attempt is not None and attempt > run.attempt and run.finished:   # (a running run may restart yet)
+    if attempt is not None and attempt > run.attempt and run.finished and run.data.get("attempts"):
+        # the head's word (a running run may restart yet; a record without it says nothing of them)
         raise UsageError(f"--attempt {attempt}: run {run.id} had {run.attempt} attempt{'s' if run.attempt != 1 else ''}")
     follower = _logs.Follow(run, ranks, attempt or 1) if follow else None
     return LogStream(_logs.iter_logs(run, ranks, follow=follow, tail=tail, prefix=rank is None, attempt=attempt,

@@ -41,7 +41,7 @@ class Events:
     def progress(self, running: int, exited: int, total: int, elapsed: float, view: RunView | None = None) -> None:
         """While following: how many ranks run and have exited, and the head's latest document
         (`view`: ranks, their progress, the hosts' load) when the counts or the run's state
-        change, else once a second (the head's figures themselves move at most every 5 s)."""
+        change, else once a second (the head's figures themselves: delta.figures_every)."""
     def output(self, rank: int, data: bytes) -> None: ...
     def warning(self, message: str) -> None: ...
 
@@ -207,7 +207,7 @@ class Lifecycle:
         for name, data in {n: d for host_files in launch.files.values() for n, d in host_files.items()}.items():
             self.run.write_file(name, data.decode())
         head = self.plan.launch_host
-        said = bool(entries) or any(launch.files.values())   # nothing synced or rendered: nothing to say
+        said = any(e.kind != "dir" for e in entries) or any(launch.files.values())   # no file: nothing to say
         if said:
             self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} "
                              "host(s)" + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via)

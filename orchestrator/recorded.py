@@ -63,6 +63,16 @@ def run_down(run: Run) -> tuple[dict[str, str], dict[str, str], RunView]:
     return done, failed, view
 
 
+def run_hosts(names: list[str], doc: dict) -> list[str]:
+    """The hosts an ended run's `nothing_left` must cover, as `orch status` of a recorded run
+    names them (pure): the cluster file's now (`names`), and the run's own as its head's document
+    records them (a host since taken out of the file, a spare that took a host's place)."""
+    ran = [*(doc.get("hosts") or ()), *(doc.get("spares") or ()), *(doc.get("spares_lost") or ()),
+           *(x.get(k) for x in doc.get("replaced") or () if isinstance(x, dict) for k in ("host", "by")),
+           *(r.get("host") for r in doc.get("ranks") or () if isinstance(r, dict))]
+    return list(dict.fromkeys([*names, *(n for n in ran if isinstance(n, str))]))
+
+
 def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) -> tuple[str | None, RunView]:
     """The latest run in the cluster's workdir (or run `run_id`), as its launch host's supervisor
     left it: for `orch status FILE` on a machine that never ran `orch up` (no local record)."""
@@ -77,6 +87,6 @@ def cluster_status(cluster: Cluster, plan: RankPlan, run_id: str | None = None) 
     if not doc.get("run"):
         raise UsageError(f"no run {run_id + ' ' if run_id else ''}found in {cluster.job.workdir} on {head.name}",
                          hint="start one with `orch up`" if run_id is None else "is the run id whole and right?")
-    # the hosts: as `orch status` of a recorded run names them (the head's word for the others)
-    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"], [h.name for h in plan.all_hosts])
+    view = runstate.merge(head.name, {head.name: doc}, {}, [], doc["run"],
+                          run_hosts([h.name for h in plan.all_hosts], doc))
     return doc["run"], view

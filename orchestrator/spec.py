@@ -341,7 +341,7 @@ class _Problems:
                 import difflib
 
                 allowed = [str(x).strip("'") for x in re.findall(r"'[^']*'", msg)]
-                close = difflib.get_close_matches(err["input"], allowed, n=1)
+                close = difflib.get_close_matches(err["input"], allowed, n=1, cutoff=0.75)
                 msg = f"{err['input']!r}: {msg[0].lower()}{msg[1:]}" + (f" (did you mean {close[0]!r}?)" if close else "")
             self.add(src.loc(path), msg)
 
@@ -377,14 +377,17 @@ def _suggest(path: tuple, known: dict) -> str:
     return f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(model.model_fields)}"
 
 
+INVENTORY_GIVEN = "the inventory given (-i/--inventory, ORCH_INVENTORY)"
+
+
 def _read(path: Path, what: str, loc: Location | None) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if loc is None:   # the file itself: its path is the location
             raise SpecError([(Location(str(path)), f"no such {what}")],
-                            hint="name it: `orch COMMAND FILE` (cluster.yaml in this directory when none is "
-                                 "named)") from None
+                            hint="is the path right? `orch COMMAND FILE` names it (cluster.yaml in this directory "
+                                 "when none is named)") from None
         raise SpecError([(loc, f"{what} {path} does not exist")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([(loc or Location(str(path)), f"cannot read {what} {path}: {exc}")]) from None
@@ -396,8 +399,8 @@ def load_cluster(path: str | os.PathLike[str], inventory: str | os.PathLike[str]
     path = Path(path).expanduser().absolute()
     text = _read(path, "cluster file", None)
     data, src = load_yaml(text, str(path))
-    if inventory is not None and not Path(inventory).expanduser().exists():   # not the file's `inventory:` line
-        raise SpecError([(Location("-i/--inventory"), f"no such inventory file {inventory}")])
+    if inventory is not None:   # said of where it was given, not of the file's `inventory:` line
+        _read(Path(inventory).expanduser().absolute(), "inventory file", Location(INVENTORY_GIVEN))
     if inventory is not None and isinstance(data, dict):
         data = {**data, "inventory": str(Path(inventory).expanduser().absolute())}
     return parse_cluster(data, src, path)

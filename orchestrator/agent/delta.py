@@ -24,6 +24,7 @@ MAPS = ("progress", "load", "reached")
 FIGURES = ("progress", "load")   # what moves all the time: sent at most every figures_every() seconds
 FIGURES_EVERY = 5.0   # the most: a run of FIGURES_RANKS x 5 ranks or more
 FIGURES_RANKS = 512   # up to this many ranks, every second (a live view moves once a second)
+FIGURES_SLACK = 0.5   # s: a publish this much early still sends them (the head's beats are 1 s apart, give or take)
 
 
 def figures_every(ranks):
@@ -122,7 +123,7 @@ class Publisher:
         """With `now`, the figures (FIGURES: each rank's progress, each host's load, which change
         every second on a training run) go out at most every `every` seconds (figures_every); the
         rest at once."""
-        hold = now is not None and self.figures_at is not None and now - self.figures_at < self.every
+        hold = now is not None and self.figures_at is not None and now - self.figures_at < self.every - FIGURES_SLACK
         d = diff(self.sent, doc, FIGURES if hold else ())
         if now is not None and not hold and any(k in d.get("maps", {}) for k in FIGURES):
             self.figures_at = now

@@ -89,6 +89,19 @@ def test_figures_go_out_every_second_for_a_small_run_less_often_for_a_large_one(
     assert Publisher(doc).every == 2.0 and Publisher({"ranks": []}).every == 1.0
 
 
+def test_a_small_runs_figures_go_out_on_every_beat_even_a_little_early():
+    """Every second up to 512 ranks: a heartbeat's publish a little less than 1 s after the last
+    (the beat is ~1 s, and a change may have published between) still carries the figures."""
+    doc = {"state": "running", "ranks": [{"state": "running"}] * 8, "progress": {"0": {"step": 0}}}
+    pub = Publisher(doc)
+    sent = []
+    for i, t in enumerate((100.0, 100.95, 101.9, 102.93, 103.2)):
+        doc["progress"]["0"] = {"step": i + 1}
+        got = pub.next(doc, t)
+        sent.append(got is not None)
+    assert sent == [True, True, True, True, False]   # ...not twice in a third of a second
+
+
 def test_figures_that_move_every_second_go_out_at_most_every_few_seconds():
     doc = {"state": "running", "ranks": [{"state": "running"}], "progress": {"0": {"step": 1}}}
     pub = Publisher(doc, every=delta.FIGURES_EVERY)

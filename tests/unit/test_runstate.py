@@ -107,3 +107,21 @@ def test_an_ended_run_says_nothing_is_left_only_when_every_host_says_so():
         assert not runstate.merge("h1", docs, unreachable, [], "R1", hosts).nothing_left
     assert runstate.merge("h1", {"h1": doc, "h3": member}, {}, [], "R1", ["h1", "h2", "h3"]).nothing_left
     assert not runstate.merge("h1", {"h1": doc}, {}, [], "R1").nothing_left   # not asked to tell
+
+
+def test_status_of_a_cluster_file_covers_the_runs_own_hosts_not_only_the_files():
+    """`orch status FILE` (no record here): nothing_left is said only when the head's word covers
+    every host of the run as its document names them, not just the cluster file's hosts now (a
+    host taken out of the file since, a spare that took a host's place)."""
+    from orchestrator.recorded import run_hosts
+
+    doc = {"v": STATE_VERSION, "run": "R", "state": "succeeded", "head": "a", "attempt": 1, "ended": 2.0,
+           "hosts": ["a", "c"], "spares": ["d"], "spares_lost": ["f"], "replaced": [{"host": "c", "by": "d"}],
+           "ranks": [{"rank": 0, "host": "a", "state": "exited", "exit_code": 0}, {"rank": 1, "host": "e"}],
+           "live_pids": [], "role": "head", "left_nothing": ["b"]}
+    assert run_hosts(["a", "b"], doc) == ["a", "b", "c", "d", "f", "e"]
+    assert run_hosts(["a"], {}) == ["a"]
+    view = runstate.merge("a", {"a": doc}, {}, [], "R", run_hosts(["a", "b"], doc))
+    assert not view.nothing_left   # c, d, e, f said nothing
+    doc["left_nothing"] = ["b", "c", "d", "e", "f"]
+    assert runstate.merge("a", {"a": doc}, {}, [], "R", run_hosts(["a", "b"], doc)).nothing_left
