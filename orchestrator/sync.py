@@ -1168,14 +1168,11 @@ def _todo_for(t: Transport, workdir: str, items: list[Entry], listed: Mapping[st
 
 
 def sync_host(t: Transport, workdir: str, entries: list[Entry], extra: dict[str, bytes] | None = None,
-              listed: Mapping[str, list | None] | None = None, *,
-              todo: list[tuple[Entry, str]] | None = None) -> SyncReport:
+              listed: Mapping[str, list | None] | None = None) -> SyncReport:
     """Bring `workdir` on one host up to date with `entries`, plus `extra` rendered files
     ({relative path: bytes}): two round trips, one stream; one (the stream, when something
-    differs) when `listed`, what up's probe listed there (parse_listing), covers them; `todo`:
-    what to send, known already (then `extra` and `listed` are not read)."""
-    if todo is None:
-        todo = _todo_for(t, workdir, entries + rendered(extra or {}), listed)
+    differs) when `listed`, what up's probe listed there (parse_listing), covers them."""
+    todo = _todo_for(t, workdir, entries + rendered(extra or {}), listed)
     _send(t, workdir, todo)
     return _report(t.host, entries, todo)
 
@@ -1324,11 +1321,11 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
                listed: Mapping[str, Mapping[str, list | None]] | None = None, share: str | None = None) -> Results:
     """Bring every host's workdir up to date: {host name: Outcome(SyncReport)}.
 
-    job.sync_via: controller: each host from here (sync_host). launch-host: every host lists what
-    it has (here, one round trip each, names only); one request to the launch host carries what it
-    lacks, and it passes on what each other host lacks (what arrives as it arrives, the rest from
-    its own copy, checked against the controller's sha256), inside the cluster: the code crosses
-    this machine's link once.
+    Every host lists what it has (its probe's listing, else here: one round trip, names only).
+    job.sync_via: controller: each host is sent what it lacks from here, its own stream.
+    launch-host: one request to the launch host carries what it lacks, and it passes on what each
+    other host lacks (what arrives as it arrives, the rest from its own copy, checked against the
+    controller's sha256), inside the cluster: the code crosses this machine's link once.
 
     `listed`: {host name: what up's check probe listed there} (parse_listing): a host it covers
     is not asked again. `share`: the launch host's open connections the relay's ssh uses
@@ -1341,13 +1338,7 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     # at 128 hosts, the fan-out's 128 threads took their turns at the GIL behind the supervisors'
     # starts (running meanwhile) for 0.05-0.6 s, and the head's start waits for the sync's end.
     known = {h.name: known_todo(items[h.name], listed.get(h.name)) for h in hosts}
-    via_launch = relayed(hosts, launch, via)
-    if not via_launch:
-        sent = fan([h for h in hosts if known[h.name] != []], lambda h: sync_host(
-            pool[h], workdir, entries, todo=known[h.name] if known[h.name] is not None else
-            _todo(pool[h], workdir, items[h.name])))
-        return Results((h.name, sent[h.name] if h.name in sent else Outcome(h, value=_report(h, entries, [])))
-                       for h in hosts)
+    via_launch = relayed(hosts, launch, via)   # none: every host is sent its own stream from here (near)
     asked = fan([h for h in hosts if known[h.name] is None], lambda h: _todo(pool[h], workdir, items[h.name]))
     done: dict[str, Outcome] = {n: o for n, o in asked.items() if not o.ok}
     lacks: dict[str, list[tuple[Entry, str]]] = {
@@ -1357,8 +1348,8 @@ def sync_hosts(pool, hosts: Sequence[Host], launch: Host, workdir: str, entries:
     # the launch host's own stream goes with the relay request when there is something to pass on
     near = [h for h in hosts if lacks.get(h.name) and h.name not in {x.name for x in via_launch}
             and not (todos and h.name == launch.name)]
-    sent = fan(near, lambda h: _send(pool[h], workdir, lacks[h.name],
-                                     f"{hop}: cannot write" if h.name == launch.name else "cannot write"))
+    sent = fan(near, lambda h: _send(pool[h], workdir, lacks[h.name], f"{hop}: cannot write"
+                                     if via_launch and h.name == launch.name else "cannot write"))
     done.update({n: o for n, o in sent.items() if not o.ok})
     healed: tuple[str, ...] = ()
     if todos and launch.name not in done:
