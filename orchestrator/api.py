@@ -302,10 +302,9 @@ def _up_on(cluster, rp, events, alloc, skip_checks, force, detach, follow_rank, 
             # the probes read prepare's facts too (report.prepared): no round trip of its own
             report = checks.run_checks(cluster, pool, rp, prepare=True, entries=entries, run_id=planned)
             if not report.ok:
-                # job.sync that cannot be read fails `up --skip-checks` too: no way round it to offer
-                unsyncable = any(r.check == "files" and r.host is None and r.status == "fail" for r in report.results)
+                # job.sync that cannot be read (entries None) fails `up --skip-checks` too: not offered
                 exc = PreflightFailed("preflight failed: nothing was started",
-                                      hint="fix the problems above" + ("" if unsyncable else
+                                      hint="fix the problems above" + ("" if entries is None else
                                                                        ", or pass --skip-checks to launch anyway"))
                 exc.report = report
                 raise exc
