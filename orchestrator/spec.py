@@ -399,25 +399,23 @@ def load_cluster(path: str | os.PathLike[str], inventory: str | os.PathLike[str]
     path = Path(path).expanduser().absolute()
     text = _read(path, "cluster file", None)
     data, src = load_yaml(text, str(path))
-    if inventory is not None:   # said of where it was given, not of the file's `inventory:` line
-        _read(Path(inventory).expanduser().absolute(), "inventory file", Location(INVENTORY_GIVEN))
     if inventory is not None and isinstance(data, dict):
         data = {**data, "inventory": str(Path(inventory).expanduser().absolute())}
-    return parse_cluster(data, src, path)
+    # a problem reading it is said of where it was given, not of the file's `inventory:` line
+    return parse_cluster(data, src, path, Location(INVENTORY_GIVEN) if inventory is not None else None)
 
 
-def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
+def parse_cluster(data: Any, src: Source, path: Path, inventory_at: Location | None = None) -> Cluster:
     problems = _Problems()
     if not isinstance(data, dict):
         raise SpecError([(Location(src.file, src.line_of(())), "the cluster file must be a mapping with "
                           "at least 'inventory:' and 'job:'")])
-    checked = True   # the job's own checks (_resolve_job) run: on what validated, all problems at once
     raw: RawCluster | None
     try:
         raw = RawCluster.model_validate(data)
     except ValidationError as exc:
         problems.pydantic(exc, src)
-        raw, checked = _without(data, exc)
+        raw = _without(data, exc)   # the job's own checks then run on the rest: all problems at once
 
     # The inventory: inline (same file) or a path relative to the cluster file.
     inv_data, inv_src, inv_base = data.get("inventory"), src, path.parent
@@ -425,7 +423,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
     if isinstance(inv_data, str):
         inv_path = (path.parent / Path(inv_data).expanduser()).absolute()
         try:
-            inv_text = _read(inv_path, "inventory file", src.loc(("inventory",)))
+            inv_text = _read(inv_path, "inventory file", inventory_at or src.loc(("inventory",)))
         except SpecError as exc:   # said with the cluster file's own problems
             problems.items += exc.problems
             inv_data = None
@@ -442,7 +440,7 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
         problems.add(inv_src.loc(inv_prefix), "the inventory must be a mapping with 'hosts:' (or 'slurm:')")
 
     job = None
-    if raw is not None and checked:
+    if raw is not None:
         job = _resolve_job(raw.job, src, problems, slurm=slurm is not None)
     problems.raise_if_any()
     assert raw is not None and job is not None
@@ -454,28 +452,28 @@ def parse_cluster(data: Any, src: Source, path: Path) -> Cluster:
                    checks=checks, groups=groups, slurm=slurm)
 
 
-def _without(data: dict, exc: ValidationError) -> tuple[RawCluster | None, bool]:
+def _without(data: dict, exc: ValidationError) -> RawCluster | None:
     """The cluster file less the keys `exc` found wrong (each already a problem), validated again,
-    so that the job's own checks see the rest: (that, whether they may run: not when the job's
-    launcher or platform was wrong, which they depend on). (None, False) when it still fails
-    (a required key missing, a wrong one in a list)."""
+    so that the job's own checks see the rest. None when they may not run (the job's launcher or
+    platform was wrong: they depend on them) or it still fails (a required key missing, a wrong
+    one in a list)."""
     pruned = copy.deepcopy(data)
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
         if not loc or loc[0] == "inventory" or any(not isinstance(p, str) for p in loc):
-            return None, False
+            return None
         parent: Any = pruned
         for p in loc[:-1]:
             parent = parent.get(p) if isinstance(parent, dict) else None
         if not isinstance(parent, dict) or loc[-1] not in parent:
-            return None, False
+            return None
         del parent[loc[-1]]
         if loc[:1] == ("job",) and loc[1:2] in (("launcher",), ("platform",)):
-            return None, False
+            return None
     try:
-        return RawCluster.model_validate(pruned), True
+        return RawCluster.model_validate(pruned)
     except ValidationError:
-        return None, False
+        return None
 
 
 SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc",
