@@ -186,23 +186,25 @@ def job_files(cluster: Cluster) -> tuple[list[Entry], list[Entry]]:
 
 
 def set_aside(entries: Sequence[Entry], names: Sequence[str]) -> tuple[list[Entry], list[Entry]]:
-    """(entries to sync, the ones left out: each that is one of `names` and, for a directory,
-    what is under it), pure. `names`: the files orch writes in the workdir for the launch (a
-    launcher's rendered_names: mpirun's hostfile, the rank table). Orch's is the one the launch
-    reads there; a synced one of the same name (a hostfile left from running mpirun by hand, in
+    """(entries to sync, the ones of `names` among those left out), pure: an entry that is one of
+    `names` is left out and, for a directory, what is under it. `names`: the files orch writes in
+    the workdir for the launch (a launcher's rendered_names: mpirun's hostfile, the rank table).
+    Orch's is the one the launch reads there; a synced one of the same name (a hostfile left from running mpirun by hand, in
     a synced `.`) would be written to the same path in the same stream, and sent again on every
     `orch up` (each differs from what the other left)."""
     keep: list[Entry] = []
     out: list[Entry] = []
     for e in entries:
-        (out if any(e.rel == n or e.rel.startswith(n + "/") for n in names) else keep).append(e)
+        if e.rel in names:
+            out.append(e)
+        elif not any(e.rel.startswith(n + "/") for n in names):
+            keep.append(e)
     return keep, out
 
 
 def set_aside_message(out: Sequence[Entry]) -> str | None:
-    """The warning for what set_aside left out (each path once, not what is under another), or None."""
-    rels = {e.rel for e in out}
-    tops = {e.rel: e for e in out if not any(e.rel[:i] in rels for i, c in enumerate(e.rel) if c == "/")}
+    """The warning for what set_aside left out (each path once), or None."""
+    tops = {e.rel: e for e in out}
     if not tops:
         return None
     shown = ", ".join(rel + ("/" if e.kind == "dir" else "") for rel, e in tops.items())
