@@ -207,11 +207,12 @@ class Lifecycle:
         for name, data in {n: d for host_files in launch.files.values() for n, d in host_files.items()}.items():
             self.run.write_file(name, data.decode())
         head = self.plan.launch_host
-        said = any(e.kind != "dir" for e in entries) or any(launch.files.values())   # no file: nothing to say
+        files = sum(e.kind != "dir" for e in entries)
+        said = bool(files) or any(launch.files.values())   # no file synced or rendered: nothing to say
         if said:
-            self.events.step(f"syncing {sum(e.kind != 'dir' for e in entries)} file(s) to {len(self.plan.all_hosts)} "
-                             "host(s)" + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via)
-                                          else ""))
+            self.events.step(f"syncing {files} file(s) to {len(self.plan.all_hosts)} host(s)"
+                             + (f", passed on by {head.name}" if relayed(self.plan.all_hosts, head, job.sync_via)
+                                else ""))
         results = sync_hosts(self.pool, self.plan.all_hosts, head, job.workdir, entries, launch.files,
                              via=job.sync_via, ssh=self.cluster.ssh, fan=lambda hosts, fn: self._fan(fn, hosts),
                              listed=listed, share=share)
